@@ -1,0 +1,44 @@
+"""``scan``: ``torch._higher_order_ops.scan`` over time, one layer at a time.
+
+Each layer projects its whole input sequence in one GEMM, then scans the recurrent part.
+The scanned step returns cloned carries: scan forbids outputs that alias its inputs
+(inductor's backward otherwise fails with "scan might be aliasing").
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch._higher_order_ops import scan as _scan
+
+from .._layout import layer_weights
+from ..functional._core import Carry, CellSpec, apply_reset
+
+
+def sequence(cell: CellSpec, layout, params, x, carry: Carry, is_init, reset, dropout, training):
+    """``x [N, T, F]`` -> ``(y [N, T, P], carry)``; see :mod:`rnn_functional.functional._core`."""
+    if x.shape[1] == 0:
+        return x.new_zeros(x.shape[0], 0, layout.out_size), carry
+    inp = x
+    finals = []
+    mask_t = None if is_init is None else is_init.transpose(0, 1)  # [T, N]
+    for k in range(layout.num_layers):
+        w = layer_weights(params, layout, k)
+        gi = F.linear(inp, w.weight_ih, w.bias_ih).transpose(0, 1)  # [T, N, G*H]
+        xs: dict[str, object] = {"gi": gi}
+        if mask_t is not None:
+            xs["mask"] = mask_t
+            if reset is not None:
+                xs["reset"] = tuple(r[:, :, k].transpose(0, 1) for r in reset)  # [T, N, S]
+
+        def step(layer_carry, xs_t, w=w):
+            layer_carry = apply_reset(layer_carry, xs_t.get("mask"), xs_t.get("reset"))
+            new = cell.layer_step(xs_t["gi"], layer_carry, w)
+            return tuple(s.clone(memory_format=torch.contiguous_format) for s in new), new[0]
+
+        final, ys = _scan(step, tuple(s[:, k].contiguous() for s in carry), xs)
+        finals.append(final)
+        inp = ys.transpose(0, 1)  # [N, T, P]
+        if k < layout.num_layers - 1 and dropout > 0 and training:
+            inp = F.dropout(inp, dropout, training=True)
+    return inp, tuple(torch.stack(parts, dim=1) for parts in zip(*finals))
