@@ -1,7 +1,7 @@
 """Sequence backends and their selection.
 
 Every backend implements ``sequence(cell, layout, params, x, carry, is_init, reset,
-dropout, training) -> (y, carry)`` on the canonical, flattened call described in
+opts) -> (y, carry)`` on the canonical, flattened call described in
 :mod:`rnn_functional.functional._core`, and computes exactly what ``reference`` does.
 """
 
@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from .._layout import Layout
+from ..functional._core import SequenceOptions
 
 BACKENDS = ("reference", "scan", "pad", "triton")
 _EAGER_ONLY = ("pad",)  # ATen kernels: data-dependent splits, no vmap batching rule
@@ -52,7 +53,7 @@ def _module(name: str):
     return importlib.import_module(f".{name}", __name__)
 
 
-def resolve_backend(name: str, layout: Layout, x: torch.Tensor, *, dropout: float = 0.0, training: bool = False) -> Callable:
+def resolve_backend(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions) -> Callable:
     """The ``sequence`` implementation serving ``name`` for this call.
 
     ``auto``: ``scan`` under ``torch.compile`` or ``torch.vmap``, otherwise the fastest
@@ -74,5 +75,5 @@ def resolve_backend(name: str, layout: Layout, x: torch.Tensor, *, dropout: floa
                 f"backend 'triton' is not available on {x.device} here (needs the triton package and a "
                 f"CUDA device, or TRITON_INTERPRET=1 on CPU); use one of {available_backends(x.device)}."
             )
-        _module("triton").check_supported(layout, dropout=dropout, training=training)
+        _module("triton").check_supported(layout, opts)
     return _module(name).sequence

@@ -16,7 +16,7 @@ import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from .._layout import layer_weights
-from ..functional._core import Carry, CellSpec, apply_reset
+from ..functional._core import Carry, CellSpec, SequenceOptions, apply_reset
 
 
 def _flat_weights(layout, params) -> list[torch.Tensor]:
@@ -31,11 +31,11 @@ def _flat_weights(layout, params) -> list[torch.Tensor]:
     return flat
 
 
-def _kernel(cell: CellSpec, layout, params, inputs, hx: Carry, dropout, training, batch_sizes=None):
+def _kernel(cell: CellSpec, layout, params, inputs, hx: Carry, opts: SequenceOptions, batch_sizes=None):
     """Call ``_VF.lstm`` / ``_VF.gru``; ``hx`` tensors are ``[L, S, ·]``. Returns ``(out, hx')``."""
     fn = torch._VF.lstm if cell.name == "lstm" else torch._VF.gru
     hx_arg = hx if cell.name == "lstm" else hx[0]
-    args = (_flat_weights(layout, params), layout.bias, layout.num_layers, float(dropout), bool(training), False)
+    args = (_flat_weights(layout, params), layout.bias, layout.num_layers, float(opts.dropout), bool(opts.training), False)
     if batch_sizes is None:
         out = fn(inputs, hx_arg, *args, True)
     else:
@@ -51,7 +51,7 @@ def _to_batch_major(carry: Carry) -> Carry:
     return tuple(s.transpose(0, 1) for s in carry)
 
 
-def sequence(cell: CellSpec, layout, params, x, carry: Carry, is_init, reset, dropout, training):
+def sequence(cell: CellSpec, layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
     """``x [N, T, F]`` -> ``(y [N, T, P], carry)``; see :mod:`rnn_functional.functional._core`."""
     n, t_len = x.shape[0], x.shape[1]
     if t_len == 0 or n == 0:
@@ -59,7 +59,7 @@ def sequence(cell: CellSpec, layout, params, x, carry: Carry, is_init, reset, dr
     if is_init is not None:
         carry = apply_reset(carry, is_init[:, 0], None if reset is None else tuple(r[:, 0] for r in reset))
     if is_init is None or not bool(is_init[:, 1:].any()):
-        y, hx = _kernel(cell, layout, params, x, _to_layer_major(carry), dropout, training)
+        y, hx = _kernel(cell, layout, params, x, _to_layer_major(carry), opts)
         return y, _to_batch_major(hx)
 
     # Split every row into segments that start at t = 0 or at a reset.
@@ -82,7 +82,7 @@ def sequence(cell: CellSpec, layout, params, x, carry: Carry, is_init, reset, dr
 
     packed = pack_padded_sequence(padded, lengths_cpu, batch_first=True, enforce_sorted=False)
     sorted_h0 = tuple(s.index_select(1, packed.sorted_indices) for s in _to_layer_major(h0))
-    out_data, hx = _kernel(cell, layout, params, packed.data, sorted_h0, dropout, training, packed.batch_sizes)
+    out_data, hx = _kernel(cell, layout, params, packed.data, sorted_h0, opts, packed.batch_sizes)
     out, _ = pad_packed_sequence(
         packed._replace(data=out_data), batch_first=True, total_length=max_len
     )

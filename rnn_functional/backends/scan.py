@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from torch._higher_order_ops import scan as _scan
 
 from .._layout import layer_weights
-from ..functional._core import Carry, CellSpec, apply_reset
+from ..functional._core import Carry, CellSpec, SequenceOptions, apply_reset, between_layers
 
 
-def sequence(cell: CellSpec, layout, params, x, carry: Carry, is_init, reset, dropout, training):
+def sequence(cell: CellSpec, layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
     """``x [N, T, F]`` -> ``(y [N, T, P], carry)``; see :mod:`rnn_functional.functional._core`."""
     if x.shape[1] == 0:
         return x.new_zeros(x.shape[0], 0, layout.out_size), carry
@@ -39,6 +39,5 @@ def sequence(cell: CellSpec, layout, params, x, carry: Carry, is_init, reset, dr
         final, ys = _scan(step, tuple(s[:, k].contiguous() for s in carry), xs)
         finals.append(final)
         inp = ys.transpose(0, 1)  # [N, T, P]
-        if k < layout.num_layers - 1 and dropout > 0 and training:
-            inp = F.dropout(inp, dropout, training=True)
+        inp = between_layers(inp, k, layout, opts.dropout, opts.training)
     return inp, tuple(torch.stack(parts, dim=1) for parts in zip(*finals))

@@ -53,6 +53,13 @@ def apply_reset(carry: Carry, mask: torch.Tensor | None, reset: Carry | None) ->
     return tuple(torch.where(broadcast_mask(mask, s), r, s) for s, r in zip(carry, reset))
 
 
+def between_layers(y: torch.Tensor, k: int, layout: Layout, dropout: float, training: bool) -> torch.Tensor:
+    """Dropout on layer ``k``'s output when another layer follows (``torch.nn.LSTM``'s rule)."""
+    if k < layout.num_layers - 1 and dropout > 0 and training:
+        return F.dropout(y, dropout, training=True)
+    return y
+
+
 def multi_layer_step(
     cell: CellSpec,
     layout: Layout,
@@ -70,9 +77,7 @@ def multi_layer_step(
         gi = F.linear(inp, w.weight_ih, w.bias_ih)
         layer_carry = cell.layer_step(gi, tuple(s[:, k] for s in carry), w)
         new_layers.append(layer_carry)
-        inp = layer_carry[0]
-        if k < layout.num_layers - 1 and dropout > 0 and training:
-            inp = F.dropout(inp, dropout, training=True)
+        inp = between_layers(layer_carry[0], k, layout, dropout, training)
     new_carry = tuple(torch.stack(parts, dim=1) for parts in zip(*new_layers))
     return inp, new_carry
 
@@ -123,6 +128,30 @@ def _check_mask(is_init: torch.Tensor, want: tuple, arg: str = "is_init") -> tor
     if shape != tuple(want):
         raise ValueError(f"{arg}: expected shape {list(want)} or {list(want) + [1]}, got {list(shape)}.")
     return is_init
+
+
+RECOMPUTE_MODES = ("none", "full")
+
+
+@dataclass(frozen=True)
+class SequenceOptions:
+    """Per-call options every backend receives.
+
+    ``compute_dtype`` and ``matmul_precision`` only affect the ``triton`` backend; the others
+    compute in the dtype of the params at full precision and ignore them.
+    """
+
+    dropout: float = 0.0
+    training: bool = False
+    recompute: str = "none"  # "none" or "full": recompute activations in backward
+    compute_dtype: torch.dtype | None = None  # operand dtype of the recurrent matmul (triton)
+    matmul_precision: str | None = None  # see rnn_functional.precision (triton)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= float(self.dropout) < 1.0:
+            raise ValueError(f"dropout: expected a probability in [0, 1), got {self.dropout}.")
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"recompute: expected one of {list(RECOMPUTE_MODES)}, got {self.recompute!r}.")
 
 
 @dataclass
@@ -215,14 +244,12 @@ def run_step(cell: CellSpec, x, state, params, is_init) -> tuple[torch.Tensor, C
 
 
 def run_sequence(
-    cell: CellSpec, x, state, params, is_init, reset_state, backend: str, dropout: float, training: bool
+    cell: CellSpec, x, state, params, is_init, reset_state, backend: str, opts: SequenceOptions
 ) -> tuple[torch.Tensor, Carry]:
     """Validate, pick the backend, run the sequence."""
     from ..backends import resolve_backend
 
-    if not 0.0 <= float(dropout) < 1.0:
-        raise ValueError(f"dropout: expected a probability in [0, 1), got {dropout}.")
     c = _canonicalize(cell, x, state, params, is_init, reset_state, sequence=True)
-    impl = resolve_backend(backend, c.layout, c.x, dropout=dropout, training=training)
-    y, carry = impl(cell, c.layout, params, c.x, c.carry, c.is_init, c.reset, dropout, training)
+    impl = resolve_backend(backend, c.layout, c.x, opts)
+    y, carry = impl(cell, c.layout, params, c.x, c.carry, c.is_init, c.reset, opts)
     return _restore(c.batch_shape, y, carry)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .._layout import LayerWeights
-from ._core import CellSpec, run_sequence, run_step
+from ._core import CellSpec, SequenceOptions, run_sequence, run_step
 
 __all__ = ["gru_step", "gru_sequence", "GRU_CELL"]
 
@@ -65,6 +65,9 @@ def gru_sequence(
     backend: str = "auto",
     dropout: float = 0.0,
     training: bool = False,
+    recompute: str = "none",
+    compute_dtype: torch.dtype | None = None,
+    matmul_precision: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A multi-layer GRU over a sequence, with resets.
 
@@ -78,9 +81,16 @@ def gru_sequence(
         backend: ``"auto"``, ``"reference"``, ``"scan"``, ``"pad"`` or ``"triton"``.
         dropout: dropout probability on the outputs of every layer but the last.
         training: dropout is applied only when True.
+        recompute: ``"none"`` or ``"full"``: recompute activations in backward instead of
+            saving them (less memory, more compute; ``pad`` cannot).
+        compute_dtype: operand dtype of the recurrent matmul (``triton`` only; others ignore it).
+        matmul_precision: recurrent matmul precision (``triton`` only; see :mod:`rnn_functional.precision`).
 
     Returns:
         ``(y [*B, T, H], h_T)``.
     """
-    y, carry = run_sequence(GRU_CELL, x, state, params, is_init, reset_state, backend, dropout, training)
+    y, carry = run_sequence(
+        GRU_CELL, x, state, params, is_init, reset_state, backend,
+        SequenceOptions(dropout, training, recompute, compute_dtype, matmul_precision),
+    )
     return y, carry[0]

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .._layout import LayerWeights
-from ._core import CellSpec, run_sequence, run_step
+from ._core import CellSpec, SequenceOptions, run_sequence, run_step
 
 LSTMState = tuple[torch.Tensor, torch.Tensor]
 
@@ -68,6 +68,9 @@ def lstm_sequence(
     backend: str = "auto",
     dropout: float = 0.0,
     training: bool = False,
+    recompute: str = "none",
+    compute_dtype: torch.dtype | None = None,
+    matmul_precision: str | None = None,
 ) -> tuple[torch.Tensor, LSTMState]:
     """A multi-layer LSTM over a sequence, with resets.
 
@@ -81,9 +84,16 @@ def lstm_sequence(
         backend: ``"auto"``, ``"reference"``, ``"scan"``, ``"pad"`` or ``"triton"``.
         dropout: dropout probability on the outputs of every layer but the last.
         training: dropout is applied only when True.
+        recompute: ``"none"`` or ``"full"``: recompute activations in backward instead of
+            saving them (less memory, more compute; ``pad`` cannot).
+        compute_dtype: operand dtype of the recurrent matmul (``triton`` only; others ignore it).
+        matmul_precision: recurrent matmul precision (``triton`` only; see :mod:`rnn_functional.precision`).
 
     Returns:
         ``(y [*B, T, P], (h_T, c_T))``: top-layer outputs and the carry after the last step.
     """
-    y, carry = run_sequence(LSTM_CELL, x, state, params, is_init, reset_state, backend, dropout, training)
+    y, carry = run_sequence(
+        LSTM_CELL, x, state, params, is_init, reset_state, backend,
+        SequenceOptions(dropout, training, recompute, compute_dtype, matmul_precision),
+    )
     return y, (carry[0], carry[1])
