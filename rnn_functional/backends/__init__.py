@@ -7,26 +7,31 @@ opts) -> (y, carry)`` on the canonical, flattened call described in
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 
 import torch
 
 from .._layout import Layout
 from ..functional._core import SequenceOptions
+from . import pad, reference, scan
+from .recompute import checkpointed
+
+try:  # the package imports without triton installed; is_available() says whether it can run
+    from . import triton as triton_backend
+except ImportError:  # pragma: no cover - only when the triton subpackage itself is broken
+    triton_backend = None
+
+_SEQUENCE = {"reference": reference.sequence, "scan": scan.sequence, "pad": pad.sequence}
 
 BACKENDS = ("reference", "scan", "pad", "triton")
 _EAGER_ONLY = ("pad",)  # ATen kernels: data-dependent splits, no vmap batching rule
+_RECOMPUTE = ("reference", "scan", "triton")  # backends that serve recompute="full"
 
 __all__ = ["available_backends", "resolve_backend", "BACKENDS"]
 
 
 def _triton_available(device: torch.device | None) -> bool:
-    try:
-        from . import triton as triton_backend
-    except ImportError:
-        return False
-    return triton_backend.is_available(device)
+    return triton_backend is not None and triton_backend.is_available(device)
 
 
 def available_backends(device: torch.device | str | None = None) -> list[str]:
@@ -44,13 +49,14 @@ def inside_vmap() -> bool:
     return any(i.key() == torch._C._functorch.TransformType.Vmap for i in stack)
 
 
-def _eager_fastest(layout: Layout, x: torch.Tensor) -> str:
-    """The fastest exact eager backend, measured in ``benchmarks/bench_cpu_backends.py``."""
-    return "pad"
+def _eager_fastest(layout: Layout, x: torch.Tensor, opts: SequenceOptions) -> str:
+    """The fastest exact eager backend able to serve ``opts``.
 
-
-def _module(name: str):
-    return importlib.import_module(f".{name}", __name__)
+    Measured in ``benchmarks/bench_cpu_backends.py``: ``pad`` is fastest on CPU;
+    with ``recompute="full"`` (which ``pad`` cannot serve) the eager loop ``reference``
+    beats eager ``scan``, whose per-call compile overhead dominates.
+    """
+    return "reference" if opts.recompute == "full" else "pad"
 
 
 def resolve_backend(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions) -> Callable:
@@ -64,9 +70,14 @@ def resolve_backend(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOp
         raise ValueError(
             f"backend: unknown backend {name!r}; expected one of {['auto', *BACKENDS]}."
         )
+    if name == "pad" and opts.recompute == "full":
+        raise ValueError(
+            "backend 'pad' cannot serve recompute='full': the cuDNN/oneDNN kernels keep their own "
+            f"activations. Use one of {list(_RECOMPUTE)} (or backend='auto'), or recompute='none'."
+        )
     traced = torch.compiler.is_compiling() or inside_vmap()
     if name == "auto":
-        name = "scan" if traced else _eager_fastest(layout, x)
+        name = "scan" if traced else _eager_fastest(layout, x, opts)
     elif name in _EAGER_ONLY and traced:
         name = "scan"
     if name == "triton":
@@ -75,5 +86,8 @@ def resolve_backend(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOp
                 f"backend 'triton' is not available on {x.device} here (needs the triton package and a "
                 f"CUDA device, or TRITON_INTERPRET=1 on CPU); use one of {available_backends(x.device)}."
             )
-        _module("triton").check_supported(layout, opts)
-    return _module(name).sequence
+        triton_backend.check_supported(layout, opts)
+        return triton_backend.sequence
+    if name == "reference" and opts.recompute == "full":
+        return checkpointed(reference.sequence)
+    return _SEQUENCE[name]  # scan serves recompute="full" itself

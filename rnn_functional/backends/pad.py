@@ -52,15 +52,20 @@ def _to_batch_major(carry: Carry) -> Carry:
 
 
 def sequence(cell: CellSpec, layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
-    """``x [N, T, F]`` -> ``(y [N, T, P], carry)``; see :mod:`rnn_functional.functional._core`."""
+    """``x [N, T, F]`` -> ``(y [N, T, P], carry, segment states)``; see :mod:`rnn_functional.functional._core`."""
     n, t_len = x.shape[0], x.shape[1]
     if t_len == 0 or n == 0:
-        return x.new_zeros(n, t_len, layout.out_size), carry
+        seg = tuple(s.new_zeros(n, t_len, *s.shape[1:]) for s in carry) if opts.segment_states else None
+        return x.new_zeros(n, t_len, layout.out_size), carry, seg
     if is_init is not None:
         carry = apply_reset(carry, is_init[:, 0], None if reset is None else tuple(r[:, 0] for r in reset))
     if is_init is None or not bool(is_init[:, 1:].any()):
         y, hx = _kernel(cell, layout, params, x, _to_layer_major(carry), opts)
-        return y, _to_batch_major(hx)
+        final = _to_batch_major(hx)
+        seg = None
+        if opts.segment_states:  # one segment per row: its end is the last step
+            seg = tuple(torch.cat([s.new_zeros(n, t_len - 1, *s.shape[1:]), s.unsqueeze(1)], dim=1) for s in final)
+        return y, final, seg
 
     # Split every row into segments that start at t = 0 or at a reset.
     starts = is_init.clone()
@@ -87,6 +92,12 @@ def sequence(cell: CellSpec, layout, params, x, carry: Carry, is_init, reset, op
         packed._replace(data=out_data), batch_first=True, total_length=max_len
     )
     y = out[seg_of, pos]  # [N, T, P]
-    hx = tuple(s.index_select(1, packed.unsorted_indices) for s in hx)  # [L, S, ·] in segment order
-    last_seg = seg_of[:, -1]
-    return y, tuple(s[:, last_seg].transpose(0, 1) for s in hx)
+    hx = tuple(s.index_select(1, packed.unsorted_indices).transpose(0, 1) for s in hx)  # [S, L, ·]
+    final = tuple(s[seg_of[:, -1]] for s in hx)
+    seg = None
+    if opts.segment_states:  # each segment's final carry at its last step
+        seg_end = seg_t0 + lengths - 1
+        seg = tuple(
+            s.new_zeros(n, t_len, *s.shape[1:]).index_put((seg_row, seg_end), s) for s in hx
+        )
+    return y, final, seg

@@ -53,6 +53,21 @@ def apply_reset(carry: Carry, mask: torch.Tensor | None, reset: Carry | None) ->
     return tuple(torch.where(broadcast_mask(mask, s), r, s) for s, r in zip(carry, reset))
 
 
+def segment_ends(is_init: torch.Tensor | None, n: int, t_len: int, device: torch.device) -> torch.Tensor:
+    """``[N, T]`` bool: True at the last step of every segment (before a reset, and at ``T - 1``)."""
+    last = torch.ones(n, 1, dtype=torch.bool, device=device)
+    if is_init is None:
+        return torch.cat([torch.zeros(n, t_len - 1, dtype=torch.bool, device=device), last], dim=1)
+    return torch.cat([is_init[:, 1:], last], dim=1)
+
+
+def keep_segment_ends(states: Carry, is_init: torch.Tensor | None) -> Carry:
+    """Per-step carries ``[N, T, L, S]`` zeroed except at segment ends (TorchRL's ``("next", hidden)``)."""
+    n, t_len = states[0].shape[:2]
+    ends = segment_ends(is_init, n, t_len, states[0].device)
+    return tuple(torch.where(broadcast_mask(ends, s), s, 0.0) for s in states)
+
+
 def between_layers(y: torch.Tensor, k: int, layout: Layout, dropout: float, training: bool) -> torch.Tensor:
     """Dropout on layer ``k``'s output when another layer follows (``torch.nn.LSTM``'s rule)."""
     if k < layout.num_layers - 1 and dropout > 0 and training:
@@ -146,6 +161,7 @@ class SequenceOptions:
     recompute: str = "none"  # "none" or "full": recompute activations in backward
     compute_dtype: torch.dtype | None = None  # operand dtype of the recurrent matmul (triton)
     matmul_precision: str | None = None  # see rnn_functional.precision (triton)
+    segment_states: bool = False  # also return the carry at every segment end
 
     def __post_init__(self) -> None:
         if not 0.0 <= float(self.dropout) < 1.0:
@@ -245,11 +261,14 @@ def run_step(cell: CellSpec, x, state, params, is_init) -> tuple[torch.Tensor, C
 
 def run_sequence(
     cell: CellSpec, x, state, params, is_init, reset_state, backend: str, opts: SequenceOptions
-) -> tuple[torch.Tensor, Carry]:
-    """Validate, pick the backend, run the sequence."""
+) -> tuple[torch.Tensor, Carry, Carry | None]:
+    """Validate, pick the backend, run the sequence. Returns ``(y, carry, segment states or None)``."""
     from ..backends import resolve_backend
 
     c = _canonicalize(cell, x, state, params, is_init, reset_state, sequence=True)
     impl = resolve_backend(backend, c.layout, c.x, opts)
-    y, carry = impl(cell, c.layout, params, c.x, c.carry, c.is_init, c.reset, opts)
-    return _restore(c.batch_shape, y, carry)
+    y, carry, seg = impl(cell, c.layout, params, c.x, c.carry, c.is_init, c.reset, opts)
+    y, carry = _restore(c.batch_shape, y, carry)
+    if seg is None:
+        return y, carry, None
+    return y, carry, tuple(s.reshape(c.batch_shape + tuple(s.shape[1:])) for s in seg)

@@ -68,7 +68,8 @@ def gru_sequence(
     recompute: str = "none",
     compute_dtype: torch.dtype | None = None,
     matmul_precision: str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    return_segment_states: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A multi-layer GRU over a sequence, with resets.
 
     Args:
@@ -85,12 +86,18 @@ def gru_sequence(
             saving them (less memory, more compute; ``pad`` cannot).
         compute_dtype: operand dtype of the recurrent matmul (``triton`` only; others ignore it).
         matmul_precision: recurrent matmul precision (``triton`` only; see :mod:`rnn_functional.precision`).
+        return_segment_states: also return the per-step states ``[*B, T, L, ·]`` that hold the
+            carry after every step that ends a segment (before a reset, and the last step) and
+            zeros elsewhere: TorchRL's ``("next", hidden)`` layout in recurrent mode.
 
     Returns:
-        ``(y [*B, T, H], h_T)``.
+        ``(y [*B, T, H], h_T)`` (and the segment states ``[*B, T, L, H]`` last, with
+        ``return_segment_states``).
     """
-    y, carry = run_sequence(
+    y, carry, seg = run_sequence(
         GRU_CELL, x, state, params, is_init, reset_state, backend,
-        SequenceOptions(dropout, training, recompute, compute_dtype, matmul_precision),
+        SequenceOptions(dropout, training, recompute, compute_dtype, matmul_precision, return_segment_states),
     )
+    if return_segment_states:
+        return y, carry[0], seg[0]
     return y, carry[0]

@@ -71,7 +71,8 @@ def lstm_sequence(
     recompute: str = "none",
     compute_dtype: torch.dtype | None = None,
     matmul_precision: str | None = None,
-) -> tuple[torch.Tensor, LSTMState]:
+    return_segment_states: bool = False,
+) -> tuple[torch.Tensor, LSTMState] | tuple[torch.Tensor, LSTMState, LSTMState]:
     """A multi-layer LSTM over a sequence, with resets.
 
     Args:
@@ -88,12 +89,18 @@ def lstm_sequence(
             saving them (less memory, more compute; ``pad`` cannot).
         compute_dtype: operand dtype of the recurrent matmul (``triton`` only; others ignore it).
         matmul_precision: recurrent matmul precision (``triton`` only; see :mod:`rnn_functional.precision`).
+        return_segment_states: also return the per-step states ``[*B, T, L, ·]`` that hold the
+            carry after every step that ends a segment (before a reset, and the last step) and
+            zeros elsewhere: TorchRL's ``("next", hidden)`` layout in recurrent mode.
 
     Returns:
-        ``(y [*B, T, P], (h_T, c_T))``: top-layer outputs and the carry after the last step.
+        ``(y [*B, T, P], (h_T, c_T))``: top-layer outputs and the carry after the last step
+        (and the segment states last, with ``return_segment_states``).
     """
-    y, carry = run_sequence(
+    y, carry, seg = run_sequence(
         LSTM_CELL, x, state, params, is_init, reset_state, backend,
-        SequenceOptions(dropout, training, recompute, compute_dtype, matmul_precision),
+        SequenceOptions(dropout, training, recompute, compute_dtype, matmul_precision, return_segment_states),
     )
+    if return_segment_states:
+        return y, (carry[0], carry[1]), (seg[0], seg[1])
     return y, (carry[0], carry[1])
