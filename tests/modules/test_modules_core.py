@@ -1,0 +1,444 @@
+"""LSTMModule / GRUModule against torch.nn and the functional core (fp64, assert_close defaults)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from module_helpers import HIDDEN_KEYS, make_module, make_td, nn_recurrent, nn_step, weighted_sum
+from tensordict import TensorDict
+from torch import nn
+
+import rnn_functional as rf
+
+CELL_CASES = [("lstm", 1, 0), ("lstm", 2, 0), ("lstm", 2, 3), ("gru", 1, 0), ("gru", 2, 0)]
+BACKENDS = {"pad": {}, "python": {"python_based": True}, "scan": {"recurrent_backend": "scan"}}
+
+
+def _leaves(td: TensorDict, cell: str) -> list[torch.Tensor]:
+    leaves = [td["x"], *(td[k] for k in HIDDEN_KEYS[cell])]
+    for t in leaves:
+        t.requires_grad_(True)
+    return leaves
+
+
+def _module_outputs(module, td, cell):
+    out = module(td)
+    return [out["y"], *(out["next", k] for k in HIDDEN_KEYS[cell])]
+
+
+def _recurrent_case(cell, layers, proj, batch_shape, backend):
+    module = make_module(cell, layers=layers, proj=proj, **BACKENDS[backend])
+    td = make_td(cell, batch_shape, layers=layers, proj=proj, seed=1)
+    return module, td
+
+
+def _check_recurrent(cell, layers, proj, batch_shape, backend):
+    module, td = _recurrent_case(cell, layers, proj, batch_shape, backend)
+    leaves = _leaves(td, cell)
+    params = list(module.parameters())
+    with rf.set_recurrent_mode(True):
+        ours = _module_outputs(module, td.clone(False), cell)
+    is_init = td["is_init"].squeeze(-1)
+    y_ref, h_ref = nn_recurrent(getattr(module, cell), leaves[0], is_init, leaves[1:])
+    expected = [y_ref, *h_ref]
+    for a, b in zip(ours, expected):
+        torch.testing.assert_close(a, b)
+    g_ours = torch.autograd.grad(weighted_sum(ours), leaves + params)
+    g_ref = torch.autograd.grad(weighted_sum(expected), leaves + params)
+    for a, b in zip(g_ours, g_ref):
+        torch.testing.assert_close(a, b)
+
+    # the same call of the functional core
+    seq = rf.lstm_sequence if cell == "lstm" else rf.gru_sequence
+    stored = tuple(leaves[1:]) if cell == "lstm" else leaves[1]
+    first = tuple(s[..., 0, :, :] for s in leaves[1:]) if cell == "lstm" else leaves[1][..., 0, :, :]
+    y, _, seg = seq(
+        leaves[0], first, rf.params_from_module(getattr(module, cell)), is_init=is_init, reset_state=stored,
+        backend="reference", return_segment_states=True,
+    )
+    seg = list(seg) if cell == "lstm" else [seg]
+    for a, b in zip(ours, [y, *seg]):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("backend", ["pad", "python"])
+@pytest.mark.parametrize("batch_shape", [(7,), (3, 7), (2, 2, 6)], ids=["flat", "B", "BB"])
+@pytest.mark.parametrize("cell,layers,proj", CELL_CASES)
+def test_recurrent_mode_matches_nn_and_core(cell, layers, proj, batch_shape, backend):
+    _check_recurrent(cell, layers, proj, batch_shape, backend)
+
+
+@pytest.mark.parametrize("cell,layers,proj", [("lstm", 2, 3), ("gru", 2, 0)])
+def test_recurrent_mode_scan_backend_matches_nn(cell, layers, proj):
+    _check_recurrent(cell, layers, proj, (3, 6), "scan")
+
+
+@pytest.mark.parametrize("batch_shape", [(), (3,), (2, 3)], ids=["0d", "B", "BB"])
+@pytest.mark.parametrize("cell,layers,proj", CELL_CASES)
+def test_sequential_mode_matches_nn(cell, layers, proj, batch_shape):
+    module = make_module(cell, layers=layers, proj=proj)
+    td = make_td(cell, batch_shape, layers=layers, proj=proj, reset_prob=0.5, seed=2)
+    leaves = _leaves(td, cell)
+    params = list(module.parameters())
+    ours = _module_outputs(module, td.clone(False), cell)
+    y_ref, h_ref = nn_step(getattr(module, cell), leaves[0], td["is_init"], leaves[1:])
+    expected = [y_ref, *h_ref]
+    for a, b in zip(ours, expected):
+        torch.testing.assert_close(a, b)
+    for a, b in zip(torch.autograd.grad(weighted_sum(ours), leaves + params),
+                    torch.autograd.grad(weighted_sum(expected), leaves + params)):
+        torch.testing.assert_close(a, b)
+
+
+def _rollout(module, cell, x, is_init, start_states):
+    """Sequential mode step by step over ``[B, T]``; returns the collected TensorDict.
+
+    Hidden is carried from ``("next", h)`` and replaced by zeros at ``is_init`` (the
+    primer's value after an env reset), as a collector stores it.
+    """
+    B, T = is_init.shape
+    stored = [torch.empty(B, T, *s.shape[1:], dtype=s.dtype) for s in start_states]
+    ys, nexts = [], [torch.empty_like(s) for s in stored]
+    carry = list(start_states)
+    for t in range(T):
+        carry = [torch.where(is_init[:, t, None, None], 0.0, c) for c in carry]
+        step = TensorDict({"x": x[:, t], "is_init": is_init[:, t, None]}, [B])
+        for k, c, s in zip(HIDDEN_KEYS[cell], carry, stored):
+            step[k] = c
+            s[:, t] = c
+        with rf.set_recurrent_mode(False):
+            out = module(step)
+        ys.append(out["y"])
+        carry = [out["next", k] for k in HIDDEN_KEYS[cell]]
+        for n, c in zip(nexts, carry):
+            n[:, t] = c
+    data = TensorDict({"x": x, "is_init": is_init[..., None], "y": torch.stack(ys, 1)}, [B, T])
+    for k, s, n in zip(HIDDEN_KEYS[cell], stored, nexts):
+        data[k] = s
+        data["next", k] = n
+    return data
+
+
+@pytest.mark.parametrize("cell,layers,proj", [("lstm", 1, 0), ("lstm", 2, 3), ("gru", 2, 0)])
+def test_sequential_rollout_equals_recurrent_mode(cell, layers, proj):
+    """Step-by-step collection == one recurrent call, [B, T] and flat ragged, with mid-sequence
+    resets and non-zero stored hidden at slice starts (in the flat batch, where is_init is True)."""
+    module = make_module(cell, layers=layers, proj=proj)
+    g = torch.Generator().manual_seed(3)
+    B, T = 3, 9
+    x = torch.randn(B, T, 4, generator=g, dtype=torch.float64)
+    is_init = torch.zeros(B, T, dtype=torch.bool)
+    is_init[0, [0, 4]] = True  # an episode start, then a reset mid-row
+    is_init[1, [3, 5, 6]] = True  # a slice starting mid-episode (non-zero hidden, no is_init at t=0)
+    is_init[2, 0] = True
+    widths = [proj or 5, 5] if cell == "lstm" else [5]
+    start = [torch.randn(B, layers, w, generator=g, dtype=torch.float64) for w in widths]
+    data = _rollout(module, cell, x, is_init, start)
+    seg_end = torch.cat([is_init[:, 1:], torch.ones(B, 1, dtype=torch.bool)], 1)[..., None, None]
+
+    with rf.set_recurrent_mode(True):
+        rec = module(data.exclude("y", "next"))
+    torch.testing.assert_close(rec["y"], data["y"])
+    for k in HIDDEN_KEYS[cell]:
+        torch.testing.assert_close(rec["next", k], torch.where(seg_end, data["next", k], 0.0))
+
+    # Flat ragged batch (SliceSampler's layout): rows packed end to end, is_init True at
+    # every row start, where the stored hidden is kept (non-zero for rows 0 and 1).
+    flat = data.exclude("y", "next").clone()
+    flat["is_init"][:, 0] = True
+    flat = flat.reshape(-1)
+    with rf.set_recurrent_mode(True):
+        rec_flat = module(flat)
+    torch.testing.assert_close(rec_flat["y"], data["y"].reshape(B * T, -1))
+    for k in HIDDEN_KEYS[cell]:
+        torch.testing.assert_close(
+            rec_flat["next", k], torch.where(seg_end, data["next", k], 0.0).reshape(B * T, *data[k].shape[2:])
+        )
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_no_hidden_leak_across_packed_trajectories(cell):
+    """TorchRL tutorial's check: noisy stored hidden everywhere, two trajectories packed in one
+    row; the second one's outputs equal a standalone run of it."""
+    module = make_module(cell, hidden=6)
+    td = make_td(cell, (1, 8), hidden=6, reset_prob=0.0, seed=4)
+    td["is_init"][0, [0, 4]] = True
+    with rf.set_recurrent_mode(True):
+        packed = module(td.clone())
+        alone = module(td[:, 4:].clone())
+    torch.testing.assert_close(packed["y"][:, 4:], alone["y"])
+    for k in HIDDEN_KEYS[cell]:
+        torch.testing.assert_close(packed["next", k][:, 4:], alone["next", k])
+
+
+# ----------------------------------------------------------------------------- parameters
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_functional_call_and_to_module(cell):
+    module = make_module(cell, layers=2)
+    td = make_td(cell, (2, 5), layers=2, seed=5)
+    params = TensorDict.from_module(module)
+    assert set(params.keys(True, True)) == {(cell, n) for n, _ in getattr(module, cell).named_parameters()}
+    doubled = params.apply(lambda p: 2 * p.detach())
+    with rf.set_recurrent_mode(True):
+        via_call = torch.func.functional_call(module, dict(doubled.flatten_keys(".").items()), (td.clone(),))
+        fresh = make_module(cell, layers=2, seed=99)
+        doubled.to_module(fresh)
+        via_to_module = fresh(td.clone())
+        with doubled.to_module(module):
+            via_ctx = module(td.clone())
+        original = module(td.clone())
+        reference = make_module(cell, layers=2)
+        getattr(reference, cell).load_state_dict({k: 2 * v for k, v in getattr(module, cell).state_dict().items()})
+        expected = reference(td.clone())
+    for out in (via_call, via_to_module, via_ctx):
+        torch.testing.assert_close(out["y"], expected["y"])
+    assert not torch.allclose(original["y"], expected["y"])  # the swap was undone
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_wraps_existing_module_sharing_weights(cell):
+    rnn = (nn.LSTM if cell == "lstm" else nn.GRU)(4, 5, 2, batch_first=True, dtype=torch.float64)
+    cls = rf.LSTMModule if cell == "lstm" else rf.GRUModule
+    module = cls(**{cell: rnn}, in_keys=["x", *HIDDEN_KEYS[cell]], out_keys=["y", *[("next", k) for k in HIDDEN_KEYS[cell]]])
+    assert getattr(module, cell) is rnn
+    assert set(module.state_dict()) == {f"{cell}.{k}" for k in rnn.state_dict()}  # TorchRL's names
+    td = make_td(cell, (3,), layers=2, seed=6)
+    module(td)["y"].sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in rnn.parameters())
+    with torch.no_grad():
+        rnn.weight_ih_l0.mul_(0.5)
+    y_new = module(td.clone())["y"]
+    y_ref, _ = nn_step(rnn, td["x"], td["is_init"], [td[k] for k in HIDDEN_KEYS[cell]])
+    torch.testing.assert_close(y_new, y_ref)
+
+
+# ----------------------------------------------------------------------------- modes
+
+
+def test_recurrent_mode_sources_and_nesting():
+    module = make_module("gru")
+    assert module.recurrent_mode is False
+    assert make_module("gru", default_recurrent_mode=True).recurrent_mode is True
+    assert rf.recurrent_mode() is None
+    with rf.set_recurrent_mode():
+        assert module.recurrent_mode is True and rf.recurrent_mode() is True
+        with rf.set_recurrent_mode("sequential"):
+            assert module.recurrent_mode is False
+        with rf.set_recurrent_mode(None):
+            assert make_module("gru", default_recurrent_mode=True).recurrent_mode is True
+        assert module.recurrent_mode is True
+    assert module.recurrent_mode is False
+
+    @rf.set_recurrent_mode("recurrent")
+    def decorated():
+        return module.recurrent_mode
+
+    assert decorated() is True and module.recurrent_mode is False
+    with pytest.raises(ValueError, match="mode must be"):
+        rf.set_recurrent_mode("sideways")
+    with pytest.raises(RuntimeError, match="cannot be changed in-place"):
+        module.recurrent_mode = True
+    with pytest.raises(RuntimeError, match="set_recurrent_mode context manager"):
+        module.set_recurrent_mode(True)
+
+
+def test_recurrent_mode_switches_computation():
+    """The same [B, T] TensorDict: recurrent mode threads time, sequential mode treats steps as
+    independent single steps (zero state where is_init, stored state elsewhere)."""
+    module = make_module("lstm")
+    td = make_td("lstm", (2, 5), seed=7)
+    with rf.set_recurrent_mode(True):
+        rec = module(td.clone())["y"]
+    seq = module(td.clone())["y"]
+    y_step, _ = nn_step(module.lstm, td["x"], td["is_init"], [td["h"], td["c"]])
+    torch.testing.assert_close(seq, y_step)
+    assert not torch.allclose(rec, seq)
+
+
+# ----------------------------------------------------------------------------- options
+
+
+def test_dropout_in_both_modes():
+    module = make_module("lstm", layers=2, dropout=0.5)
+    td = make_td("lstm", (3, 4), layers=2, seed=8)
+    module.eval()
+    with rf.set_recurrent_mode(True):
+        y_eval = module(td.clone())["y"]
+    y_ref, _ = nn_recurrent(module.lstm.eval(), td["x"], td["is_init"].squeeze(-1), [td["h"], td["c"]])
+    torch.testing.assert_close(y_eval, y_ref)
+    module.train()
+    with rf.set_recurrent_mode(True):
+        torch.manual_seed(0)
+        y_train = module(td.clone())["y"]
+    assert not torch.allclose(y_train, y_eval)
+    # sequential mode applies inter-layer dropout too: a single step equals a T=1 recurrent call
+    step = td[:, 0].clone()
+    torch.manual_seed(1)
+    y_step = module(step.clone())["y"]
+    one = step.clone().unsqueeze(-1)
+    for k in ("h", "c"):
+        one[k] = torch.where(one["is_init"][..., None], 0.0, one[k])
+    torch.manual_seed(1)
+    with rf.set_recurrent_mode(True):
+        y_one = module(one)["y"][:, 0]
+    torch.testing.assert_close(y_step, y_one)
+    module.eval()
+    assert not torch.allclose(module(step.clone())["y"], y_step)
+
+
+def test_python_based_switch_changes_kernel():
+    module = make_module("lstm", default_recurrent_mode=True)
+    td = make_td("lstm", (2, 5), seed=9)
+
+    def aten_ops():
+        with torch.autograd.profiler.profile() as prof:
+            out = module(td.clone())["y"]
+        return {e.name for e in prof.function_events}, out
+
+    ops_cudnn, y_cudnn = aten_ops()
+    assert module.make_python_based() is module
+    ops_python, y_python = aten_ops()
+    assert module.make_cudnn_based() is module
+    ops_back, _ = aten_ops()
+    assert "aten::lstm" in ops_cudnn and "aten::lstm" in ops_back and "aten::lstm" not in ops_python
+    torch.testing.assert_close(y_python, y_cudnn)
+
+
+@pytest.mark.parametrize("backend", ["scan", "auto"])
+def test_recompute_full_gradients_equal(backend):
+    td = make_td("lstm", (2, 5), layers=2, seed=10)
+    grads = {}
+    for mode in ("none", "full"):
+        module = make_module("lstm", layers=2, recurrent_backend=backend, recurrent_recompute=mode)
+        leaves = _leaves(td.clone(), "lstm")
+        src = TensorDict({"x": leaves[0], "h": leaves[1], "c": leaves[2], "is_init": td["is_init"]}, [2, 5])
+        with rf.set_recurrent_mode(True):
+            outs = _module_outputs(module, src, "lstm")
+        grads[mode] = torch.autograd.grad(weighted_sum(outs), leaves + list(module.parameters()))
+    for a, b in zip(grads["none"], grads["full"]):
+        torch.testing.assert_close(a, b)
+
+
+def test_options_reach_the_core(monkeypatch):
+    """recurrent_* arguments are passed to the sequence function, never dropped."""
+    import rnn_functional.modules.rnn as rnn_mod
+
+    seen = {}
+    real = rnn_mod.gru_sequence
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **{**kwargs, "compute_dtype": None, "matmul_precision": None})
+
+    monkeypatch.setattr(rnn_mod, "gru_sequence", spy)
+    module = make_module(
+        "gru", recurrent_backend="scan", recurrent_recompute="full", recurrent_compute_dtype=torch.bfloat16,
+        recurrent_matmul_precision="tf32x3", default_recurrent_mode=True,
+    )
+    module(make_td("gru", (1, 3)))
+    assert seen["backend"] == "scan" and seen["recompute"] == "full"
+    assert seen["compute_dtype"] is torch.bfloat16 and seen["matmul_precision"] == "tf32x3"
+    assert seen["return_segment_states"] is True
+
+
+@pytest.mark.skipif("triton" not in rf.available_backends(), reason="triton backend not available here")
+def test_triton_backend_module_matches_nn():
+    module = make_module("lstm", recurrent_backend="triton", recurrent_matmul_precision="ieee")
+    td = make_td("lstm", (2, 5), seed=11)
+    with rf.set_recurrent_mode(True):
+        out = module(td.clone())
+    y_ref, h_ref = nn_recurrent(module.lstm, td["x"], td["is_init"].squeeze(-1), [td["h"], td["c"]])
+    torch.testing.assert_close(out["y"], y_ref)
+    torch.testing.assert_close(out["next", "h"], h_ref[0])
+
+
+def test_canonicalize_only_rnn_leaves():
+    module = rf.LSTMModule(3, 4, in_key="obs", out_key="out")
+    base = torch.randn(5, 2, 3)
+    other = torch.randn(5, 2, 1)
+    td = TensorDict({"obs": base.transpose(0, 1), "reward": other.transpose(0, 1)}, [2, 5])
+    assert not td["obs"].is_contiguous()
+    out = module.canonicalize(td)
+    assert out is not td and out["obs"].is_contiguous()
+    assert not td["obs"].is_contiguous()  # the input is untouched
+    assert out["reward"].data_ptr() == td["reward"].data_ptr() and not out["reward"].is_contiguous()
+    torch.testing.assert_close(out["obs"], td["obs"])
+    same = module.canonicalize(td, inplace=True)
+    assert same is td and td["obs"].is_contiguous()
+    assert module.canonical_keys == module.in_keys + module.out_keys
+    empty = TensorDict({"reward": other}, [5, 2])
+    assert module.canonicalize(empty) is empty
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        (dict(in_key="x", in_keys=["x", "h", "c"], out_key="y"), ValueError, "not both or none"),
+        (dict(out_key="y"), ValueError, "not both or none"),
+        (dict(in_key="x", out_key="y", out_keys=["y", "a", "b"]), ValueError, "not both or none"),
+        (dict(in_keys=["x", "h"], out_key="y"), ValueError, "expects 3 inputs"),
+        (dict(in_keys=["x", "h", "c", "done"], out_key="y"), ValueError, "expects 3 inputs"),
+        (dict(in_key="x", out_keys=["y", ("next", "h")]), ValueError, "expects 3 outputs"),
+        (dict(in_key="x", out_key="y", batch_first=False), ValueError, "batch_first=True"),
+        (dict(in_key="x", out_key="y", bidirectional=True), ValueError, "bidirectional"),
+        (dict(in_key="x", out_key="y", recurrent_backend="cudnn"), ValueError, "recurrent_backend must be"),
+        (dict(in_key="x", out_key="y", recurrent_recompute="full"), ValueError, "recurrent_backend='pad'"),
+        (dict(in_key="x", out_key="y", recurrent_recompute="some"), ValueError, "recurrent_recompute must be"),
+        (dict(in_key="x", out_key="y", recurrent_matmul_precision="low"), ValueError, "recurrent_matmul_precision"),
+        (dict(in_key="x", out_key="y", recurrent_compute_dtype="bf16"), TypeError, "recurrent_compute_dtype"),
+    ],
+)
+def test_constructor_errors(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        rf.LSTMModule(3, 4, **kwargs)
+
+
+def test_constructor_errors_wrapping():
+    with pytest.raises(ValueError, match="batch_first=True"):
+        rf.LSTMModule(lstm=nn.LSTM(3, 4), in_key="x", out_key="y")
+    with pytest.raises(ValueError, match="cannot be passed along"):
+        rf.GRUModule(3, 4, gru=nn.GRU(3, 4, batch_first=True), in_key="x", out_key="y")
+    with pytest.raises(ValueError, match="conflicts with the wrapped"):
+        rf.LSTMModule(num_layers=2, lstm=nn.LSTM(3, 4, batch_first=True), in_key="x", out_key="y")
+    with pytest.raises(TypeError, match="must be a torch.nn.GRU"):
+        rf.GRUModule(gru=nn.LSTM(3, 4, batch_first=True), in_key="x", out_key="y")
+    with pytest.raises(ValueError, match="expects 2 inputs"):
+        rf.GRUModule(3, 4, in_keys=["x", "h", "c"], out_key="y")
+    with pytest.raises(ValueError, match="hidden_size must be passed"):
+        rf.GRUModule(3, in_key="x", out_key="y")
+
+
+def test_call_errors():
+    module = make_module("lstm")
+    td = make_td("lstm", (2, 3))
+    with pytest.raises(KeyError, match="InitTracker"):
+        module(td.exclude("is_init"))
+    with pytest.raises(RuntimeError, match="missing while"):
+        module(td.exclude("c"))
+    with pytest.raises(ValueError, match="at least one batch dim"), rf.set_recurrent_mode(True):
+        module(make_td("lstm", ()))
+    # missing hidden keys mean zeros, as in TorchRL
+    y0 = module(td.exclude("h", "c"))["y"]
+    zeros = td.clone()
+    zeros["h"].zero_()
+    zeros["c"].zero_()
+    torch.testing.assert_close(y0, module(zeros)["y"])
+
+
+def test_kwargs_call_through_dispatch():
+    module = rf.GRUModule(3, 4, in_key="obs", out_key="out")
+    out, h = module(obs=torch.randn(2, 3), is_init=torch.ones(2, 1, dtype=torch.bool))
+    assert out.shape == (2, 4) and h.shape == (2, 1, 4)
+
+
+def test_import_does_not_load_torchrl():
+    code = "import sys, rnn_functional; assert 'torchrl' not in sys.modules, 'torchrl imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
