@@ -65,17 +65,22 @@ def _shape(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(t.shape)
 
 
+def as_tensor_map(params, cell: str) -> dict[str, torch.Tensor]:
+    """``params`` (a TensorDict or a mapping) as a plain dict: cheap repeated key access."""
+    if not isinstance(params, Mapping) and not hasattr(params, "items"):
+        raise TypeError(
+            f"params must be a TensorDict (or a mapping) with torch.nn.{CELL_NAMES[cell]} state-dict keys, "
+            f"got {type(params).__name__}. Build one with init_{cell}_params(...) or params_from_module(...)."
+        )
+    return dict(params.items())
+
+
 def read_layout(params: Mapping[str, torch.Tensor], cell: str) -> Layout:
     """Validate ``params`` for ``cell`` and return its layout.
 
     Raises ``KeyError``/``ValueError`` naming the key, the expected and the actual shape.
     """
     name = CELL_NAMES[cell]
-    if not isinstance(params, Mapping) and not hasattr(params, "keys"):
-        raise TypeError(
-            f"params must be a TensorDict (or a mapping) with torch.nn.{name} state-dict keys, "
-            f"got {type(params).__name__}. Build one with init_{cell}_params(...) or params_from_module(...)."
-        )
     keys = set(params.keys())
     num_layers = 0
     while f"weight_ih_l{num_layers}" in keys:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .._layout import CELL_NAMES, LayerWeights, Layout, layer_weights, read_layout
+from .._layout import CELL_NAMES, LayerWeights, Layout, as_tensor_map, layer_weights, read_layout
 
 Carry = tuple[torch.Tensor, ...]
 
@@ -175,6 +175,7 @@ class Canonical:
     """A validated, flattened call."""
 
     layout: Layout
+    params: dict[str, torch.Tensor]
     batch_shape: tuple
     x: torch.Tensor
     carry: Carry
@@ -191,6 +192,7 @@ def _canonicalize(
     reset_state,
     sequence: bool,
 ) -> Canonical:
+    params = as_tensor_map(params, cell.name)
     layout = read_layout(params, cell.name)
     name = CELL_NAMES[cell.name]
     lead = 2 if sequence else 1
@@ -240,7 +242,7 @@ def _canonicalize(
         reset = tuple(t.reshape((n,) + time + (L, s)) for t, s in zip(reset, layout.state_sizes))
 
     x_flat = x.reshape((n,) + tuple(x.shape[len(batch_shape):]))
-    return Canonical(layout, batch_shape, x_flat, carry, mask, reset)
+    return Canonical(layout, params, batch_shape, x_flat, carry, mask, reset)
 
 
 def _restore(batch_shape: tuple, y: torch.Tensor, carry: Carry) -> tuple[torch.Tensor, Carry]:
@@ -251,11 +253,30 @@ def _restore(batch_shape: tuple, y: torch.Tensor, carry: Carry) -> tuple[torch.T
 # ----------------------------------------------------------------------------- drivers
 
 
-def run_step(cell: CellSpec, x, state, params, is_init) -> tuple[torch.Tensor, Carry]:
+STEP_BACKENDS = ("auto", "reference", "triton")
+
+
+def _step_impl(backend: str, layout: Layout, x: torch.Tensor) -> Callable:
+    """The one-step function for ``backend``: ``"auto"`` is the fused ``triton`` step on CUDA
+    where it serves the params, else the plain ``reference`` step."""
+    from ..backends import resolve_backend
+    from ..backends import triton as triton_backend
+
+    if backend not in STEP_BACKENDS:
+        raise ValueError(f"backend: expected one of {list(STEP_BACKENDS)} for a step, got {backend!r}.")
+    if backend == "auto":
+        backend = "triton" if x.is_cuda and triton_backend.serves(layout, x.device) else "reference"
+    if backend == "reference":
+        return multi_layer_step
+    resolve_backend("triton", layout, x, SequenceOptions())  # raises when triton cannot serve it
+    return triton_backend.step
+
+
+def run_step(cell: CellSpec, x, state, params, is_init, backend: str = "auto") -> tuple[torch.Tensor, Carry]:
     """Validate, reset to zeros where ``is_init``, run one step over all layers."""
     c = _canonicalize(cell, x, state, params, is_init, None, sequence=False)
     carry = apply_reset(c.carry, c.is_init, None)
-    y, carry = multi_layer_step(cell, c.layout, params, c.x, carry)
+    y, carry = _step_impl(backend, c.layout, c.x)(cell, c.layout, c.params, c.x, carry)
     return _restore(c.batch_shape, y, carry)
 
 
@@ -267,7 +288,7 @@ def run_sequence(
 
     c = _canonicalize(cell, x, state, params, is_init, reset_state, sequence=True)
     impl = resolve_backend(backend, c.layout, c.x, opts)
-    y, carry, seg = impl(cell, c.layout, params, c.x, c.carry, c.is_init, c.reset, opts)
+    y, carry, seg = impl(cell, c.layout, c.params, c.x, c.carry, c.is_init, c.reset, opts)
     y, carry = _restore(c.batch_shape, y, carry)
     if seg is None:
         return y, carry, None
