@@ -49,6 +49,13 @@ def inside_vmap() -> bool:
     return any(i.key() == torch._C._functorch.TransformType.Vmap for i in stack)
 
 
+def inside_grad_transform() -> bool:
+    """True when called under ``torch.func.grad`` / ``vjp`` / ``jvp`` / ``jacrev`` (functorch's autodiff transforms)."""
+    stack = torch._C._functorch.get_interpreter_stack() or ()
+    kinds = (torch._C._functorch.TransformType.Grad, torch._C._functorch.TransformType.Jvp)
+    return any(i.key() in kinds for i in stack)
+
+
 def _eager_fastest(layout: Layout, x: torch.Tensor, opts: SequenceOptions) -> str:
     """The fastest exact eager backend able to serve ``opts``.
 
@@ -59,12 +66,26 @@ def _eager_fastest(layout: Layout, x: torch.Tensor, opts: SequenceOptions) -> st
     return "reference" if opts.recompute == "full" else "pad"
 
 
+def _auto(layout: Layout, x: torch.Tensor, opts: SequenceOptions, compiling: bool, vmapped: bool, differentiated: bool) -> str:
+    """What ``auto`` picks: the fused ``triton`` kernels on CUDA where they serve the call
+    (they compile whole and vmap in one launch); else ``scan`` under ``torch.compile``,
+    ``reference`` under eager ``torch.func`` transforms (eager scan re-traces its step on
+    every call, and cannot run under ``grad``), and the fastest eager path otherwise."""
+    if x.is_cuda and not differentiated and triton_backend is not None and triton_backend.serves(layout, x.device, opts):
+        return "triton"
+    if compiling:
+        return "scan"
+    if vmapped or differentiated:
+        return "reference"
+    return _eager_fastest(layout, x, opts)
+
+
 def resolve_backend(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions) -> Callable:
     """The ``sequence`` implementation serving ``name`` for this call.
 
-    ``auto``: ``scan`` under ``torch.compile`` or ``torch.vmap``, otherwise the fastest
-    eager path. ``pad`` runs ATen's kernels eagerly and computes the same result through
-    ``scan`` under ``torch.compile`` / ``torch.vmap``, where those kernels cannot run.
+    ``auto``: see :func:`_auto`. ``pad`` runs ATen's kernels eagerly and computes the same result through
+    ``scan`` under ``torch.compile`` and ``reference`` under eager ``torch.func`` transforms,
+    where those kernels cannot run (no vmap batching rule, data-dependent splits).
     """
     if name not in BACKENDS + ("auto",):
         raise ValueError(
@@ -75,11 +96,20 @@ def resolve_backend(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOp
             "backend 'pad' cannot serve recompute='full': the cuDNN/oneDNN kernels keep their own "
             f"activations. Use one of {list(_RECOMPUTE)} (or backend='auto'), or recompute='none'."
         )
-    traced = torch.compiler.is_compiling() or inside_vmap()
+    compiling = torch.compiler.is_compiling()  # checked first: dynamo cannot trace inside_vmap()
+    vmapped = not compiling and inside_vmap()
+    differentiated = not compiling and inside_grad_transform()
     if name == "auto":
-        name = "scan" if traced else _eager_fastest(layout, x, opts)
-    elif name in _EAGER_ONLY and traced:
-        name = "scan"
+        name = _auto(layout, x, opts, compiling, vmapped, differentiated)
+    elif name in _EAGER_ONLY and (compiling or vmapped or differentiated):
+        # ATen's kernels have no vmap rule nor functorch autograd, and split on host-side counts
+        name = "scan" if compiling else "reference"
+    if name == "scan" and differentiated:
+        raise ValueError(
+            "backend 'scan' cannot run under an eager torch.func transform (grad, vjp, jvp, jacrev): torch's "
+            "scan compiles its step on every eager call and dynamo cannot trace functorch's grad-tracking "
+            "tensors. Use backend 'reference' or 'auto' (which picks it there)."
+        )
     if name == "triton":
         if not _triton_available(x.device):
             raise ValueError(

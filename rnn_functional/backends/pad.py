@@ -7,7 +7,7 @@ one kernel call starting from their reset states; outputs are scattered back.
 
 The split needs host-side counts, so this path is eager-only and has no vmap rule: the
 dispatcher (:func:`rnn_functional.backends.resolve_backend`) routes ``pad`` to ``scan``
-under ``torch.compile`` and ``torch.vmap``.
+under ``torch.compile`` and to ``reference`` under eager ``torch.vmap``.
 """
 
 from __future__ import annotations

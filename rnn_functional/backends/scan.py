@@ -35,6 +35,17 @@ def _contiguous_copy(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
+def _own_cotangent(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (a final carry) whose backward hands the scan a cotangent of its own.
+
+    Under ``torch.compile``, a loss such as ``(h_T + c_T).sum()`` gives the final ``h`` and
+    ``c`` cotangents that are views of one tensor; scan's compiled backward then fails with
+    "scan might be aliasing the input or the output" (torch 2.13). The backward of ``* 1``
+    is a fresh ``grad * 1`` per carry; ``clone``/``+ 0`` would pass the aliased views through.
+    """
+    return t * 1
+
+
 def _batched_like_step(init: Carry, *reads: torch.Tensor | None) -> Carry:
     """``init`` carrying the vmap batch dims of every tensor the scanned step reads.
 
@@ -43,9 +54,13 @@ def _batched_like_step(init: Carry, *reads: torch.Tensor | None) -> Carry:
     state, the step's carry is batched while ``init`` is not, and scan fails ("Expected init
     and carry to have same metadata"). Adding a zero read from each of those tensors gives
     ``init`` their batch dims; outside vmap it adds an exact 0.
+
+    The zeros are expanded and cloned first: the clone of a stride-0 expand keeps the vmap dims
+    innermost in memory, so ``init`` is still contiguous once scan's vmap rule moves those dims
+    last (compiled autograd through scan requires a contiguous ``init``).
     """
     zero = sum(torch.zeros_like(t.flatten()[:1], dtype=init[0].dtype).sum() for t in (*init, *reads) if t is not None)
-    return tuple(s + zero for s in init)
+    return tuple(zero.expand(s.shape).clone() + s for s in init)
 
 
 def _scan_states(cell: CellSpec, w: LayerWeights, carry: Carry, gi: torch.Tensor, mask, reset, all_states: bool):
@@ -72,10 +87,6 @@ def _scan_states(cell: CellSpec, w: LayerWeights, carry: Carry, gi: torch.Tensor
     return _scan(step, init, xs)
 
 
-def _weights(flat) -> LayerWeights:
-    return LayerWeights(*flat)
-
-
 class _RecomputedLayer(torch.autograd.Function):
     """One layer over time whose backward recomputes every step from the saved carries.
 
@@ -85,10 +96,12 @@ class _RecomputedLayer(torch.autograd.Function):
     Saved for backward: ``inp``, the carries and the reset states, never the gates.
     """
 
+    generate_vmap_rule = True  # ensembles: torch.vmap over stacked params runs forward and backward batched
+
     @staticmethod
     def forward(cell: CellSpec, n_carry: int, has_reset: bool, inp, mask, *rest):
         carry0, reset, weights = _split(rest, n_carry, has_reset)
-        w = _weights(weights)
+        w = LayerWeights(*weights)
         gi = F.linear(inp, w.weight_ih, w.bias_ih)
         _, states = _scan_states(cell, w, carry0, gi, mask, reset, all_states=True)
         return tuple(states)
@@ -97,31 +110,20 @@ class _RecomputedLayer(torch.autograd.Function):
     def setup_context(ctx, inputs, output) -> None:
         cell, n_carry, has_reset, inp, mask, *rest = inputs
         carry0, reset, weights = _split(rest, n_carry, has_reset)
-        ctx.cell, ctx.n_carry, ctx.has_reset, ctx.has_mask = cell, n_carry, has_reset, mask is not None
-        ctx.present = tuple(wt is not None for wt in weights)
-        kept = [inp] + ([mask] if mask is not None else []) + list(carry0) + list(reset or ())
-        ctx.save_for_backward(*kept, *(wt for wt in weights if wt is not None), *output)
+        ctx.cell, ctx.n_carry = cell, n_carry
+        ctx.save_for_backward(inp, mask, *carry0, *weights, *output, *(reset or ()))
 
     @staticmethod
     def backward(ctx, *grad_states):
-        saved = list(ctx.saved_tensors)
-        n = ctx.n_carry
-        inp = saved.pop(0)
-        mask = saved.pop(0) if ctx.has_mask else None
-        carry0 = tuple(saved[:n])
-        del saved[:n]
-        reset = None
-        if ctx.has_reset:
-            reset = tuple(saved[:n])
-            del saved[:n]
-        present = [saved.pop(0) if p else None for p in ctx.present]
-        states = tuple(saved)
-        cell = ctx.cell
-        live = [wt for wt in present if wt is not None]
+        n, cell = ctx.n_carry, ctx.cell
+        inp, mask, *saved = ctx.saved_tensors
+        carry0, weights, states, reset = saved[:n], saved[n : n + 5], saved[n + 5 : 2 * n + 5], saved[2 * n + 5 :]
+        present = [wt is not None for wt in weights]
+        live = [wt for wt in weights if wt is not None]
 
         def step_from(x_t, pre, *ws):
             it = iter(ws)
-            w = _weights([next(it) if p else None for p in ctx.present])
+            w = LayerWeights(*(next(it) if p else None for p in present))
             return cell.layer_step(F.linear(x_t, w.weight_ih, w.bias_ih), pre, w)
 
         # carry before step t (before its reset): carry0, then the state after step t - 1
@@ -129,8 +131,8 @@ class _RecomputedLayer(torch.autograd.Function):
         xs: dict[str, object] = {"x": inp, "prev": prev, "g": tuple(grad_states)}
         if mask is not None:
             xs["mask"] = mask
-            if reset is not None:
-                xs["reset"] = reset
+        if reset:
+            xs["reset"] = tuple(reset)
 
         def back_step(acc, xs_t):
             d_carry, d_ws = acc
@@ -139,23 +141,26 @@ class _RecomputedLayer(torch.autograd.Function):
             _, pullback = torch.func.vjp(step_from, xs_t["x"], pre, *live)
             d_x, d_pre, *d_w = pullback(tuple(a + b for a, b in zip(d_carry, xs_t["g"])))
             d_w = tuple(a + b for a, b in zip(d_ws, d_w))
-            if m is None:
-                return (tuple(d_pre), d_w), {"x": d_x}
-            kept = tuple(torch.where(broadcast_mask(m, d), 0.0, d) for d in d_pre)
             out = {"x": d_x}
-            if "reset" in xs_t:
+            if m is None:
+                return (tuple(d_pre), d_w), out
+            if "reset" in xs_t:  # the carry was replaced by reset_state where m
                 out["reset"] = tuple(torch.where(broadcast_mask(m, d), d, 0.0) for d in d_pre)
-            return (kept, d_w), out
+            return (tuple(torch.where(broadcast_mask(m, d), 0.0, d) for d in d_pre), d_w), out
 
-        init = (tuple(torch.zeros_like(c) for c in carry0), tuple(torch.zeros_like(wt) for wt in live))
+        reads = (inp, mask, *prev, *grad_states, *reset, *live)
+        init = (
+            _batched_like_step(tuple(torch.zeros_like(c) for c in carry0), *reads),
+            _batched_like_step(tuple(torch.zeros_like(wt) for wt in live), *reads),
+        )
         (d_carry0, d_live), outs = _scan(back_step, init, xs, reverse=True)
         it = iter(d_live)
-        d_weights = [next(it) if p else None for p in ctx.present]
-        d_reset = list(outs["reset"]) if reset is not None else []
-        return (None, None, None, outs["x"], None, *d_carry0, *d_reset, *d_weights)
+        d_weights = [next(it) if p else None for p in present]
+        return (None, None, None, outs["x"], None, *d_carry0, *outs.get("reset", ()), *d_weights)
 
 
 def _split(rest, n_carry: int, has_reset: bool):
+    """``rest`` of :class:`_RecomputedLayer`'s inputs -> ``(carry0, reset or None, 5 weights)``."""
     carry0 = tuple(rest[:n_carry])
     reset = tuple(rest[n_carry : 2 * n_carry]) if has_reset else None
     weights = tuple(rest[n_carry * (2 if has_reset else 1) :])
@@ -174,8 +179,6 @@ def sequence(cell: CellSpec, layout, params, x, carry: Carry, is_init, reset, op
         w = layer_weights(params, layout, k)
         layer_carry = tuple(s[:, k] for s in carry)
         reset_k = None if reset is None else tuple(r[:, :, k].transpose(0, 1) for r in reset)  # [T, N, S]
-        if mask_t is None:
-            reset_k = None
         if opts.recompute == "full":
             states = _RecomputedLayer.apply(
                 cell, len(layer_carry), reset_k is not None, inp.transpose(0, 1), mask_t,
@@ -186,7 +189,7 @@ def sequence(cell: CellSpec, layout, params, x, carry: Carry, is_init, reset, op
         else:
             gi = F.linear(inp, w.weight_ih, w.bias_ih).transpose(0, 1)  # [T, N, G*H]
             final, ys = _scan_states(cell, w, layer_carry, gi, mask_t, reset_k, opts.segment_states)
-        finals.append(final)
+        finals.append(tuple(_own_cotangent(s) for s in final))
         if opts.segment_states:
             per_step.append(tuple(s.transpose(0, 1) for s in ys))  # [N, T, S]
             ys = ys[0]

@@ -39,6 +39,7 @@ def gru_step(
     params: Mapping[str, torch.Tensor],
     *,
     is_init: torch.Tensor | None = None,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One time step of a multi-layer GRU.
 
@@ -47,11 +48,13 @@ def gru_step(
         state: ``h [*B, L, H]``, or ``None`` for zeros.
         params: ``torch.nn.GRU`` state-dict keys (see :mod:`rnn_functional.params`).
         is_init: bool ``[*B]`` (or ``[*B, 1]``); where True the state is reset to zeros first.
+        backend: ``"auto"`` (the fused ``triton`` step on CUDA where it applies, else
+            ``"reference"``), ``"reference"`` or ``"triton"``.
 
     Returns:
         ``(y [*B, H], h)``.
     """
-    y, carry = run_step(GRU_CELL, x, state, params, is_init)
+    y, carry = run_step(GRU_CELL, x, state, params, is_init, backend)
     return y, carry[0]
 
 

@@ -42,6 +42,7 @@ def lstm_step(
     params: Mapping[str, torch.Tensor],
     *,
     is_init: torch.Tensor | None = None,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, LSTMState]:
     """One time step of a multi-layer LSTM.
 
@@ -50,11 +51,13 @@ def lstm_step(
         state: ``(h [*B, L, P], c [*B, L, H])``, or ``None`` for zeros.
         params: ``torch.nn.LSTM`` state-dict keys (see :mod:`rnn_functional.params`).
         is_init: bool ``[*B]`` (or ``[*B, 1]``); where True the state is reset to zeros first.
+        backend: ``"auto"`` (the fused ``triton`` step on CUDA where it applies, else
+            ``"reference"``), ``"reference"`` or ``"triton"``.
 
     Returns:
         ``(y [*B, P], (h, c))`` where ``y`` is the top layer's output.
     """
-    y, carry = run_step(LSTM_CELL, x, state, params, is_init)
+    y, carry = run_step(LSTM_CELL, x, state, params, is_init, backend)
     return y, (carry[0], carry[1])
 
 

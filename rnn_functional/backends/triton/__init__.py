@@ -1,0 +1,138 @@
+"""``triton``: fused LSTM/GRU layer kernels with in-kernel resets.
+
+Per layer, one op (:mod:`.ops`): one batched GEMM computes the input projection
+``x @ W_ih^T + b_ih`` for all steps, then one kernel launch runs the whole time loop (recurrent
+matmul, bias, gates, state update, and the resets from ``is_init`` / ``reset_state``). Layers
+compose in Python, with inter-layer dropout from the core's ``between_layers``. Backward: one
+reverse-loop kernel computes the per-step gate gradients and the carry gradients; the weight
+and input gradients are GEMMs over all ``N * T`` rows. ``recompute="full"`` saves no per-step
+gates and replays the forward in backward.
+
+Two kernel variants (:mod:`.kernels`), picked per call by :func:`.kernels.resident`:
+
+* resident: the padded ``[H, H]`` gate blocks of ``W_hh`` are loaded once before the time loop
+  and stay in registers, the state too. Used while ``G * next_pow2(H)^2 * itemsize <= 128 KiB``
+  of the matmul operand dtype: H <= 64 for fp32 (LSTM and GRU) and fp64, H <= 128 for bf16.
+* streamed: beyond that, the state lives in the output buffers (L1/L2) and ``64 x 64`` weight
+  tiles are streamed per step, still one launch for all ``T`` steps; any H.
+
+Limits: no ``proj_size``; params dtypes fp32, bf16 (fp32 accumulation and state) and fp64;
+``E * N * (T + 1) * 4 * H < 2**31`` (32-bit indexing).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..._layout import Layout, layer_weights
+from ...functional._core import Carry, CellSpec, SequenceOptions, between_layers, keep_segment_ends
+from ...precision import check_mode, resolve_matmul_precision
+
+try:
+    import triton  # noqa: F401
+
+    _HAVE_TRITON = True
+except ImportError:  # the package stays importable; is_available() says False
+    _HAVE_TRITON = False
+
+__all__ = ["is_available", "check_supported", "serves", "sequence", "step"]
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float64)
+_COMPUTE = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float64: "float64"}
+_OTHERS = "reference, scan, pad"
+
+
+def is_available(device: torch.device | str | None = None) -> bool:
+    """True on CUDA with triton installed, and on CPU when ``TRITON_INTERPRET=1``."""
+    if not _HAVE_TRITON:
+        return False
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cuda":
+        return torch.cuda.is_available()
+    return device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _compute_dtype(layout: Layout, opts: SequenceOptions) -> torch.dtype:
+    return opts.compute_dtype if opts.compute_dtype is not None else layout.dtype
+
+
+def check_supported(layout: Layout, opts: SequenceOptions) -> None:
+    """Raise ``ValueError`` naming the option this backend cannot serve and who can."""
+    if layout.proj_size:
+        raise ValueError(
+            f"backend 'triton' does not support proj_size (got proj_size={layout.proj_size}); "
+            f"use one of {_OTHERS}."
+        )
+    if layout.dtype not in _DTYPES:
+        raise ValueError(
+            f"backend 'triton' does not support params of dtype {layout.dtype} (supported: fp32, bf16, fp64); "
+            f"use one of {_OTHERS}, or convert the params."
+        )
+    cdt = _compute_dtype(layout, opts)
+    allowed = (torch.float64,) if layout.dtype == torch.float64 else (torch.float32, torch.bfloat16)
+    if cdt not in allowed:
+        raise ValueError(
+            f"compute_dtype: backend 'triton' with {layout.dtype} params accepts {list(allowed)}, got {cdt}."
+        )
+    if opts.matmul_precision is not None:
+        check_mode(opts.matmul_precision)
+
+
+def serves(layout: Layout, device: torch.device, opts: SequenceOptions | None = None) -> bool:
+    """True when this backend can run on ``device`` and serve ``layout`` with ``opts`` (for ``auto``)."""
+    if not is_available(device):
+        return False
+    try:
+        check_supported(layout, opts if opts is not None else SequenceOptions())
+    except ValueError:
+        return False
+    return True
+
+
+def _layer_call(cell: CellSpec, layout: Layout, params, k: int, inp: torch.Tensor, carry: Carry,
+                is_init, reset, opts: SequenceOptions, save: bool):
+    """Run layer ``k`` over ``inp [N, T, F_k]``. Returns ``(hs, cs)``, each ``[N, T+1, H]`` in ``inp``'s
+    dtype: the state before step 0 and after every step (``cs`` empty for GRU)."""
+    from .ops import layer_ops
+
+    lstm = cell.name == "lstm"
+    w = layer_weights(params, layout, k)
+    one = lambda t: None if t is None else t.unsqueeze(0)  # noqa: E731 - the ensemble dim E=1
+    rh = None if reset is None else reset[0][:, :, k]
+    rc = None if (reset is None or not lstm) else reset[1][:, :, k]
+    hs, cs, _ = layer_ops(inp.device).fwd(
+        one(inp), one(w.weight_ih), one(w.bias_ih), one(w.weight_hh), one(w.bias_hh),
+        one(carry[0][:, k]), one(carry[1][:, k]) if lstm else None, one(is_init), one(rh), one(rc), lstm, save,
+        _COMPUTE[_compute_dtype(layout, opts)], resolve_matmul_precision(opts.matmul_precision, inp.device),
+    )
+    return hs[0].to(inp.dtype), cs[0].to(inp.dtype)  # states come in the accumulation dtype
+
+
+def sequence(cell: CellSpec, layout: Layout, params, x: torch.Tensor, carry: Carry, is_init, reset,
+             opts: SequenceOptions):
+    """``x [N, T, F]`` -> ``(y [N, T, H], carry, segment states or None)``.
+
+    See :mod:`rnn_functional.functional._core` for the canonical call.
+    """
+    lstm = cell.name == "lstm"
+    save = opts.recompute == "none"
+    inp = x
+    per_layer = []  # (hs, cs) of every layer
+    for k in range(layout.num_layers):
+        hs, cs = _layer_call(cell, layout, params, k, inp, carry, is_init, reset, opts, save)
+        per_layer.append((hs, cs) if lstm else (hs,))
+        inp = between_layers(hs[:, 1:], k, layout, opts.dropout, opts.training)
+    new_carry = tuple(torch.stack([states[i][:, -1] for states in per_layer], dim=1) for i in range(len(carry)))
+    seg = None
+    if opts.segment_states:
+        steps = tuple(torch.stack([states[i][:, 1:] for states in per_layer], dim=2) for i in range(len(carry)))
+        seg = keep_segment_ends(steps, is_init) if x.shape[1] else steps  # T = 0: empty
+    return inp, new_carry, seg
+
+
+def step(cell: CellSpec, layout: Layout, params, x: torch.Tensor, carry: Carry) -> tuple[torch.Tensor, Carry]:
+    """One fused step of all layers: ``x [N, F]``, carry of ``[N, L, S]`` (resets already applied)."""
+    y, new_carry, _ = sequence(cell, layout, params, x[:, None], carry, None, None, SequenceOptions())
+    return y[:, 0], new_carry

@@ -1,0 +1,580 @@
+"""Triton kernels of one LSTM/GRU layer over a whole sequence (forward and backward).
+
+Resident kernels (``_rnn_fwd_kernel``, ``_rnn_bwd_kernel``): one program owns ``BLOCK_N`` batch
+rows of one ensemble member (grid ``(cdiv(N, BLOCK_N), E)``) and the full hidden width, padded
+to ``BLOCK_H = max(16, next_power_of_2(H))``. The recurrent weights are loaded once, before the
+time loop, and stay in registers for all ``T`` steps; the state ``(h, c)`` is carried in
+registers in the accumulation dtype (fp32, or fp64 for fp64 params). The input projection ``gx =
+x @ W_ih^T + b_ih`` comes precomputed for all steps (one GEMM).
+
+Layouts (every tensor has a leading ensemble dim ``E``, stride 0 where shared):
+``gx [E, N, T, G*H]``, ``w [E, G*H, H]``, ``b [E, G*H]``, ``h0/c0 [E, N, H]``,
+``is_init [E, N, T]`` (int8), ``rh/rc [E, N, T, H]`` (reset states),
+``hs/cs [E, N, T+1, H]`` (state before step 0 and after every step, in the accumulation dtype),
+``gates [E, N, T, 4*H]`` (saved activations: LSTM ``i, f, g, o``; GRU ``r, z, n, W_hn h + b_hn``).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LAUNCHES = {"count": 0}  # kernel launches so far (forward and backward), read by the tests
+
+
+@triton.jit
+def _sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def _tanh(x):
+    return 2.0 * _sigmoid(2.0 * x) - 1.0
+
+
+@triton.jit
+def _operand(x, CDT: tl.constexpr, ACC: tl.constexpr, UPCAST: tl.constexpr):
+    """``x`` rounded to the matmul operand dtype ``CDT``; with ``UPCAST`` held in ``ACC`` (same products)."""
+    if UPCAST:
+        return x.to(CDT).to(ACC)
+    return x.to(CDT)
+
+
+@triton.jit
+def _load_w(w_base, sw, g, H, rows_kk, cols_jj, TRANSPOSE: tl.constexpr, CDT: tl.constexpr,
+            ACC: tl.constexpr, UPCAST: tl.constexpr):
+    """Gate ``g``'s block of ``w [G*H, H]``: transposed ``[k, j] = w[g*H + j, k]`` or plain ``[j, k]``."""
+    mask = (rows_kk < H) & (cols_jj < H)
+    if TRANSPOSE:
+        ptr = w_base + (g * H + cols_jj) * sw + rows_kk
+    else:
+        ptr = w_base + (g * H + rows_kk) * sw + cols_jj
+    return _operand(tl.load(ptr, mask=mask, other=0.0), CDT, ACC, UPCAST)
+
+
+@triton.jit
+def _rnn_fwd_kernel(
+    gx_ptr, s_gx_e, s_gx_n, s_gx_t,
+    w_ptr, s_w_e, s_w_r,
+    b_ptr, s_b_e,
+    h0_ptr, s_h0_e, s_h0_n,
+    c0_ptr, s_c0_e, s_c0_n,
+    init_ptr, s_i_e, s_i_n,
+    rh_ptr, s_rh_e, s_rh_n, s_rh_t,
+    rc_ptr, s_rc_e, s_rc_n, s_rc_t,
+    hs_ptr, cs_ptr, gates_ptr,
+    N, T, H,
+    IS_LSTM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_INIT: tl.constexpr, HAS_RESET: tl.constexpr,
+    SAVE: tl.constexpr, CDT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    e = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_H)
+    rmask = rows < N
+    cmask = cols < H
+    m2 = rmask[:, None] & cmask[None, :]
+    r2 = rows[:, None]
+    c2 = cols[None, :]
+    kk = tl.arange(0, BLOCK_H)[:, None]
+
+    # recurrent weights, transposed per gate ([k, j]), resident for the whole time loop
+    w_base = w_ptr + e * s_w_e
+    w0 = _load_w(w_base, s_w_r, 0, H, kk, c2, True, CDT, ACC, UPCAST)
+    w1 = _load_w(w_base, s_w_r, 1, H, kk, c2, True, CDT, ACC, UPCAST)
+    w2 = _load_w(w_base, s_w_r, 2, H, kk, c2, True, CDT, ACC, UPCAST)
+    if IS_LSTM:
+        w3 = _load_w(w_base, s_w_r, 3, H, kk, c2, True, CDT, ACC, UPCAST)
+    if HAS_BIAS:
+        b_base = b_ptr + e * s_b_e
+        b0 = tl.load(b_base + cols, mask=cmask, other=0.0).to(ACC)[None, :]
+        b1 = tl.load(b_base + H + cols, mask=cmask, other=0.0).to(ACC)[None, :]
+        b2 = tl.load(b_base + 2 * H + cols, mask=cmask, other=0.0).to(ACC)[None, :]
+        if IS_LSTM:
+            b3 = tl.load(b_base + 3 * H + cols, mask=cmask, other=0.0).to(ACC)[None, :]
+
+    T1 = T + 1
+    hs_row = hs_ptr + (e * N + r2) * T1 * H + c2  # contiguous [E, N, T+1, H]
+    cs_row = cs_ptr + (e * N + r2) * T1 * H + c2
+    g_row = gates_ptr + (e * N + r2) * T * 4 * H + c2
+    gx_row = gx_ptr + e * s_gx_e + r2 * s_gx_n + c2
+
+    h = tl.load(h0_ptr + e * s_h0_e + r2 * s_h0_n + c2, mask=m2, other=0.0).to(ACC)
+    tl.store(hs_row, h.to(hs_ptr.dtype.element_ty), mask=m2)
+    if IS_LSTM:
+        c = tl.load(c0_ptr + e * s_c0_e + r2 * s_c0_n + c2, mask=m2, other=0.0).to(ACC)
+        tl.store(cs_row, c.to(cs_ptr.dtype.element_ty), mask=m2)
+
+    for t in range(T):
+        if HAS_INIT:
+            init = tl.load(init_ptr + e * s_i_e + rows * s_i_n + t, mask=rmask, other=0) != 0
+            init2 = init[:, None]
+            if HAS_RESET:
+                rh = tl.load(rh_ptr + e * s_rh_e + r2 * s_rh_n + t * s_rh_t + c2, mask=m2, other=0.0)
+                h = tl.where(init2, rh.to(ACC), h)
+                if IS_LSTM:
+                    rc = tl.load(rc_ptr + e * s_rc_e + r2 * s_rc_n + t * s_rc_t + c2, mask=m2, other=0.0)
+                    c = tl.where(init2, rc.to(ACC), c)
+            else:
+                h = tl.where(init2, 0.0, h)
+                if IS_LSTM:
+                    c = tl.where(init2, 0.0, c)
+        hc = _operand(h, CDT, ACC, UPCAST)
+        gx_t = gx_row + t * s_gx_t
+        a0 = tl.dot(hc, w0, input_precision=PREC, out_dtype=ACC)
+        a1 = tl.dot(hc, w1, input_precision=PREC, out_dtype=ACC)
+        a2 = tl.dot(hc, w2, input_precision=PREC, out_dtype=ACC)
+        if HAS_BIAS:
+            a0 += b0
+            a1 += b1
+            a2 += b2
+        x0 = tl.load(gx_t, mask=m2, other=0.0).to(ACC)
+        x1 = tl.load(gx_t + H, mask=m2, other=0.0).to(ACC)
+        x2 = tl.load(gx_t + 2 * H, mask=m2, other=0.0).to(ACC)
+        if IS_LSTM:
+            a3 = tl.dot(hc, w3, input_precision=PREC, out_dtype=ACC)
+            if HAS_BIAS:
+                a3 += b3
+            x3 = tl.load(gx_t + 3 * H, mask=m2, other=0.0).to(ACC)
+            gi = _sigmoid(a0 + x0)
+            gf = _sigmoid(a1 + x1)
+            gg = _tanh(a2 + x2)
+            go = _sigmoid(a3 + x3)
+            c = gf * c + gi * gg
+            h = go * _tanh(c)
+            tl.store(cs_row + (t + 1) * H, c.to(cs_ptr.dtype.element_ty), mask=m2)
+            if SAVE:
+                g_t = g_row + t * 4 * H
+                tl.store(g_t, gi, mask=m2)
+                tl.store(g_t + H, gf, mask=m2)
+                tl.store(g_t + 2 * H, gg, mask=m2)
+                tl.store(g_t + 3 * H, go, mask=m2)
+        else:
+            gr = _sigmoid(x0 + a0)
+            gz = _sigmoid(x1 + a1)
+            gn = _tanh(x2 + gr * a2)
+            h = gn + gz * (h - gn)
+            if SAVE:
+                g_t = g_row + t * 4 * H
+                tl.store(g_t, gr, mask=m2)
+                tl.store(g_t + H, gz, mask=m2)
+                tl.store(g_t + 2 * H, gn, mask=m2)
+                tl.store(g_t + 3 * H, a2, mask=m2)
+        tl.store(hs_row + (t + 1) * H, h.to(hs_ptr.dtype.element_ty), mask=m2)
+
+
+@triton.jit
+def _rnn_bwd_kernel(
+    gates_ptr, hs_ptr, cs_ptr,
+    w_ptr, s_w_e, s_w_r,
+    init_ptr, s_i_e, s_i_n,
+    rh_ptr, s_rh_e, s_rh_n, s_rh_t,
+    rc_ptr, s_rc_e, s_rc_n, s_rc_t,
+    dhs_ptr, dcs_ptr,
+    dgx_ptr, dgh_ptr, dh0_ptr, dc0_ptr, drh_ptr, drc_ptr,
+    N, T, H,
+    IS_LSTM: tl.constexpr, HAS_INIT: tl.constexpr, HAS_RESET: tl.constexpr,
+    CDT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    """Reverse time loop: gate pre-activation grads per step and the carry grads.
+
+    Writes ``dgx [E, N, T, G*H]`` (grad of the input projection), for GRU ``dgh [E, N, T, H]``
+    (grad of ``W_hn h + b_hn``), ``dh0/dc0 [E, N, H]`` and, with reset states, ``drh/drc``.
+    ``hs``, ``cs``, ``dhs``, ``dcs``, ``gates`` and all outputs are contiguous.
+    """
+    pid_n = tl.program_id(0)
+    e = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_H)
+    rmask = rows < N
+    cmask = cols < H
+    m2 = rmask[:, None] & cmask[None, :]
+    r2 = rows[:, None]
+    c2 = cols[None, :]
+    jj = tl.arange(0, BLOCK_H)[:, None]
+
+    # recurrent weights, per gate [j, k] (not transposed): dh_prev = sum_g da_g @ W_g
+    w_base = w_ptr + e * s_w_e
+    w0 = _load_w(w_base, s_w_r, 0, H, jj, c2, False, CDT, ACC, UPCAST)
+    w1 = _load_w(w_base, s_w_r, 1, H, jj, c2, False, CDT, ACC, UPCAST)
+    w2 = _load_w(w_base, s_w_r, 2, H, jj, c2, False, CDT, ACC, UPCAST)
+    if IS_LSTM:
+        w3 = _load_w(w_base, s_w_r, 3, H, jj, c2, False, CDT, ACC, UPCAST)
+
+    T1 = T + 1
+    G = 4 if IS_LSTM else 3
+    hs_row = hs_ptr + (e * N + r2) * T1 * H + c2
+    cs_row = cs_ptr + (e * N + r2) * T1 * H + c2
+    dhs_row = dhs_ptr + (e * N + r2) * T1 * H + c2
+    dcs_row = dcs_ptr + (e * N + r2) * T1 * H + c2
+    g_row = gates_ptr + (e * N + r2) * T * 4 * H + c2
+    dgx_row = dgx_ptr + (e * N + r2) * T * G * H + c2
+    dgh_row = dgh_ptr + (e * N + r2) * T * H + c2
+    drh_row = drh_ptr + (e * N + r2) * T * H + c2
+    drc_row = drc_ptr + (e * N + r2) * T * H + c2
+
+    dh = tl.zeros((BLOCK_N, BLOCK_H), dtype=ACC)
+    dc = tl.zeros((BLOCK_N, BLOCK_H), dtype=ACC)
+    for tt in range(T):
+        t = T - 1 - tt
+        dh += tl.load(dhs_row + (t + 1) * H, mask=m2, other=0.0).to(ACC)
+        if HAS_INIT:
+            init = tl.load(init_ptr + e * s_i_e + rows * s_i_n + t, mask=rmask, other=0) != 0
+            init2 = init[:, None]
+        g_t = g_row + t * 4 * H
+        q0 = tl.load(g_t, mask=m2, other=0.0).to(ACC)
+        q1 = tl.load(g_t + H, mask=m2, other=0.0).to(ACC)
+        q2 = tl.load(g_t + 2 * H, mask=m2, other=0.0).to(ACC)
+        q3 = tl.load(g_t + 3 * H, mask=m2, other=0.0).to(ACC)
+        dgx_t = dgx_row + t * G * H
+        if IS_LSTM:
+            dc += tl.load(dcs_row + (t + 1) * H, mask=m2, other=0.0).to(ACC)
+            c_t = tl.load(cs_row + (t + 1) * H, mask=m2, other=0.0).to(ACC)
+            c_prev = tl.load(cs_row + t * H, mask=m2, other=0.0).to(ACC)
+            if HAS_INIT:
+                if HAS_RESET:
+                    rc = tl.load(rc_ptr + e * s_rc_e + r2 * s_rc_n + t * s_rc_t + c2, mask=m2, other=0.0)
+                    c_prev = tl.where(init2, rc.to(ACC), c_prev)
+                else:
+                    c_prev = tl.where(init2, 0.0, c_prev)
+            tc = _tanh(c_t)
+            dc += dh * q3 * (1.0 - tc * tc)
+            da0 = dc * q2 * q0 * (1.0 - q0)
+            da1 = dc * c_prev * q1 * (1.0 - q1)
+            da2 = dc * q0 * (1.0 - q2 * q2)
+            da3 = dh * tc * q3 * (1.0 - q3)
+            dc = dc * q1
+            tl.store(dgx_t, da0, mask=m2)
+            tl.store(dgx_t + H, da1, mask=m2)
+            tl.store(dgx_t + 2 * H, da2, mask=m2)
+            tl.store(dgx_t + 3 * H, da3, mask=m2)
+            dh = tl.dot(_operand(da0, CDT, ACC, UPCAST), w0, input_precision=PREC, out_dtype=ACC)
+            dh += tl.dot(_operand(da1, CDT, ACC, UPCAST), w1, input_precision=PREC, out_dtype=ACC)
+            dh += tl.dot(_operand(da2, CDT, ACC, UPCAST), w2, input_precision=PREC, out_dtype=ACC)
+            dh += tl.dot(_operand(da3, CDT, ACC, UPCAST), w3, input_precision=PREC, out_dtype=ACC)
+        else:
+            h_prev = tl.load(hs_row + t * H, mask=m2, other=0.0).to(ACC)
+            if HAS_INIT:
+                if HAS_RESET:
+                    rh = tl.load(rh_ptr + e * s_rh_e + r2 * s_rh_n + t * s_rh_t + c2, mask=m2, other=0.0)
+                    h_prev = tl.where(init2, rh.to(ACC), h_prev)
+                else:
+                    h_prev = tl.where(init2, 0.0, h_prev)
+            da2 = dh * (1.0 - q1) * (1.0 - q2 * q2)
+            da1 = dh * (h_prev - q2) * q1 * (1.0 - q1)
+            dhn = da2 * q0
+            da0 = da2 * q3 * q0 * (1.0 - q0)
+            tl.store(dgx_t, da0, mask=m2)
+            tl.store(dgx_t + H, da1, mask=m2)
+            tl.store(dgx_t + 2 * H, da2, mask=m2)
+            tl.store(dgh_row + t * H, dhn, mask=m2)
+            dh = dh * q1
+            dh += tl.dot(_operand(da0, CDT, ACC, UPCAST), w0, input_precision=PREC, out_dtype=ACC)
+            dh += tl.dot(_operand(da1, CDT, ACC, UPCAST), w1, input_precision=PREC, out_dtype=ACC)
+            dh += tl.dot(_operand(dhn, CDT, ACC, UPCAST), w2, input_precision=PREC, out_dtype=ACC)
+        if HAS_INIT:
+            if HAS_RESET:
+                tl.store(drh_row + t * H, tl.where(init2, dh, 0.0), mask=m2)
+                if IS_LSTM:
+                    tl.store(drc_row + t * H, tl.where(init2, dc, 0.0), mask=m2)
+            dh = tl.where(init2, 0.0, dh)
+            if IS_LSTM:
+                dc = tl.where(init2, 0.0, dc)
+    dh += tl.load(dhs_row, mask=m2, other=0.0).to(ACC)
+    tl.store(dh0_ptr + (e * N + r2) * H + c2, dh, mask=m2)
+    if IS_LSTM:
+        dc += tl.load(dcs_row, mask=m2, other=0.0).to(ACC)
+        tl.store(dc0_ptr + (e * N + r2) * H + c2, dc, mask=m2)
+
+
+# ----------------------------------------------------------------------------- streamed (large H)
+#
+# When the gate blocks do not fit on chip (see ``resident``), the tiled kernels below keep the
+# state in the output buffers (global memory, L1/L2-resident) instead of registers and stream
+# ``TILE x TILE`` weight tiles per step, still one launch for all T steps. Every step ends with
+# a barrier so that the next step's tiles read the state written by the other threads.
+
+RESIDENT_BYTES = 128 * 1024  # budget for the recurrent gate blocks held in registers
+TILE = 64  # tile width of the streamed kernels
+
+
+def resident(hidden: int, gates: int, itemsize: int) -> bool:
+    """True when the ``gates`` padded ``[H, H]`` blocks of the operand dtype fit the on-chip budget."""
+    return gates * max(16, triton.next_power_of_2(hidden)) ** 2 * itemsize <= RESIDENT_BYTES
+
+
+@triton.jit
+def _carry_in(st_ptr, r_ptr, mask, init2, HAS_INIT: tl.constexpr, HAS_RESET: tl.constexpr, ACC: tl.constexpr):
+    """A tile of the carry entering a step: stored state, replaced by the reset value (or 0) where ``init2``."""
+    v = tl.load(st_ptr, mask=mask, other=0.0).to(ACC)
+    if HAS_INIT:
+        if HAS_RESET:
+            v = tl.where(init2, tl.load(r_ptr, mask=mask, other=0.0).to(ACC), v)
+        else:
+            v = tl.where(init2, 0.0, v)
+    return v
+
+
+@triton.jit
+def _init_tile(init_ptr, s_i_e, s_i_n, e, rows, rmask, t, HAS_INIT: tl.constexpr, BLOCK_N: tl.constexpr):
+    if HAS_INIT:
+        init = tl.load(init_ptr + e * s_i_e + rows * s_i_n + t, mask=rmask, other=0) != 0
+    else:
+        init = tl.zeros((BLOCK_N,), dtype=tl.int1)
+    return init[:, None]
+
+
+@triton.jit
+def _w_tile(w_base, sw, g, H, ka, jb, TRANSPOSE: tl.constexpr, CDT: tl.constexpr, ACC: tl.constexpr,
+            UPCAST: tl.constexpr):
+    """Tile of gate ``g``: transposed ``[k, j] = w[g*H + j, k]`` (ka = k, jb = j) or ``[j, k] = w[g*H + j, k]``."""
+    if TRANSPOSE:
+        ptr = w_base + (g * H + jb[None, :]) * sw + ka[:, None]
+    else:
+        ptr = w_base + (g * H + ka[:, None]) * sw + jb[None, :]
+    return _operand(tl.load(ptr, mask=(ka[:, None] < H) & (jb[None, :] < H), other=0.0), CDT, ACC, UPCAST)
+
+
+@triton.jit
+def _rnn_fwd_tiled_kernel(
+    gx_ptr, s_gx_e, s_gx_n, s_gx_t,
+    w_ptr, s_w_e, s_w_r,
+    b_ptr, s_b_e,
+    h0_ptr, s_h0_e, s_h0_n,
+    c0_ptr, s_c0_e, s_c0_n,
+    init_ptr, s_i_e, s_i_n,
+    rh_ptr, s_rh_e, s_rh_n, s_rh_t,
+    rc_ptr, s_rc_e, s_rc_n, s_rc_t,
+    hs_ptr, cs_ptr, gates_ptr,
+    N, T, H,
+    IS_LSTM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_INIT: tl.constexpr, HAS_RESET: tl.constexpr,
+    SAVE: tl.constexpr, CDT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    """Same contract as ``_rnn_fwd_kernel``, with ``BLOCK_T``-wide tiles of H streamed per step."""
+    pid_n = tl.program_id(0)
+    e = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < N
+    r2 = rows[:, None]
+    T1 = T + 1
+    hs_row = hs_ptr + (e * N + r2) * T1 * H
+    cs_row = cs_ptr + (e * N + r2) * T1 * H
+    g_row = gates_ptr + (e * N + r2) * T * 4 * H
+    gx_row = gx_ptr + e * s_gx_e + r2 * s_gx_n
+    rh_row = rh_ptr + e * s_rh_e + r2 * s_rh_n
+    rc_row = rc_ptr + e * s_rc_e + r2 * s_rc_n
+    w_base = w_ptr + e * s_w_e
+    b_base = b_ptr + e * s_b_e
+
+    for j0 in range(0, H, BLOCK_T):
+        cj = j0 + tl.arange(0, BLOCK_T)
+        m = rmask[:, None] & (cj < H)[None, :]
+        h = tl.load(h0_ptr + e * s_h0_e + r2 * s_h0_n + cj[None, :], mask=m, other=0.0)
+        tl.store(hs_row + cj[None, :], h.to(hs_ptr.dtype.element_ty), mask=m)
+        if IS_LSTM:
+            c = tl.load(c0_ptr + e * s_c0_e + r2 * s_c0_n + cj[None, :], mask=m, other=0.0)
+            tl.store(cs_row + cj[None, :], c.to(cs_ptr.dtype.element_ty), mask=m)
+    tl.debug_barrier()
+
+    for t in range(T):
+        init2 = _init_tile(init_ptr, s_i_e, s_i_n, e, rows, rmask, t, HAS_INIT, BLOCK_N)
+        for j0 in range(0, H, BLOCK_T):
+            cj = j0 + tl.arange(0, BLOCK_T)
+            c2 = cj[None, :]
+            m = rmask[:, None] & (cj < H)[None, :]
+            a0 = tl.zeros((BLOCK_N, BLOCK_T), dtype=ACC)
+            a1 = tl.zeros((BLOCK_N, BLOCK_T), dtype=ACC)
+            a2 = tl.zeros((BLOCK_N, BLOCK_T), dtype=ACC)
+            a3 = tl.zeros((BLOCK_N, BLOCK_T), dtype=ACC)
+            for k0 in range(0, H, BLOCK_T):
+                ck = k0 + tl.arange(0, BLOCK_T)
+                mk = rmask[:, None] & (ck < H)[None, :]
+                hk = _carry_in(hs_row + t * H + ck[None, :], rh_row + t * s_rh_t + ck[None, :], mk, init2,
+                               HAS_INIT, HAS_RESET, ACC)
+                hk = _operand(hk, CDT, ACC, UPCAST)
+                a0 += tl.dot(hk, _w_tile(w_base, s_w_r, 0, H, ck, cj, True, CDT, ACC, UPCAST),
+                             input_precision=PREC, out_dtype=ACC)
+                a1 += tl.dot(hk, _w_tile(w_base, s_w_r, 1, H, ck, cj, True, CDT, ACC, UPCAST),
+                             input_precision=PREC, out_dtype=ACC)
+                a2 += tl.dot(hk, _w_tile(w_base, s_w_r, 2, H, ck, cj, True, CDT, ACC, UPCAST),
+                             input_precision=PREC, out_dtype=ACC)
+                if IS_LSTM:
+                    a3 += tl.dot(hk, _w_tile(w_base, s_w_r, 3, H, ck, cj, True, CDT, ACC, UPCAST),
+                                 input_precision=PREC, out_dtype=ACC)
+            if HAS_BIAS:
+                a0 += tl.load(b_base + cj, mask=cj < H, other=0.0).to(ACC)[None, :]
+                a1 += tl.load(b_base + H + cj, mask=cj < H, other=0.0).to(ACC)[None, :]
+                a2 += tl.load(b_base + 2 * H + cj, mask=cj < H, other=0.0).to(ACC)[None, :]
+                if IS_LSTM:
+                    a3 += tl.load(b_base + 3 * H + cj, mask=cj < H, other=0.0).to(ACC)[None, :]
+            gx_t = gx_row + t * s_gx_t + c2
+            x0 = tl.load(gx_t, mask=m, other=0.0).to(ACC)
+            x1 = tl.load(gx_t + H, mask=m, other=0.0).to(ACC)
+            x2 = tl.load(gx_t + 2 * H, mask=m, other=0.0).to(ACC)
+            g_t = g_row + t * 4 * H + c2
+            if IS_LSTM:
+                x3 = tl.load(gx_t + 3 * H, mask=m, other=0.0).to(ACC)
+                c = _carry_in(cs_row + t * H + c2, rc_row + t * s_rc_t + c2, m, init2, HAS_INIT, HAS_RESET, ACC)
+                gi = _sigmoid(a0 + x0)
+                gf = _sigmoid(a1 + x1)
+                gg = _tanh(a2 + x2)
+                go = _sigmoid(a3 + x3)
+                c = gf * c + gi * gg
+                h = go * _tanh(c)
+                tl.store(cs_row + (t + 1) * H + c2, c.to(cs_ptr.dtype.element_ty), mask=m)
+                if SAVE:
+                    tl.store(g_t, gi, mask=m)
+                    tl.store(g_t + H, gf, mask=m)
+                    tl.store(g_t + 2 * H, gg, mask=m)
+                    tl.store(g_t + 3 * H, go, mask=m)
+            else:
+                h = _carry_in(hs_row + t * H + c2, rh_row + t * s_rh_t + c2, m, init2, HAS_INIT, HAS_RESET, ACC)
+                gr = _sigmoid(x0 + a0)
+                gz = _sigmoid(x1 + a1)
+                gn = _tanh(x2 + gr * a2)
+                h = gn + gz * (h - gn)
+                if SAVE:
+                    tl.store(g_t, gr, mask=m)
+                    tl.store(g_t + H, gz, mask=m)
+                    tl.store(g_t + 2 * H, gn, mask=m)
+                    tl.store(g_t + 3 * H, a2, mask=m)
+            tl.store(hs_row + (t + 1) * H + c2, h.to(hs_ptr.dtype.element_ty), mask=m)
+        tl.debug_barrier()
+
+
+@triton.jit
+def _rnn_bwd_tiled_kernel(
+    gates_ptr, hs_ptr, cs_ptr,
+    w_ptr, s_w_e, s_w_r,
+    init_ptr, s_i_e, s_i_n,
+    rh_ptr, s_rh_e, s_rh_n, s_rh_t,
+    rc_ptr, s_rc_e, s_rc_n, s_rc_t,
+    dhs_ptr, dcs_ptr,
+    dgx_ptr, dgh_ptr, dh0_ptr, dc0_ptr, drh_ptr, drc_ptr, tmp_ptr,
+    N, T, H,
+    IS_LSTM: tl.constexpr, HAS_INIT: tl.constexpr, HAS_RESET: tl.constexpr,
+    CDT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    """Same contract as ``_rnn_bwd_kernel``. The carry grads live in ``dh0``/``dc0`` during the
+    loop; ``tmp [E, N, H]`` holds GRU's direct term ``dh * z``. Per step, phase A computes the
+    gate grads tile by tile, phase B the recurrent product ``dh_prev = sum_g da_g @ W_g``."""
+    pid_n = tl.program_id(0)
+    e = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < N
+    r2 = rows[:, None]
+    T1 = T + 1
+    G = 4 if IS_LSTM else 3
+    hs_row = hs_ptr + (e * N + r2) * T1 * H
+    cs_row = cs_ptr + (e * N + r2) * T1 * H
+    dhs_row = dhs_ptr + (e * N + r2) * T1 * H
+    dcs_row = dcs_ptr + (e * N + r2) * T1 * H
+    g_row = gates_ptr + (e * N + r2) * T * 4 * H
+    dgx_row = dgx_ptr + (e * N + r2) * T * G * H
+    dgh_row = dgh_ptr + (e * N + r2) * T * H
+    drh_row = drh_ptr + (e * N + r2) * T * H
+    drc_row = drc_ptr + (e * N + r2) * T * H
+    rh_row = rh_ptr + e * s_rh_e + r2 * s_rh_n
+    rc_row = rc_ptr + e * s_rc_e + r2 * s_rc_n
+    dh_row = dh0_ptr + (e * N + r2) * H
+    dc_row = dc0_ptr + (e * N + r2) * H
+    tmp_row = tmp_ptr + (e * N + r2) * H
+    w_base = w_ptr + e * s_w_e
+
+    for j0 in range(0, H, BLOCK_T):
+        cj = j0 + tl.arange(0, BLOCK_T)
+        m = rmask[:, None] & (cj < H)[None, :]
+        zero = tl.zeros((BLOCK_N, BLOCK_T), dtype=ACC)
+        tl.store(dh_row + cj[None, :], zero, mask=m)
+        if IS_LSTM:
+            tl.store(dc_row + cj[None, :], zero, mask=m)
+    tl.debug_barrier()
+
+    for tt in range(T):
+        t = T - 1 - tt
+        init2 = _init_tile(init_ptr, s_i_e, s_i_n, e, rows, rmask, t, HAS_INIT, BLOCK_N)
+        # phase A: gate grads, elementwise per tile
+        for j0 in range(0, H, BLOCK_T):
+            cj = j0 + tl.arange(0, BLOCK_T)
+            c2 = cj[None, :]
+            m = rmask[:, None] & (cj < H)[None, :]
+            dh = tl.load(dh_row + c2, mask=m, other=0.0) + tl.load(dhs_row + (t + 1) * H + c2, mask=m, other=0.0).to(ACC)
+            g_t = g_row + t * 4 * H + c2
+            q0 = tl.load(g_t, mask=m, other=0.0).to(ACC)
+            q1 = tl.load(g_t + H, mask=m, other=0.0).to(ACC)
+            q2 = tl.load(g_t + 2 * H, mask=m, other=0.0).to(ACC)
+            q3 = tl.load(g_t + 3 * H, mask=m, other=0.0).to(ACC)
+            dgx_t = dgx_row + t * G * H + c2
+            if IS_LSTM:
+                dc = tl.load(dc_row + c2, mask=m, other=0.0) + tl.load(dcs_row + (t + 1) * H + c2, mask=m, other=0.0).to(ACC)
+                c_t = tl.load(cs_row + (t + 1) * H + c2, mask=m, other=0.0).to(ACC)
+                c_prev = _carry_in(cs_row + t * H + c2, rc_row + t * s_rc_t + c2, m, init2, HAS_INIT, HAS_RESET, ACC)
+                tc = _tanh(c_t)
+                dc += dh * q3 * (1.0 - tc * tc)
+                tl.store(dgx_t, dc * q2 * q0 * (1.0 - q0), mask=m)
+                tl.store(dgx_t + H, dc * c_prev * q1 * (1.0 - q1), mask=m)
+                tl.store(dgx_t + 2 * H, dc * q0 * (1.0 - q2 * q2), mask=m)
+                tl.store(dgx_t + 3 * H, dh * tc * q3 * (1.0 - q3), mask=m)
+                dc = dc * q1
+                if HAS_INIT:
+                    if HAS_RESET:
+                        tl.store(drc_row + t * H + c2, tl.where(init2, dc, 0.0), mask=m)
+                    dc = tl.where(init2, 0.0, dc)
+                tl.store(dc_row + c2, dc, mask=m)
+            else:
+                h_prev = _carry_in(hs_row + t * H + c2, rh_row + t * s_rh_t + c2, m, init2, HAS_INIT, HAS_RESET, ACC)
+                da2 = dh * (1.0 - q1) * (1.0 - q2 * q2)
+                tl.store(dgx_t, da2 * q3 * q0 * (1.0 - q0), mask=m)
+                tl.store(dgx_t + H, dh * (h_prev - q2) * q1 * (1.0 - q1), mask=m)
+                tl.store(dgx_t + 2 * H, da2, mask=m)
+                tl.store(dgh_row + t * H + c2, da2 * q0, mask=m)
+                tl.store(tmp_row + c2, dh * q1, mask=m)
+        tl.debug_barrier()
+        # phase B: dh_prev = sum_g da_g @ W_g, tile by tile, then the reset
+        for k0 in range(0, H, BLOCK_T):
+            ck = k0 + tl.arange(0, BLOCK_T)
+            mk = rmask[:, None] & (ck < H)[None, :]
+            if IS_LSTM:
+                acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=ACC)
+            else:
+                acc = tl.load(tmp_row + ck[None, :], mask=mk, other=0.0)
+            for j0 in range(0, H, BLOCK_T):
+                cj = j0 + tl.arange(0, BLOCK_T)
+                m = rmask[:, None] & (cj < H)[None, :]
+                dgx_t = dgx_row + t * G * H + cj[None, :]
+                da = _operand(tl.load(dgx_t, mask=m, other=0.0), CDT, ACC, UPCAST)
+                acc += tl.dot(da, _w_tile(w_base, s_w_r, 0, H, cj, ck, False, CDT, ACC, UPCAST),
+                              input_precision=PREC, out_dtype=ACC)
+                da = _operand(tl.load(dgx_t + H, mask=m, other=0.0), CDT, ACC, UPCAST)
+                acc += tl.dot(da, _w_tile(w_base, s_w_r, 1, H, cj, ck, False, CDT, ACC, UPCAST),
+                              input_precision=PREC, out_dtype=ACC)
+                if IS_LSTM:
+                    da = _operand(tl.load(dgx_t + 2 * H, mask=m, other=0.0), CDT, ACC, UPCAST)
+                    acc += tl.dot(da, _w_tile(w_base, s_w_r, 2, H, cj, ck, False, CDT, ACC, UPCAST),
+                                  input_precision=PREC, out_dtype=ACC)
+                    da = _operand(tl.load(dgx_t + 3 * H, mask=m, other=0.0), CDT, ACC, UPCAST)
+                    acc += tl.dot(da, _w_tile(w_base, s_w_r, 3, H, cj, ck, False, CDT, ACC, UPCAST),
+                                  input_precision=PREC, out_dtype=ACC)
+                else:
+                    da = _operand(tl.load(dgh_row + t * H + cj[None, :], mask=m, other=0.0), CDT, ACC, UPCAST)
+                    acc += tl.dot(da, _w_tile(w_base, s_w_r, 2, H, cj, ck, False, CDT, ACC, UPCAST),
+                                  input_precision=PREC, out_dtype=ACC)
+            if HAS_INIT:
+                if HAS_RESET:
+                    tl.store(drh_row + t * H + ck[None, :], tl.where(init2, acc, 0.0), mask=mk)
+                acc = tl.where(init2, 0.0, acc)
+            tl.store(dh_row + ck[None, :], acc, mask=mk)
+        tl.debug_barrier()
+
+    for j0 in range(0, H, BLOCK_T):
+        cj = j0 + tl.arange(0, BLOCK_T)
+        m = rmask[:, None] & (cj < H)[None, :]
+        dh = tl.load(dh_row + cj[None, :], mask=m, other=0.0) + tl.load(dhs_row + cj[None, :], mask=m, other=0.0).to(ACC)
+        tl.store(dh_row + cj[None, :], dh, mask=m)
+        if IS_LSTM:
+            dc = tl.load(dc_row + cj[None, :], mask=m, other=0.0) + tl.load(dcs_row + cj[None, :], mask=m, other=0.0).to(ACC)
+            tl.store(dc_row + cj[None, :], dc, mask=m)

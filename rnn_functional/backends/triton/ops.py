@@ -1,0 +1,285 @@
+"""``torch.library`` registration of the fused layer kernels: forward, backward, autograd, vmap.
+
+Two ops per device family, built from the same Python bodies:
+
+* ``rnn_functional::triton_layer_fwd`` / ``triton_layer_bwd`` are ``triton_op``s launching
+  through ``wrap_triton``: ``torch.compile`` traces into them and sees the kernels (CUDA).
+* ``rnn_functional::triton_layer_fwd_opaque`` / ``..._bwd_opaque`` are opaque ``custom_op``s
+  with fake implementations, used on CPU under ``TRITON_INTERPRET=1``: the interpreter reads
+  tensor data, which fake tensors lack, so the compiler must not trace into the launch.
+
+:func:`layer_ops` picks the pair for a device. Every tensor carries a leading ensemble dim
+``E`` (see :mod:`.kernels`); the vmap rule folds vmapped dims into ``E``, so a whole
+ensemble is one launch.
+
+Autograd is registered with ``register_autograd``: ``.backward()`` / ``torch.autograd.grad``
+work eagerly, under ``torch.compile`` and over ``torch.vmap`` outputs. ``torch.func.grad`` /
+``vjp`` do not: torch's generated wrapper for ``register_autograd`` lacks the
+``setup_context`` functorch requires (pytorch/pytorch#170834, still open in torch 2.13).
+"""
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from . import kernels
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # read once: triton.jit reads it at import too
+MAX_ELEMENTS = 2**31  # the kernels index their buffers with 32-bit integers
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float64": 8}
+_TL = {"float32": tl.float32, "bfloat16": tl.bfloat16, "float64": tl.float64}
+BLOCK_N = 16  # batch rows per program: tl.dot's minimum, and the most programs for the SMs
+
+
+def _opt(t: Optional[Tensor], dims: int, dummy: Tensor) -> tuple:
+    """A pointer and its first ``dims`` strides, or a dummy pointer with zero strides."""
+    if t is None:
+        return (dummy,) + (0,) * dims
+    return (t,) + tuple(t.stride()[:dims])
+
+
+def _last_contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
+    return t if t is None or t.stride(-1) == 1 else t.contiguous()
+
+
+def _kernel_dtypes(gx: Tensor, compute_dtype: str, precision: str) -> dict:
+    """Constexprs: accumulation dtype, operand dtype, ``tl.dot`` precision, operand upcast."""
+    return dict(
+        ACC=tl.float64 if gx.dtype == torch.float64 else tl.float32,
+        CDT=_TL[compute_dtype],
+        PREC=precision if compute_dtype == "float32" else "ieee",  # TF32 modes only apply to fp32 operands
+        # the interpreter's bf16 tl.dot is wrong: multiply the bf16-rounded operands in fp32
+        # instead (the same products, exactly, with fp32 accumulation)
+        UPCAST=INTERPRET and compute_dtype == "bfloat16",
+    )
+
+
+def _blocks(H: int, lstm: bool, compute_dtype: str) -> tuple[bool, dict]:
+    """Whether the streamed (tiled) kernels serve this width, and their block-size constexprs."""
+    tiled = not kernels.resident(H, 4 if lstm else 3, _ITEMSIZE[compute_dtype])
+    block_h = max(16, triton.next_power_of_2(H))  # tl.dot needs every dim >= 16
+    if tiled:
+        return True, dict(BLOCK_N=BLOCK_N, BLOCK_T=min(kernels.TILE, block_h), num_warps=4)
+    # resident weights take G * block_h^2 operands in registers: spread them over more threads
+    return False, dict(BLOCK_N=BLOCK_N, BLOCK_H=block_h, num_warps=4 if block_h <= 64 else 8)
+
+
+def _input_projection(x: Tensor, w_ih: Tensor, b_ih: Optional[Tensor]) -> Tensor:
+    """``gx [E, N, T, G*H] = x @ W_ih^T + b_ih`` for all steps: one batched GEMM."""
+    gx = torch.matmul(x, w_ih.transpose(-1, -2).unsqueeze(1))
+    return gx if b_ih is None else gx + b_ih[:, None, None, :]
+
+
+def _fwd_outputs(gx: Tensor, H: int, lstm: bool, save: bool) -> tuple[Tensor, Tensor, Tensor]:
+    E, N, T = gx.shape[:3]
+    acc = torch.float64 if gx.dtype == torch.float64 else torch.float32  # states are kept in acc dtype
+    hs = gx.new_empty((E, N, T + 1, H), dtype=acc)
+    cs = gx.new_empty((E, N, T + 1, H) if lstm else (E, 0), dtype=acc)
+    gates = gx.new_empty((E, N, T, 4 * H) if save else (E, 0), dtype=acc)
+    return hs, cs, gates
+
+
+def _make_fwd(run: Callable) -> Callable:
+    def layer_fwd(
+        x: Tensor, w_ih: Tensor, b_ih: Optional[Tensor], w: Tensor, b: Optional[Tensor], h0: Tensor,
+        c0: Optional[Tensor], is_init: Optional[Tensor], rh: Optional[Tensor], rc: Optional[Tensor],
+        lstm: bool, save: bool, compute_dtype: str, precision: str,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        E, N, T, _ = x.shape
+        H = w.shape[-1]
+        if E * N * (T + 1) * 4 * H >= MAX_ELEMENTS:
+            raise ValueError(
+                f"backend 'triton': E*N*(T+1)*4*H = {E * N * (T + 1) * 4 * H} exceeds the kernels' 32-bit "
+                f"indexing ({MAX_ELEMENTS}); split the batch or the sequence, or use one of reference, scan, pad."
+            )
+        gx = _input_projection(x, w_ih, b_ih)
+        w, b, h0, c0, rh, rc = map(_last_contiguous, (w, b, h0, c0, rh, rc))
+        hs, cs, gates = _fwd_outputs(gx, H, lstm, save)
+        init = None if is_init is None else is_init.to(torch.int8)
+        grid = (triton.cdiv(N, BLOCK_N), E)
+        tiled, blocks = _blocks(H, lstm, compute_dtype)
+        kernels.LAUNCHES["count"] += 1
+        run(kernels._rnn_fwd_tiled_kernel if tiled else kernels._rnn_fwd_kernel)[grid](
+            gx, *gx.stride()[:3], w, *w.stride()[:2], *_opt(b, 1, gx), h0, *h0.stride()[:2],
+            *_opt(c0, 2, gx), *_opt(init, 2, gx), *_opt(rh, 3, gx), *_opt(rc, 3, gx),
+            hs, cs if lstm else hs, gates if save else hs, N, T, H,
+            IS_LSTM=lstm, HAS_BIAS=b is not None, HAS_INIT=init is not None, HAS_RESET=rh is not None,
+            SAVE=save, **_kernel_dtypes(gx, compute_dtype, precision), **blocks,
+        )
+        return hs, cs, gates
+
+    return layer_fwd
+
+
+def _fwd_fake(x, w_ih, b_ih, w, b, h0, c0, is_init, rh, rc, lstm, save, compute_dtype, precision):
+    return _fwd_outputs(x, w.shape[-1], lstm, save)
+
+
+def _bwd_outputs(gates: Tensor, hs: Tensor, lstm: bool, has_reset: bool) -> tuple:
+    E, N, T1, H = hs.shape
+    T, G = T1 - 1, 4 if lstm else 3
+    acc = gates.dtype
+    dgx = gates.new_empty((E, N, T, G * H))
+    dgh = gates.new_empty((E, N, T, H) if not lstm else (E, 0))
+    dh0 = gates.new_empty((E, N, H))
+    dc0 = gates.new_empty((E, N, H) if lstm else (E, 0))
+    drh = gates.new_empty((E, N, T, H) if has_reset else (E, 0), dtype=acc)
+    drc = gates.new_empty((E, N, T, H) if has_reset and lstm else (E, 0), dtype=acc)
+    return dgx, dgh, dh0, dc0, drh, drc
+
+
+def _make_bwd(run: Callable) -> Callable:
+    def layer_bwd(
+        gates: Tensor, hs: Tensor, cs: Tensor, w: Tensor, is_init: Optional[Tensor],
+        rh: Optional[Tensor], rc: Optional[Tensor], dhs: Tensor, dcs: Tensor,
+        lstm: bool, compute_dtype: str, precision: str,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        w, rh, rc = map(_last_contiguous, (w, rh, rc))
+        gates, hs, dhs = gates.contiguous(), hs.contiguous(), dhs.contiguous()
+        cs, dcs = (cs.contiguous(), dcs.contiguous()) if lstm else (hs, dhs)
+        E, N, T1, H = hs.shape
+        outs = _bwd_outputs(gates, hs, lstm, rh is not None)
+        dgx, dgh, dh0, dc0, drh, drc = outs
+        init = None if is_init is None else is_init.to(torch.int8)
+        grid = (triton.cdiv(N, BLOCK_N), E)
+        tiled, blocks = _blocks(H, lstm, compute_dtype)
+        # the streamed kernel keeps GRU's direct term dh * z in a scratch row per batch entry
+        scratch = (dh0.new_empty((E, N, H)) if not lstm else dgx,) if tiled else ()
+        kernels.LAUNCHES["count"] += 1
+        run(kernels._rnn_bwd_tiled_kernel if tiled else kernels._rnn_bwd_kernel)[grid](
+            gates, hs, cs, w, *w.stride()[:2], *_opt(init, 2, gates), *_opt(rh, 3, gates), *_opt(rc, 3, gates),
+            dhs, dcs, dgx, dgh if not lstm else dgx, dh0, dc0 if lstm else dh0,
+            drh if rh is not None else dgx, drc if (rc is not None and lstm) else dgx, *scratch, N, T1 - 1, H,
+            IS_LSTM=lstm, HAS_INIT=init is not None, HAS_RESET=rh is not None, **_kernel_dtypes(hs, compute_dtype, precision),
+            **blocks,
+        )
+        return outs
+
+    return layer_bwd
+
+
+def _bwd_fake(gates, hs, cs, w, is_init, rh, rc, dhs, dcs, lstm, compute_dtype, precision):
+    return _bwd_outputs(gates, hs, lstm, rh is not None)
+
+
+@dataclass(frozen=True)
+class LayerOps:
+    """The forward and backward op of one registration flavour."""
+
+    fwd: Callable
+    bwd: Callable
+
+
+def _register(opaque: bool) -> LayerOps:
+    suffix = "_opaque" if opaque else ""
+    ops = []
+    for name, make, fake in (("fwd", _make_fwd, _fwd_fake), ("bwd", _make_bwd, _bwd_fake)):
+        qualname = f"rnn_functional::triton_layer_{name}{suffix}"
+        if opaque:
+            op = torch.library.custom_op(qualname, mutates_args=())(make(lambda kernel: kernel))
+            op.register_fake(fake)
+        else:
+            op = torch.library.triton_op(qualname, mutates_args=())(make(torch.library.wrap_triton))
+        torch.library.register_vmap(op, _fold_ensemble(op))
+        ops.append(op)
+    fwd, bwd = ops
+    layer = LayerOps(fwd, bwd)
+    torch.library.register_autograd(fwd, _make_backward(layer), setup_context=_setup_context)
+    return layer
+
+
+# ----------------------------------------------------------------------------- autograd
+
+
+def _reset_prev(states: Tensor, is_init: Optional[Tensor], reset: Optional[Tensor]) -> Tensor:
+    """The carry entering every step: ``states[:, :, :-1]`` replaced by the reset values (or 0) where ``is_init``."""
+    prev = states[:, :, :-1]
+    if is_init is None:
+        return prev
+    fill = reset.to(prev.dtype) if reset is not None else prev.new_zeros(())
+    return torch.where(is_init[..., None], fill, prev)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, w_ih, b_ih, w, b, h0, c0, is_init, rh, rc, lstm, save, compute_dtype, precision = inputs
+    hs, cs, gates = output
+    ctx.lstm, ctx.save, ctx.compute_dtype, ctx.precision = lstm, save, compute_dtype, precision
+    ctx.has_bias = b is not None
+    ctx.dtypes = (x.dtype, h0.dtype, None if c0 is None else c0.dtype,
+                  None if rh is None else rh.dtype, None if rc is None else rc.dtype)
+    # recompute="full" keeps the (small) inputs to replay the forward instead of the per-step gates
+    replay = (b_ih, b, h0, c0) if not save else (None, None, None, None)
+    ctx.save_for_backward(x, w_ih, w, is_init, rh, rc, hs, cs, gates if save else None, *replay)
+
+
+def _weight_grad(d_out: Tensor, inp: Tensor) -> Tensor:
+    """``sum over (n, t) of d_out[e, n, t, :]^T inp[e, n, t, :]`` -> ``[E, out, in]``."""
+    E = d_out.shape[0]
+    rows_out = d_out.reshape(E, -1, d_out.shape[-1])
+    return torch.bmm(rows_out.transpose(1, 2), inp.to(d_out.dtype).reshape(E, -1, inp.shape[-1]))
+
+
+def _make_backward(layer: LayerOps) -> Callable:
+    def backward(ctx, dhs: Tensor, dcs: Tensor, _dgates: Tensor) -> tuple:
+        x, w_ih, w, is_init, rh, rc, hs, cs, gates, b_ih, b, h0, c0 = ctx.saved_tensors
+        lstm = ctx.lstm
+        if not ctx.save:  # replay the forward (projection + kernel) to regenerate the gates
+            _, _, gates = layer.fwd(
+                x, w_ih, b_ih, w, b, h0, c0, is_init, rh, rc, lstm, True, ctx.compute_dtype, ctx.precision
+            )
+        dhs = torch.zeros_like(hs) if dhs is None else dhs
+        dcs = torch.zeros_like(cs) if (dcs is None and lstm) else dcs
+        dgx, dgh, dh0, dc0, drh, drc = layer.bwd(
+            gates, hs, cs, w, is_init, rh, rc, dhs, dcs if lstm else dhs, lstm, ctx.compute_dtype, ctx.precision
+        )
+        H = w.shape[-1]
+        d_rec = dgx if lstm else torch.cat([dgx[..., : 2 * H], dgh], dim=-1)  # grad of h @ W_hh^T + b_hh
+        h_prev = _reset_prev(hs, is_init, rh)
+        # weight grads: GEMMs over all N * T rows
+        dw_ih, dw = _weight_grad(dgx, x), _weight_grad(d_rec, h_prev)
+        dx = torch.matmul(dgx, w_ih.to(dgx.dtype).unsqueeze(1))
+        db_ih, db = (dgx.sum(dim=(1, 2)), d_rec.sum(dim=(1, 2))) if ctx.has_bias else (None, None)
+        x_t, h0_t, c0_t, rh_t, rc_t = ctx.dtypes
+        cast = lambda t: None if t is None else t.to(x_t)  # noqa: E731 - params share x's dtype
+        return (
+            cast(dx), cast(dw_ih), cast(db_ih), cast(dw), cast(db), dh0.to(h0_t),
+            dc0.to(c0_t) if lstm else None, None,
+            drh.to(rh_t) if rh_t is not None else None, drc.to(rc_t) if (rc_t is not None and lstm) else None,
+            None, None, None, None,
+        )
+
+    return backward
+
+
+# ----------------------------------------------------------------------------- vmap
+
+
+def _fold_ensemble(op: Callable) -> Callable:
+    """vmap rule: move the vmapped dim next to ``E`` and merge them (``[B, E, ...] -> [B*E, ...]``)."""
+
+    def rule(info, in_dims, *args):
+        B = info.batch_size
+        folded = []
+        for a, d in zip(args, in_dims):
+            if isinstance(a, Tensor):
+                a = a.unsqueeze(0).expand(B, *a.shape) if d is None else a.movedim(d, 0)
+                a = a.reshape(B * a.shape[1], *a.shape[2:])
+            folded.append(a)
+        outs = op(*folded)
+        return tuple(o.reshape(B, o.shape[0] // B, *o.shape[1:]) for o in outs), (0,) * len(outs)
+
+    return rule
+
+
+OPAQUE_OPS = _register(opaque=True)
+TRITON_OPS = _register(opaque=False)
+
+
+def layer_ops(device: torch.device) -> LayerOps:
+    """The registered ops for ``device``: ``triton_op`` on CUDA, opaque custom ops in interpreter mode."""
+    return TRITON_OPS if device.type == "cuda" and not INTERPRET else OPAQUE_OPS
