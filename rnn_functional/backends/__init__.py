@@ -56,17 +56,24 @@ def inside_grad_transform() -> bool:
     return any(i.key() in kinds for i in stack)
 
 
-def _eager_fastest(layout: Layout, x: torch.Tensor, opts: SequenceOptions) -> str:
-    """The fastest exact eager backend able to serve ``opts``.
+def _eager_fastest(layout: Layout, x: torch.Tensor, opts: SequenceOptions, is_init: torch.Tensor | None) -> str:
+    """The fastest exact eager backend able to serve the call.
 
-    Measured in ``benchmarks/bench_cpu_backends.py``: ``pad`` is fastest on CPU;
-    with ``recompute="full"`` (which ``pad`` cannot serve) the eager loop ``reference``
-    beats eager ``scan``, whose per-call compile overhead dominates.
+    Measured in ``benchmarks/bench_cpu_backends.py`` (CPU, B=32, T=64, H=128): ``pad`` is
+    one fused kernel call and 3x faster than ``reference`` without interior resets; with
+    interior resets its packed-sequence path is 2-4x slower than ``reference`` in
+    forward+backward. ``pad`` cannot serve ``recompute="full"``.
     """
-    return "reference" if opts.recompute == "full" else "pad"
+    if opts.recompute == "full":
+        return "reference"
+    if is_init is not None and bool(is_init[:, 1:].any()):
+        return "reference"
+    return "pad"
 
 
-def _auto(layout: Layout, x: torch.Tensor, opts: SequenceOptions, compiling: bool, vmapped: bool, differentiated: bool) -> str:
+def _auto(
+    layout: Layout, x: torch.Tensor, opts: SequenceOptions, is_init, compiling: bool, vmapped: bool, differentiated: bool
+) -> str:
     """What ``auto`` picks: the fused ``triton`` kernels on CUDA where they serve the call
     (they compile whole and vmap in one launch); else ``scan`` under ``torch.compile``,
     ``reference`` under eager ``torch.func`` transforms (eager scan re-traces its step on
@@ -77,10 +84,12 @@ def _auto(layout: Layout, x: torch.Tensor, opts: SequenceOptions, compiling: boo
         return "scan"
     if vmapped or differentiated:
         return "reference"
-    return _eager_fastest(layout, x, opts)
+    return _eager_fastest(layout, x, opts, is_init)
 
 
-def resolve_backend(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions) -> Callable:
+def resolve_backend(
+    name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, is_init: torch.Tensor | None = None
+) -> Callable:
     """The ``sequence`` implementation serving ``name`` for this call.
 
     ``auto``: see :func:`_auto`. ``pad`` runs ATen's kernels eagerly and computes the same result through
@@ -100,7 +109,7 @@ def resolve_backend(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOp
     vmapped = not compiling and inside_vmap()
     differentiated = not compiling and inside_grad_transform()
     if name == "auto":
-        name = _auto(layout, x, opts, compiling, vmapped, differentiated)
+        name = _auto(layout, x, opts, is_init, compiling, vmapped, differentiated)
     elif name in _EAGER_ONLY and (compiling or vmapped or differentiated):
         # ATen's kernels have no vmap rule nor functorch autograd, and split on host-side counts
         name = "scan" if compiling else "reference"

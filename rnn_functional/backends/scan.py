@@ -6,8 +6,8 @@ The scanned step returns cloned carries: scan forbids outputs that alias its inp
 
 ``recompute="full"``: every layer runs through :class:`_RecomputedLayer`, whose forward
 scans without autograd and keeps only the layer's input and its carry after every step;
-its backward is a reverse scan that rebuilds each step from the saved carry and pulls the
-cotangent through it with :func:`torch.func.vjp`. The per-step gates are never stored:
+its backward is a reverse scan that rebuilds each step from the saved carry and runs the
+cell's hand-written backward on it. The per-step gates are never stored:
 activation memory per step drops from the gates and their nonlinearities to ``F + P (+ H)``.
 (``torch.utils.checkpoint`` around the scan higher-order op is unsupported on torch 2.13,
 eager and compiled; this custom function works in both.)
@@ -54,13 +54,9 @@ def _batched_like_step(init: Carry, *reads: torch.Tensor | None) -> Carry:
     state, the step's carry is batched while ``init`` is not, and scan fails ("Expected init
     and carry to have same metadata"). Adding a zero read from each of those tensors gives
     ``init`` their batch dims; outside vmap it adds an exact 0.
-
-    The zeros are expanded and cloned first: the clone of a stride-0 expand keeps the vmap dims
-    innermost in memory, so ``init`` is still contiguous once scan's vmap rule moves those dims
-    last (compiled autograd through scan requires a contiguous ``init``).
     """
     zero = sum(torch.zeros_like(t.flatten()[:1], dtype=init[0].dtype).sum() for t in (*init, *reads) if t is not None)
-    return tuple(zero.expand(s.shape).clone() + s for s in init)
+    return tuple(s + zero for s in init)
 
 
 def _scan_states(cell: CellSpec, w: LayerWeights, carry: Carry, gi: torch.Tensor, mask, reset, all_states: bool):
@@ -87,6 +83,56 @@ def _scan_states(cell: CellSpec, w: LayerWeights, carry: Carry, gi: torch.Tensor
     return _scan(step, init, xs)
 
 
+def _lstm_step_backward(gi, carry: Carry, w: LayerWeights, d_new: Carry):
+    """Backward of :func:`~rnn_functional.functional.lstm.lstm_layer_step`, recomputing its gates.
+
+    ``gi [N, 4H]``, carry ``(h [N, P], c [N, H])`` before the step, ``d_new`` the cotangent of
+    ``(h', c')``. Returns ``(d_carry, d_gates [N, 4H], d_weight_hr [P, H] | None)``; ``d_gates``
+    is the cotangent of both ``gi`` and the recurrent projection ``h @ W_hh^T + b_hh``.
+    """
+    (h, c), (dh_new, dc_new) = carry, d_new
+    i, f, g, o = (gi + F.linear(h, w.weight_hh, w.bias_hh)).chunk(4, dim=-1)
+    i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
+    tanh_c = torch.tanh(f * c + i * g)
+    d_hr = None
+    if w.weight_hr is not None:
+        d_hr = dh_new.transpose(0, 1) @ (o * tanh_c)
+        dh_new = dh_new @ w.weight_hr
+    dc = dc_new + dh_new * o * (1 - tanh_c * tanh_c)
+    d_gates = torch.cat(
+        [dc * g * i * (1 - i), dc * c * f * (1 - f), dc * i * (1 - g * g), dh_new * tanh_c * o * (1 - o)], dim=-1
+    )
+    return (d_gates @ w.weight_hh, dc * f), d_gates, d_hr
+
+
+def _gru_step_backward(gi, carry: Carry, w: LayerWeights, d_new: Carry):
+    """Backward of :func:`~rnn_functional.functional.gru.gru_layer_step`, recomputing its gates.
+
+    Returns ``(d_carry, (d_gi [N, 3H], d_gh [N, 3H]))`` where ``gh = h @ W_hh^T + b_hh``.
+    """
+    (h,), (dh_new,) = carry, d_new
+    i_r, i_z, i_n = gi.chunk(3, dim=-1)
+    h_r, h_z, h_n = F.linear(h, w.weight_hh, w.bias_hh).chunk(3, dim=-1)
+    r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
+    n = torch.tanh(i_n + r * h_n)
+    d_n = dh_new * (1 - z) * (1 - n * n)
+    d_r = d_n * h_n * r * (1 - r)
+    d_z = dh_new * (h - n) * z * (1 - z)
+    d_gi = torch.cat([d_r, d_z, d_n], dim=-1)
+    d_gh = torch.cat([d_r, d_z, d_n * r], dim=-1)
+    return (dh_new * z + d_gh @ w.weight_hh,), (d_gi, d_gh)
+
+
+def _sum_rows(t: torch.Tensor) -> torch.Tensor:
+    """``[T, N, G] -> [G]``."""
+    return t.sum(dim=(0, 1))
+
+
+def _outer_sum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``sum_{t, n} a[t, n]^T b[t, n]``: ``[T, N, G], [T, N, K] -> [G, K]`` (one GEMM)."""
+    return a.flatten(0, 1).transpose(0, 1) @ b.flatten(0, 1)
+
+
 class _RecomputedLayer(torch.autograd.Function):
     """One layer over time whose backward recomputes every step from the saved carries.
 
@@ -94,6 +140,13 @@ class _RecomputedLayer(torch.autograd.Function):
     *reset ([T, N, S] each, if has_reset), weight_ih, weight_hh, bias_ih, bias_hh, weight_hr)``
     (absent weights are ``None``) returns the carry after every step, a tuple of ``[T, N, S]``.
     Saved for backward: ``inp``, the carries and the reset states, never the gates.
+
+    The backward is a reverse scan carrying the cotangent of the carry: each step recomputes
+    its input projection and gates from the saved carry before it (after its reset) and applies
+    the cell's hand-written backward; it emits the gate cotangents, from which the weight and
+    input gradients are a few whole-sequence GEMMs after the scan. (Hand-written rather than
+    ``torch.func.vjp``, which refuses to run while saved-tensor hooks are active, e.g. under
+    ``torch.autograd.graph.save_on_cpu`` or when ``torch.compile`` traces this backward there.)
     """
 
     generate_vmap_rule = True  # ensembles: torch.vmap over stacked params runs forward and backward batched
@@ -115,48 +168,53 @@ class _RecomputedLayer(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grad_states):
-        n, cell = ctx.n_carry, ctx.cell
+        n, lstm = ctx.n_carry, ctx.cell.name == "lstm"
         inp, mask, *saved = ctx.saved_tensors
-        carry0, weights, states, reset = saved[:n], saved[n : n + 5], saved[n + 5 : 2 * n + 5], saved[2 * n + 5 :]
-        present = [wt is not None for wt in weights]
-        live = [wt for wt in weights if wt is not None]
-
-        def step_from(x_t, pre, *ws):
-            it = iter(ws)
-            w = LayerWeights(*(next(it) if p else None for p in present))
-            return cell.layer_step(F.linear(x_t, w.weight_ih, w.bias_ih), pre, w)
-
-        # carry before step t (before its reset): carry0, then the state after step t - 1
-        prev = tuple(torch.cat([c0.unsqueeze(0), s[:-1]]) for c0, s in zip(carry0, states))
-        xs: dict[str, object] = {"x": inp, "prev": prev, "g": tuple(grad_states)}
+        carry0, weights, states, reset = saved[:n], saved[n : n + 5], saved[n + 5 : 2 * n + 5], tuple(saved[2 * n + 5 :])
+        w = LayerWeights(*weights)
+        # the carry each step starts from: carry0, then the state after step t - 1, reset where mask
+        pre = tuple(torch.cat([c0.unsqueeze(0), s[:-1]]) for c0, s in zip(carry0, states))
+        pre = apply_reset(pre, mask, reset or None)
+        xs = {"x": inp, "pre": pre, "g": tuple(grad_states)}
         if mask is not None:
             xs["mask"] = mask
-        if reset:
-            xs["reset"] = tuple(reset)
 
         def back_step(acc, xs_t):
-            d_carry, d_ws = acc
+            gi = F.linear(xs_t["x"], w.weight_ih, w.bias_ih)
+            d_new = tuple(a + b for a, b in zip(acc["d_carry"], xs_t["g"]))
+            out = {}
+            if lstm:
+                d_pre, out["d_gi"], d_hr = _lstm_step_backward(gi, xs_t["pre"], w, d_new)
+            else:
+                d_pre, (out["d_gi"], out["d_gh"]) = _gru_step_backward(gi, xs_t["pre"], w, d_new)
             m = xs_t.get("mask")
-            pre = apply_reset(xs_t["prev"], m, xs_t.get("reset"))
-            _, pullback = torch.func.vjp(step_from, xs_t["x"], pre, *live)
-            d_x, d_pre, *d_w = pullback(tuple(a + b for a, b in zip(d_carry, xs_t["g"])))
-            d_w = tuple(a + b for a, b in zip(d_ws, d_w))
-            out = {"x": d_x}
-            if m is None:
-                return (tuple(d_pre), d_w), out
-            if "reset" in xs_t:  # the carry was replaced by reset_state where m
-                out["reset"] = tuple(torch.where(broadcast_mask(m, d), d, 0.0) for d in d_pre)
-            return (tuple(torch.where(broadcast_mask(m, d), 0.0, d) for d in d_pre), d_w), out
+            if m is not None:  # where the carry was reset, its cotangent goes to reset_state (or nowhere)
+                if reset:
+                    out["d_reset"] = tuple(torch.where(broadcast_mask(m, d), d, 0.0) for d in d_pre)
+                d_pre = tuple(torch.where(broadcast_mask(m, d), 0.0, d) for d in d_pre)
+            new_acc = {"d_carry": tuple(d_pre)}  # same keys in the same order as init
+            if "d_hr" in acc:
+                new_acc["d_hr"] = acc["d_hr"] + d_hr
+            return new_acc, out
 
-        reads = (inp, mask, *prev, *grad_states, *reset, *live)
-        init = (
-            _batched_like_step(tuple(torch.zeros_like(c) for c in carry0), *reads),
-            _batched_like_step(tuple(torch.zeros_like(wt) for wt in live), *reads),
+        reads = (inp, mask, *pre, *grad_states, *reset, *(wt for wt in weights if wt is not None))
+        init = {"d_carry": _batched_like_step(tuple(torch.zeros_like(c) for c in carry0), *reads)}
+        if w.weight_hr is not None:
+            init["d_hr"] = _batched_like_step((torch.zeros_like(w.weight_hr),), *reads)[0]
+        acc, outs = _scan(back_step, init, xs, reverse=True)
+
+        d_gi = outs["d_gi"]  # [T, N, G*H]
+        d_gh = d_gi if lstm else outs["d_gh"]
+        has_bias = w.bias_ih is not None
+        d_weights = (
+            _outer_sum(d_gi, inp),
+            _outer_sum(d_gh, pre[0]),
+            _sum_rows(d_gi) if has_bias else None,
+            _sum_rows(d_gh) if has_bias else None,
+            acc.get("d_hr"),
         )
-        (d_carry0, d_live), outs = _scan(back_step, init, xs, reverse=True)
-        it = iter(d_live)
-        d_weights = [next(it) if p else None for p in present]
-        return (None, None, None, outs["x"], None, *d_carry0, *outs.get("reset", ()), *d_weights)
+        d_reset = outs.get("d_reset", ())
+        return (None, None, None, d_gi @ w.weight_ih, None, *acc["d_carry"], *d_reset, *d_weights)
 
 
 def _split(rest, n_carry: int, has_reset: bool):

@@ -287,7 +287,7 @@ def run_sequence(
     from ..backends import resolve_backend
 
     c = _canonicalize(cell, x, state, params, is_init, reset_state, sequence=True)
-    impl = resolve_backend(backend, c.layout, c.x, opts)
+    impl = resolve_backend(backend, c.layout, c.x, opts, c.is_init)
     y, carry, seg = impl(cell, c.layout, c.params, c.x, c.carry, c.is_init, c.reset, opts)
     y, carry = _restore(c.batch_shape, y, carry)
     if seg is None:

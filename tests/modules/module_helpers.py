@@ -106,3 +106,60 @@ def weighted_sum(tensors, seed=123):
     """A scalar loss touching every output with random weights."""
     g = torch.Generator().manual_seed(seed)
     return sum((t * torch.randn(t.shape, generator=g, dtype=t.dtype)).sum() for t in tensors)
+
+
+def cartpole_env():
+    """A bare gymnasium CartPole-v1 env (collectors add InitTracker and our primers)."""
+    from torchrl.envs import GymEnv
+
+    return GymEnv("CartPole-v1")
+
+
+def ddp_policy_and_data():
+    """A tiny fp64 recurrent policy (our LSTM + linear head) and a [4, 6] batch with resets."""
+    from tensordict.nn import TensorDictModule, TensorDictSequential
+
+    torch.manual_seed(0)
+    lstm = make_module("lstm", layers=2)
+    policy = TensorDictSequential(lstm, TensorDictModule(nn.Linear(5, 2).double(), in_keys=["y"], out_keys=["logits"]))
+    data = make_td("lstm", (4, 6), layers=2, seed=12)
+    return policy, data
+
+
+def ddp_loss(policy, data):
+    """Mean squared logits in recurrent mode (a per-row mean, so shards average to the whole)."""
+    with rf.set_recurrent_mode(True):
+        return policy(data.clone())["logits"].pow(2).mean()
+
+
+def ddp_worker(rank: int, world: int, init_file: str, out_path: str) -> None:
+    """One DDP rank on gloo: its half of the batch, backward, rank 0 saves the gradients."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        policy, data = ddp_policy_and_data()
+        model = DistributedDataParallel(policy)
+        shard = data[rank * 4 // world : (rank + 1) * 4 // world]
+        ddp_loss(model, shard).backward()
+        if rank == 0:
+            torch.save({n: p.grad for n, p in policy.named_parameters()}, out_path)
+    finally:
+        dist.destroy_process_group()
+
+
+def torch_rnn(module) -> nn.RNNBase:
+    """A ``torch.nn.LSTM``/``GRU`` that uses our module's parameter objects (shared)."""
+    w = module.lstm if isinstance(module, rf.LSTMModule) else module.gru
+    first = next(w.parameters())
+    kwargs = dict(num_layers=w.num_layers, bias=w.bias, dropout=w.dropout, batch_first=True,
+                  dtype=first.dtype, device=first.device)
+    if w.mode == "LSTM":
+        rnn = nn.LSTM(w.input_size, w.hidden_size, proj_size=w.proj_size, **kwargs)
+    else:
+        rnn = nn.GRU(w.input_size, w.hidden_size, **kwargs)
+    for name, p in w.named_parameters():
+        setattr(rnn, name, p)
+    rnn.train(module.training)
+    return rnn

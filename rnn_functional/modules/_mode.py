@@ -1,0 +1,119 @@
+"""The recurrent-mode switch shared by :class:`LSTMModule` and :class:`GRUModule`.
+
+Recurrent mode (a whole ``[*B, T]`` batch per call) versus sequential mode (one step per
+call) is chosen, from innermost to outermost, by:
+
+1. :class:`set_recurrent_mode` (ours) or TorchRL's ``torchrl.modules.set_recurrent_mode``:
+   whichever context was entered last wins. When TorchRL is loaded, ours also sets
+   TorchRL's flag, so a single context drives every recurrent module of a pipeline,
+   ours and TorchRL's alike; TorchRL's loss modules and value estimators (which enter
+   ``set_recurrent_mode(True)``) therefore drive our modules too.
+2. The module's ``default_recurrent_mode``.
+
+TorchRL is never imported here: its flag is read only if ``torchrl`` is already in
+``sys.modules``. The flag is context-local in eager mode (each thread and each worker
+process has its own) and a plain attribute under ``torch.compile``, which cannot trace
+``ContextVar.get``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import sys
+from typing import Literal
+
+import torch
+from torch.utils._contextlib import _DecoratorContextManager
+
+__all__ = ["set_recurrent_mode", "recurrent_mode"]
+
+_TORCHRL_RNN = "torchrl.modules.tensordict_module.rnn"
+
+
+class _ModeState:
+    """Context-local flag in eager mode, mirrored in a plain attribute for ``torch.compile``."""
+
+    def __init__(self) -> None:
+        self._var: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
+            "rnn_functional_recurrent_mode", default=None
+        )
+        self._traced: bool | None = None
+
+    def get(self) -> bool | None:
+        if torch.compiler.is_compiling():
+            return self._traced
+        return self._var.get()
+
+    def set(self, mode: bool | None) -> None:
+        self._traced = mode
+        if not torch.compiler.is_compiling():
+            self._var.set(mode)
+
+
+_STATE = _ModeState()
+
+
+def _torchrl_rnn():
+    """TorchRL's rnn module if TorchRL is already imported, else ``None`` (never imports it)."""
+    return sys.modules.get(_TORCHRL_RNN)
+
+
+def recurrent_mode() -> bool | None:
+    """The recurrent mode set by the innermost active context, or ``None`` outside any.
+
+    Reads TorchRL's ``set_recurrent_mode`` flag too when TorchRL is loaded.
+    """
+    trl = _torchrl_rnn()
+    if trl is not None:
+        mode = trl.recurrent_mode()
+        if mode is not None:
+            return mode
+    return _STATE.get()
+
+
+class set_recurrent_mode(_DecoratorContextManager):
+    """Context manager / decorator switching our recurrent modules' mode.
+
+    Args:
+        mode: ``True`` or ``"recurrent"``: modules process ``[*B, T]`` batches (time is
+            the last batch dim); ``False`` or ``"sequential"``: one step per call;
+            ``None``: each module's ``default_recurrent_mode``. Default ``True``.
+
+    Same signature and meaning as ``torchrl.modules.set_recurrent_mode``, usable without
+    TorchRL. When TorchRL is loaded it also sets TorchRL's flag for the same scope.
+    """
+
+    def __init__(self, mode: bool | Literal["recurrent", "sequential"] | None = True) -> None:
+        super().__init__()
+        if isinstance(mode, str):
+            named = {"recurrent": True, "sequential": False}
+            if mode.lower() not in named:
+                raise ValueError(
+                    f"set_recurrent_mode: mode must be a bool, None, 'recurrent' or 'sequential', got {mode!r}."
+                )
+            mode = named[mode.lower()]
+        elif mode is not None and not isinstance(mode, bool):
+            raise TypeError(
+                f"set_recurrent_mode: mode must be a bool, None, 'recurrent' or 'sequential', "
+                f"got {type(mode).__name__}."
+            )
+        self.mode = mode
+        self._prev: bool | None = None
+        self._torchrl_ctx = None
+
+    def clone(self) -> set_recurrent_mode:
+        return type(self)(self.mode)
+
+    def __enter__(self) -> None:
+        self._prev = _STATE.get()
+        _STATE.set(self.mode)
+        trl = _torchrl_rnn()
+        if trl is not None:
+            self._torchrl_ctx = trl.set_recurrent_mode(self.mode)
+            self._torchrl_ctx.__enter__()
+
+    def __exit__(self, exc_type, exc_value, traceback) -> None:
+        if self._torchrl_ctx is not None:
+            self._torchrl_ctx.__exit__(exc_type, exc_value, traceback)
+            self._torchrl_ctx = None
+        _STATE.set(self._prev)

@@ -1,0 +1,107 @@
+"""``EnsembleModule``: E independent copies of an ``LSTMModule`` / ``GRUModule`` run by ``torch.vmap``.
+
+The members' parameters live stacked in one :class:`~tensordict.nn.TensorDictParams`
+(leading dim ``E``); a call vmaps the wrapped module's forward over them. Outputs carry the
+ensemble dim first (``[E, *B, ...]``); keys, modes (``set_recurrent_mode``) and every other
+shape are the wrapped module's. See ``docs/ensembles.md``.
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase, TensorDictParams
+
+from ..ensemble import ensemble_init_gru_params, ensemble_init_lstm_params
+from .rnn import GRUModule, LSTMModule
+
+__all__ = ["EnsembleModule"]
+
+_RANDOMNESS = ("error", "same", "different")
+
+
+class EnsembleModule(TensorDictModuleBase):
+    """An ensemble of ``num_members`` independently initialised copies of ``module``.
+
+    Args:
+        module: an :class:`~rnn_functional.LSTMModule` or :class:`~rnn_functional.GRUModule`; it
+            gives the architecture, keys and options. Its own parameter values are not used
+            (they are moved to the ``meta`` device); the members are freshly initialised.
+        num_members: E.
+        shared_input: True (default): the input TensorDict ``[*B]`` is the same for every member
+            and is read without copies (``vmap`` with ``in_dims=None``). False: the input carries
+            the ensemble dim first, ``[E, *B]`` (e.g. the output of a previous step).
+        randomness: ``torch.vmap``'s randomness for dropout: ``"different"`` (default: every
+            member draws its own masks, as independent models would), ``"same"`` or ``"error"``.
+        generator: RNG for the members' initialisation (drawn member after member).
+
+    Input ``[*B]`` (or ``[E, *B]``) -> output TensorDict ``[E, *B]`` with the wrapped module's
+    output keys added. The input TensorDict is not modified.
+    """
+
+    def __init__(
+        self,
+        module: LSTMModule | GRUModule,
+        num_members: int,
+        *,
+        shared_input: bool = True,
+        randomness: str = "different",
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(module, (LSTMModule, GRUModule)):
+            raise TypeError(
+                f"module: expected an rnn_functional LSTMModule or GRUModule, got {type(module).__name__}."
+            )
+        if randomness not in _RANDOMNESS:
+            raise ValueError(f"randomness: expected one of {list(_RANDOMNESS)}, got {randomness!r}.")
+        rnn = module._rnn
+        if isinstance(module, LSTMModule):
+            members = ensemble_init_lstm_params(
+                num_members, rnn.input_size, rnn.hidden_size, rnn.num_layers, bias=rnn.bias,
+                proj_size=rnn.proj_size, generator=generator,
+            )
+        else:
+            members = ensemble_init_gru_params(
+                num_members, rnn.input_size, rnn.hidden_size, rnn.num_layers, bias=rnn.bias, generator=generator,
+            )
+        template = TensorDict.from_module(module)
+        like = template[module._RNN_ATTR]
+        first = next(iter(like.values()))
+        members = members.to(dtype=first.dtype, device=first.device)
+        stacked = TensorDict({module._RNN_ATTR: members}, batch_size=[num_members])
+        self.params = TensorDictParams(stacked)
+        template.to("meta").to_module(module)  # the wrapped module only provides code and config
+        object.__setattr__(self, "_template", module)  # not a child: its meta tensors stay out of state_dict
+        self.num_members = num_members
+        self.shared_input = shared_input
+        self.randomness = randomness
+        self.in_keys = list(module.in_keys)
+        self.out_keys = list(module.out_keys)
+
+    @property
+    def module(self) -> LSTMModule | GRUModule:
+        """The wrapped module (its parameters are on ``meta``; the members' are in ``params``)."""
+        return self._template
+
+    def member_params(self) -> TensorDictBase:
+        """The stacked members' recurrent params (``batch_size [E]``, ``torch.nn.LSTM``/``GRU`` names)."""
+        return self.params[self._template._RNN_ATTR]
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Run every member on ``tensordict``; returns a new TensorDict ``[E, *B]``."""
+        if not self.shared_input and tuple(tensordict.batch_size[:1]) != (self.num_members,):
+            raise ValueError(
+                f"EnsembleModule(shared_input=False): expected a TensorDict whose first batch dim is the "
+                f"ensemble dim E={self.num_members}, got batch_size {list(tensordict.batch_size)}. Expand a "
+                f"shared input with td.expand({self.num_members}, *td.batch_size) (a view) or use shared_input=True."
+            )
+        module = self._template
+        module.train(self.training)
+
+        def member(params: TensorDictBase, td: TensorDictBase) -> TensorDictBase:
+            with params.to_module(module):
+                return module(td.copy())  # a shallow copy: the caller's TensorDict stays untouched
+
+        in_dims = (0, None if self.shared_input else 0)
+        return torch.vmap(member, in_dims=in_dims, randomness=self.randomness)(self.params, tensordict)

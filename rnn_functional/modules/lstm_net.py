@@ -1,0 +1,219 @@
+"""``LSTMNet``: an MLP embedder followed by a multi-layer LSTM and a linear head.
+
+A drop-in replacement for TorchRL's ``LSTMNet`` (same constructor and ``forward``), computed
+by the functional core, so that it runs under ``torch.compile(fullgraph=True)`` and
+``torch.vmap`` (ensembles through ``torch.func.functional_call``) with any backend, and is
+exact with ``proj_size``. Shapes (``B`` batch, ``T`` time, ``L`` layers, ``H`` hidden size,
+``P`` = proj_size or H):
+
+=====================  ==================  ===================  ======================
+                       1-D input ``[F]``   2-D input ``[B, F]``  3-D input ``[B, T, F]``
+=====================  ==================  ===================  ======================
+meaning                one step            one step per row     a sequence per row
+``y``                  ``[out]``           ``[B, out]``         ``[B, T, out]``
+``hidden0`` in / out   ``[L, P]``          ``[B, L, P]``        ``[B, T, L, P]``
+``hidden1`` in / out   ``[L, H]``          ``[B, L, H]``        ``[B, T, L, H]``
+=====================  ==================  ===================  ======================
+
+For a sequence only the input hiddens at ``t = 0`` are read, and the output hiddens hold the
+final state at ``t = T - 1`` and zeros elsewhere (so that they fit a ``[B, T]`` TensorDict).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from ..backends import BACKENDS
+from ..functional import lstm_sequence, lstm_step
+from ..params import init_lstm_params
+from .rnn import RNNWeights
+
+__all__ = ["LSTMNet", "MLP"]
+
+Tensor = torch.Tensor
+
+# TorchRL's names: "torch" = torch.nn.LSTM's kernels (our pad), "torchrl" = its Python LSTM (our reference)
+_BACKEND_ALIASES = {None: "auto", "torch": "pad", "torchrl": "reference"}
+_LSTM_KWARGS = ("input_size", "hidden_size", "num_layers", "bias", "batch_first", "dropout", "bidirectional",
+                "proj_size", "device", "dtype")
+_MLP_KWARGS = ("in_features", "out_features", "depth", "num_cells", "activation_class", "activation_kwargs",
+               "norm_class", "norm_kwargs", "dropout", "bias_last_layer", "activate_last_layer")
+
+
+class MLP(nn.Sequential):
+    """A multi-layer perceptron taking TorchRL ``MLP``'s keyword arguments (the common subset).
+
+    Layers ``Linear -> [Dropout] -> [norm] -> activation`` repeated ``depth`` times, then a final
+    ``Linear`` (activated too with ``activate_last_layer``), numbered as TorchRL numbers them so
+    that state dicts are interchangeable. ``in_features=None`` makes the first layer lazy.
+    ``num_cells`` defaults to 32 per hidden layer when only ``depth`` is given, and to no hidden
+    layer when neither is. ``[*, in_features]`` -> ``[*, out_features]``.
+    """
+
+    def __init__(
+        self,
+        in_features: int | None = None,
+        out_features: int | None = None,
+        depth: int | None = None,
+        num_cells: Sequence[int] | int | None = None,
+        activation_class: type[nn.Module] = nn.Tanh,
+        activation_kwargs: dict | None = None,
+        norm_class: type[nn.Module] | None = None,
+        norm_kwargs: dict | None = None,
+        dropout: float | None = None,
+        bias_last_layer: bool = True,
+        activate_last_layer: bool = False,
+        device: torch.device | str | None = None,
+    ) -> None:
+        if not isinstance(out_features, int):
+            raise TypeError(f"MLP: out_features must be an int, got {out_features!r}.")
+        if num_cells is None:
+            num_cells = [32] * (depth or 0)
+        elif isinstance(num_cells, int):
+            if depth is None:
+                raise ValueError("MLP: num_cells given as an int needs depth too (or pass a list of widths).")
+            num_cells = [num_cells] * depth
+        num_cells = list(num_cells)
+        if depth is not None and depth != len(num_cells):
+            raise ValueError(f"MLP: depth={depth} conflicts with num_cells={num_cells} ({len(num_cells)} widths).")
+        for arg, value in (("activation_kwargs", activation_kwargs), ("norm_kwargs", norm_kwargs)):
+            if value is not None and not isinstance(value, dict):
+                raise TypeError(f"MLP: {arg} must be a dict (one for every layer), got {type(value).__name__}.")
+        layers: list[nn.Module] = []
+        widths_in = [in_features, *num_cells]
+        widths_out = [*num_cells, out_features]
+        for i, (n_in, n_out) in enumerate(zip(widths_in, widths_out)):
+            last = i == len(num_cells)
+            bias = bias_last_layer if last else True
+            if n_in is None:
+                layers.append(nn.LazyLinear(n_out, bias=bias, device=device))
+            else:
+                layers.append(nn.Linear(n_in, n_out, bias=bias, device=device))
+            if not last or activate_last_layer:
+                if dropout is not None:
+                    layers.append(nn.Dropout(p=dropout))
+                if norm_class is not None:
+                    layers.append(norm_class(**(norm_kwargs or {})))
+                layers.append(activation_class(**(activation_kwargs or {})))
+        super().__init__(*layers)
+        self.in_features, self.out_features = in_features, out_features
+
+
+class LSTMNet(nn.Module):
+    """An MLP followed by an LSTM and a linear head, over the functional core.
+
+    Args:
+        out_features: width of ``y``, the head's output.
+        lstm_kwargs: ``torch.nn.LSTM`` arguments (``input_size`` = the MLP's ``out_features``,
+            ``hidden_size``, ``num_layers``, ``bias``, ``dropout``, ``proj_size``, ``dtype``).
+            The LSTM is always batch-first; ``bidirectional=True`` is rejected. Not modified.
+        mlp_kwargs: TorchRL ``MLP`` arguments (see :class:`MLP`). Pass ``in_features`` to build
+            every layer eagerly (needed before ``torch.vmap``/``functional_call`` ensembles).
+        device: where the parameters live.
+
+    Keyword Args:
+        lstm_backend: our backend for sequences (``"auto"``, ``"reference"``, ``"scan"``,
+            ``"pad"``, ``"triton"``), or TorchRL's names ``"torch"`` (= ``"pad"``: the ATen
+            kernels eagerly, ``scan`` under compile/vmap) and ``"torchrl"`` (= ``"reference"``).
+            Default ``None`` = ``"auto"``. Every choice compiles and vmaps.
+
+    The weights live in ``self.mlp``, ``self.lstm`` (``weight_ih_l0``, ... as in
+    ``torch.nn.LSTM``) and ``self.linear``: the state dict reads like TorchRL's.
+    """
+
+    def __init__(
+        self,
+        out_features: int,
+        lstm_kwargs: dict,
+        mlp_kwargs: dict,
+        device: torch.device | str | None = None,
+        *,
+        lstm_backend: str | None = None,
+    ) -> None:
+        super().__init__()
+        if lstm_backend not in _BACKEND_ALIASES and lstm_backend not in ("auto", *BACKENDS):
+            raise ValueError(
+                f"LSTMNet: lstm_backend must be None, 'torch', 'torchrl' or one of {['auto', *BACKENDS]}, "
+                f"got {lstm_backend!r}."
+            )
+        self.lstm_backend = _BACKEND_ALIASES.get(lstm_backend, lstm_backend)
+        for arg, kwargs, allowed in (("lstm_kwargs", lstm_kwargs, _LSTM_KWARGS), ("mlp_kwargs", mlp_kwargs, _MLP_KWARGS)):
+            unknown = sorted(set(kwargs) - set(allowed))
+            if unknown:
+                raise TypeError(f"LSTMNet: unsupported {arg} {unknown}; accepted: {list(allowed)}.")
+        kw = dict(lstm_kwargs)
+        if not kw.pop("batch_first", True):
+            raise ValueError("LSTMNet: the LSTM is always batch-first; drop batch_first=False from lstm_kwargs.")
+        if kw.pop("bidirectional", False):
+            raise ValueError("LSTMNet: bidirectional LSTMs are not supported; drop bidirectional=True.")
+        for required in ("input_size", "hidden_size"):
+            if required not in kw:
+                raise ValueError(f"LSTMNet: lstm_kwargs must give {required}.")
+        hyper = {"num_layers": 1, "bias": True, "dropout": 0.0, "proj_size": 0, **kw}
+        lstm_device = hyper.pop("device", device)
+        params = init_lstm_params(
+            hyper["input_size"], hyper["hidden_size"], hyper["num_layers"], bias=hyper["bias"],
+            proj_size=hyper["proj_size"], dtype=hyper.pop("dtype", None), device=lstm_device,
+        )
+        self.mlp = MLP(device=device, **mlp_kwargs)
+        self.lstm = RNNWeights("LSTM", hyper, dict(params.items()))
+        self._param_names = tuple(params.keys())
+        self.linear = nn.Linear(self.lstm.proj_size or self.lstm.hidden_size, out_features, device=device)
+
+    def _params(self) -> dict[str, Tensor]:
+        """The LSTM weights, read from ``self.lstm`` at every call (``functional_call`` swaps them)."""
+        return {n: getattr(self.lstm, n) for n in self._param_names}
+
+    def forward(
+        self, input: Tensor, hidden0_in: Tensor | None = None, hidden1_in: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """``(y, hidden0_in, hidden1_in, hidden0_out, hidden1_out)``; shapes in the module doc.
+
+        ``hidden0``/``hidden1`` are the LSTM's ``h``/``c``; both or neither must be given
+        (neither = zeros, returned as the input hiddens).
+        """
+        if input.ndim not in (1, 2, 3):
+            raise ValueError(
+                f"LSTMNet: input must be [F] or [B, F] (one step) or [B, T, F] (a sequence), got shape "
+                f"{list(input.shape)}."
+            )
+        if (hidden0_in is None) != (hidden1_in is None):
+            raise ValueError(
+                f"LSTMNet: pass both hidden0_in and hidden1_in or neither; got hidden0_in "
+                f"{type(hidden0_in).__name__} and hidden1_in {type(hidden1_in).__name__}."
+            )
+        unbatched = input.ndim == 1
+        if unbatched:
+            input = input.unsqueeze(0)
+            if hidden0_in is not None:
+                hidden0_in, hidden1_in = hidden0_in.unsqueeze(0), hidden1_in.unsqueeze(0)
+        x = self.mlp(input)
+        sequence = x.ndim == 3
+        lead = tuple(x.shape[:2]) if sequence else tuple(x.shape[:1])
+        L, P, H = self.lstm.num_layers, self.lstm.proj_size or self.lstm.hidden_size, self.lstm.hidden_size
+        if hidden0_in is None:
+            hidden0_in = x.new_zeros(*lead, L, P)
+            hidden1_in = x.new_zeros(*lead, L, H)
+        for name, h, width in (("hidden0_in", hidden0_in, P), ("hidden1_in", hidden1_in, H)):
+            if tuple(h.shape) != (*lead, L, width):
+                raise ValueError(
+                    f"LSTMNet: {name} must have shape {[*lead, L, width]} ([*batch{', T' if sequence else ''}, "
+                    f"num_layers, {'P' if name == 'hidden0_in' else 'H'}]), got {list(h.shape)}."
+                )
+        state0 = (hidden0_in[:, 0], hidden1_in[:, 0]) if sequence else (hidden0_in, hidden1_in)
+        dropout = self.lstm.dropout if self.training else 0.0
+        if sequence or dropout > 0:
+            y, (h, c) = lstm_sequence(
+                x if sequence else x.unsqueeze(1), state0, self._params(), backend=self.lstm_backend,
+                dropout=self.lstm.dropout, training=self.training,
+            )
+            y = y if sequence else y.squeeze(1)
+        else:
+            y, (h, c) = lstm_step(x, state0, self._params())
+        if sequence:  # the final state at the last step, zeros before it
+            h, c = (torch.cat([s.new_zeros(s.shape[0], x.shape[1] - 1, *s.shape[1:]), s.unsqueeze(1)], 1) for s in (h, c))
+        out = (self.linear(y), hidden0_in, hidden1_in, h, c)
+        return tuple(o.squeeze(0) for o in out) if unbatched else out
