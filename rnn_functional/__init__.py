@@ -30,3 +30,7 @@ __all__ += ["stack_params", "unstack_params", "ensemble_init_lstm_params", "ense
 from .modules.lstm_net import LSTMNet  # noqa: E402
 
 __all__ += ["LSTMNet"]
+
+from .modules.ensemble import EnsembleModule  # noqa: E402
+
+__all__ += ["EnsembleModule"]

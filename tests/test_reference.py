@@ -89,3 +89,24 @@ def test_step_accepts_trailing_singleton_is_init_and_none_state() -> None:
     y2, h2 = rf.gru_step(x, torch.zeros(5, 1, 4, dtype=torch.float64), params)
     torch.testing.assert_close((y1, h1), (y2, h2))
     assert h1.shape == (5, 1, 4)
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("backend", ["auto", "pad"])
+def test_step_backends_match_reference_step(cell: str, backend: str) -> None:
+    """ATen's fused cells (eager ``pad``/``auto`` step) equal the reference step: outputs and grads."""
+    problem = make_problem(cell, batch_shape=(2, 3), time=1, layers=2, with_reset_state=False, reset_prob=0.5)
+    step = CELLS[cell][1]
+
+    def run(name):
+        out = step(problem["x"][..., 0, :], problem["state"], problem["params"], is_init=problem["is_init"][..., 0], backend=name)
+        loss = sum((o * (i + 1)).sum() for i, o in enumerate(flat(out)))
+        return flat(out), torch.autograd.grad(loss, problem["leaves"], allow_unused=True, materialize_grads=True)
+
+    torch.testing.assert_close(run(backend), run("reference"))
+
+
+def test_step_unknown_backend() -> None:
+    params = rf.init_gru_params(3, 4)
+    with pytest.raises(ValueError, match=r"backend: expected one of \['auto', 'reference', 'pad', 'triton'\] for a step, got 'scan'"):
+        rf.gru_step(torch.randn(2, 3), None, params, backend="scan")

@@ -13,6 +13,7 @@ import torch
 
 from .._layout import Layout
 from ..functional._core import SequenceOptions
+from ..functional._core import multi_layer_step as reference_step
 from . import pad, reference, scan
 from .recompute import checkpointed
 
@@ -27,7 +28,9 @@ BACKENDS = ("reference", "scan", "pad", "triton")
 _EAGER_ONLY = ("pad",)  # ATen kernels: data-dependent splits, no vmap batching rule
 _RECOMPUTE = ("reference", "scan", "triton")  # backends that serve recompute="full"
 
-__all__ = ["available_backends", "resolve_backend", "BACKENDS"]
+STEP_BACKENDS = ("auto", "reference", "pad", "triton")
+
+__all__ = ["available_backends", "resolve_backend", "resolve_step", "BACKENDS", "STEP_BACKENDS"]
 
 
 def _triton_available(device: torch.device | None) -> bool:
@@ -130,3 +133,25 @@ def resolve_backend(
     if name == "reference" and opts.recompute == "full":
         return checkpointed(reference.sequence)
     return _SEQUENCE[name]  # scan serves recompute="full" itself
+
+
+def resolve_step(name: str, layout: Layout, x: torch.Tensor) -> Callable:
+    """The one-step function ``(cell, layout, params, x [N, F], carry) -> (y, carry)`` for ``name``.
+
+    ``auto``: the fused ``triton`` step on CUDA where it serves the params; ATen's fused
+    cells (``pad``) in plain eager mode without projection; else ``reference``.
+    ``pad`` is eager-only like its sequence path and runs ``reference`` under
+    ``torch.compile`` / ``torch.func`` transforms; it has no projection, so with
+    ``proj_size`` it runs ``reference`` too.
+    """
+    if name not in STEP_BACKENDS:
+        raise ValueError(f"backend: expected one of {list(STEP_BACKENDS)} for a step, got {name!r}.")
+    if name == "auto":
+        name = "triton" if x.is_cuda and triton_backend is not None and triton_backend.serves(layout, x.device) else "pad"
+    if name == "pad":
+        traced = torch.compiler.is_compiling() or inside_vmap() or inside_grad_transform()
+        return reference_step if traced or layout.proj_size else pad.step
+    if name == "triton":
+        resolve_backend("triton", layout, x, SequenceOptions())  # raises when triton cannot serve it
+        return triton_backend.step
+    return reference_step

@@ -101,3 +101,21 @@ def sequence(cell: CellSpec, layout, params, x, carry: Carry, is_init, reset, op
             s.new_zeros(n, t_len, *s.shape[1:]).index_put((seg_row, seg_end), s) for s in hx
         )
     return y, final, seg
+
+
+def step(cell: CellSpec, layout, params, x: torch.Tensor, carry: Carry) -> tuple[torch.Tensor, Carry]:
+    """One step over all layers with ATen's fused cells (``lstm_cell`` / ``gru_cell``).
+
+    ``x [N, F]``, carry tensors ``[N, L, S]``. Eager only (no vmap rule); no projection.
+    """
+    new_layers = []
+    inp = x
+    for k in range(layout.num_layers):
+        w = layer_weights(params, layout, k)
+        if cell.name == "lstm":
+            layer = torch._VF.lstm_cell(inp, (carry[0][:, k], carry[1][:, k]), w.weight_ih, w.weight_hh, w.bias_ih, w.bias_hh)
+        else:
+            layer = (torch._VF.gru_cell(inp, carry[0][:, k], w.weight_ih, w.weight_hh, w.bias_ih, w.bias_hh),)
+        new_layers.append(layer)
+        inp = layer[0]
+    return inp, tuple(torch.stack(parts, dim=1) for parts in zip(*new_layers))

@@ -253,30 +253,13 @@ def _restore(batch_shape: tuple, y: torch.Tensor, carry: Carry) -> tuple[torch.T
 # ----------------------------------------------------------------------------- drivers
 
 
-STEP_BACKENDS = ("auto", "reference", "triton")
-
-
-def _step_impl(backend: str, layout: Layout, x: torch.Tensor) -> Callable:
-    """The one-step function for ``backend``: ``"auto"`` is the fused ``triton`` step on CUDA
-    where it serves the params, else the plain ``reference`` step."""
-    from ..backends import resolve_backend
-    from ..backends import triton as triton_backend
-
-    if backend not in STEP_BACKENDS:
-        raise ValueError(f"backend: expected one of {list(STEP_BACKENDS)} for a step, got {backend!r}.")
-    if backend == "auto":
-        backend = "triton" if x.is_cuda and triton_backend.serves(layout, x.device) else "reference"
-    if backend == "reference":
-        return multi_layer_step
-    resolve_backend("triton", layout, x, SequenceOptions())  # raises when triton cannot serve it
-    return triton_backend.step
-
-
 def run_step(cell: CellSpec, x, state, params, is_init, backend: str = "auto") -> tuple[torch.Tensor, Carry]:
     """Validate, reset to zeros where ``is_init``, run one step over all layers."""
+    from ..backends import resolve_step
+
     c = _canonicalize(cell, x, state, params, is_init, None, sequence=False)
     carry = apply_reset(c.carry, c.is_init, None)
-    y, carry = _step_impl(backend, c.layout, c.x)(cell, c.layout, c.params, c.x, carry)
+    y, carry = resolve_step(backend, c.layout, c.x)(cell, c.layout, c.params, c.x, carry)
     return _restore(c.batch_shape, y, carry)
 
 

@@ -48,8 +48,9 @@ def gru_step(
         state: ``h [*B, L, H]``, or ``None`` for zeros.
         params: ``torch.nn.GRU`` state-dict keys (see :mod:`rnn_functional.params`).
         is_init: bool ``[*B]`` (or ``[*B, 1]``); where True the state is reset to zeros first.
-        backend: ``"auto"`` (the fused ``triton`` step on CUDA where it applies, else
-            ``"reference"``), ``"reference"`` or ``"triton"``.
+        backend: ``"auto"`` (the fused ``triton`` step on CUDA where it applies, ATen's fused
+            cell (``"pad"``) in plain eager mode, else ``"reference"``), ``"reference"``,
+            ``"pad"`` or ``"triton"``. See :func:`rnn_functional.backends.resolve_step`.
 
     Returns:
         ``(y [*B, H], h)``.

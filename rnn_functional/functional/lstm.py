@@ -51,8 +51,9 @@ def lstm_step(
         state: ``(h [*B, L, P], c [*B, L, H])``, or ``None`` for zeros.
         params: ``torch.nn.LSTM`` state-dict keys (see :mod:`rnn_functional.params`).
         is_init: bool ``[*B]`` (or ``[*B, 1]``); where True the state is reset to zeros first.
-        backend: ``"auto"`` (the fused ``triton`` step on CUDA where it applies, else
-            ``"reference"``), ``"reference"`` or ``"triton"``.
+        backend: ``"auto"`` (the fused ``triton`` step on CUDA where it applies, ATen's fused
+            cell (``"pad"``) in plain eager mode, else ``"reference"``), ``"reference"``,
+            ``"pad"`` or ``"triton"``. See :func:`rnn_functional.backends.resolve_step`.
 
     Returns:
         ``(y [*B, P], (h, c))`` where ``y`` is the top layer's output.

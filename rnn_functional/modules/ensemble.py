@@ -55,7 +55,8 @@ class EnsembleModule(TensorDictModuleBase):
             )
         if randomness not in _RANDOMNESS:
             raise ValueError(f"randomness: expected one of {list(_RANDOMNESS)}, got {randomness!r}.")
-        rnn = module._rnn
+        name = "lstm" if isinstance(module, LSTMModule) else "gru"  # TorchRL's child names
+        rnn = getattr(module, name)
         if isinstance(module, LSTMModule):
             members = ensemble_init_lstm_params(
                 num_members, rnn.input_size, rnn.hidden_size, rnn.num_layers, bias=rnn.bias,
@@ -66,13 +67,13 @@ class EnsembleModule(TensorDictModuleBase):
                 num_members, rnn.input_size, rnn.hidden_size, rnn.num_layers, bias=rnn.bias, generator=generator,
             )
         template = TensorDict.from_module(module)
-        like = template[module._RNN_ATTR]
-        first = next(iter(like.values()))
+        first = next(iter(template[name].values()))
         members = members.to(dtype=first.dtype, device=first.device)
-        stacked = TensorDict({module._RNN_ATTR: members}, batch_size=[num_members])
+        stacked = TensorDict({name: members}, batch_size=[num_members])
         self.params = TensorDictParams(stacked)
         template.to("meta").to_module(module)  # the wrapped module only provides code and config
         object.__setattr__(self, "_template", module)  # not a child: its meta tensors stay out of state_dict
+        self._name = name
         self.num_members = num_members
         self.shared_input = shared_input
         self.randomness = randomness
@@ -86,7 +87,7 @@ class EnsembleModule(TensorDictModuleBase):
 
     def member_params(self) -> TensorDictBase:
         """The stacked members' recurrent params (``batch_size [E]``, ``torch.nn.LSTM``/``GRU`` names)."""
-        return self.params[self._template._RNN_ATTR]
+        return self.params[self._name]
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         """Run every member on ``tensordict``; returns a new TensorDict ``[E, *B]``."""
