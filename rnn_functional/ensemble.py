@@ -41,8 +41,8 @@ def stack_params(params_list: Sequence[Mapping[str, torch.Tensor]]) -> TensorDic
         params_list: E params TensorDicts (or mappings) with identical keys, shapes, dtype and device.
 
     Returns:
-        A TensorDict of ``batch_size [E]`` whose entries are ``[E, *member_shape]``. It is a copy:
-        gradients through it do not reach the members' tensors.
+        A TensorDict of ``batch_size [E]`` whose entries are ``[E, *member_shape]``, in new storage
+        (``torch.stack`` of the members; differentiable where the members require grad).
     """
     if isinstance(params_list, (Mapping, torch.Tensor)) or not isinstance(params_list, Sequence):
         raise TypeError(

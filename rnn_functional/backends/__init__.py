@@ -85,8 +85,8 @@ def _auto(
         return "triton"
     if compiling:
         return "scan"
-    if vmapped or differentiated:
-        return "reference"
+    if vmapped or differentiated:  # reference's checkpointing cannot cross vmap; scan's recompute can
+        return "scan" if opts.recompute == "full" and not differentiated else "reference"
     return _eager_fastest(layout, x, opts, is_init)
 
 
@@ -131,6 +131,13 @@ def resolve_backend(
         triton_backend.check_supported(layout, opts)
         return triton_backend.sequence
     if name == "reference" and opts.recompute == "full":
+        if vmapped or differentiated:
+            raise ValueError(
+                "backend 'reference' cannot serve recompute='full' under an eager torch.func transform: its "
+                "activation checkpointing replays the forward outside torch.vmap and relies on saved-tensor hooks, "
+                "which torch.func.grad/vjp refuse. Under torch.vmap use backend 'scan' (or 'auto'); under "
+                "torch.func.grad use recompute='none' or run under torch.compile."
+            )
         return checkpointed(reference.sequence)
     return _SEQUENCE[name]  # scan serves recompute="full" itself
 

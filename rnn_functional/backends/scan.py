@@ -7,8 +7,9 @@ The scanned step returns cloned carries: scan forbids outputs that alias its inp
 ``recompute="full"``: every layer runs through :class:`_RecomputedLayer`, whose forward
 scans without autograd and keeps only the layer's input and its carry after every step;
 its backward is a reverse scan that rebuilds each step from the saved carry and runs the
-cell's hand-written backward on it. The per-step gates are never stored:
-activation memory per step drops from the gates and their nonlinearities to ``F + P (+ H)``.
+cell's hand-written backward on it. The per-step gates are never stored: activation memory
+per step drops from the gates and their nonlinearities to the carry (``P + H`` for the LSTM,
+``H`` for the GRU); the layer's input is kept by its producer anyway.
 (``torch.utils.checkpoint`` around the scan higher-order op is unsupported on torch 2.13,
 eager and compiled; this custom function works in both.)
 """
@@ -87,8 +88,9 @@ def _lstm_step_backward(gi, carry: Carry, w: LayerWeights, d_new: Carry):
     """Backward of :func:`~rnn_functional.functional.lstm.lstm_layer_step`, recomputing its gates.
 
     ``gi [N, 4H]``, carry ``(h [N, P], c [N, H])`` before the step, ``d_new`` the cotangent of
-    ``(h', c')``. Returns ``(d_carry, d_gates [N, 4H], d_weight_hr [P, H] | None)``; ``d_gates``
-    is the cotangent of both ``gi`` and the recurrent projection ``h @ W_hh^T + b_hh``.
+    ``(h', c')``. Returns ``(d_carry, d_gi [N, 4H], d_gh, d_weight_hr [P, H] | None)``: the
+    cotangents of the carry before the step, of ``gi`` and of ``gh = h @ W_hh^T + b_hh`` (for the
+    LSTM ``d_gh`` is ``None``: it equals ``d_gi``) and this step's share of ``weight_hr``'s.
     """
     (h, c), (dh_new, dc_new) = carry, d_new
     i, f, g, o = (gi + F.linear(h, w.weight_hh, w.bias_hh)).chunk(4, dim=-1)
@@ -102,13 +104,14 @@ def _lstm_step_backward(gi, carry: Carry, w: LayerWeights, d_new: Carry):
     d_gates = torch.cat(
         [dc * g * i * (1 - i), dc * c * f * (1 - f), dc * i * (1 - g * g), dh_new * tanh_c * o * (1 - o)], dim=-1
     )
-    return (d_gates @ w.weight_hh, dc * f), d_gates, d_hr
+    return (d_gates @ w.weight_hh, dc * f), d_gates, None, d_hr
 
 
 def _gru_step_backward(gi, carry: Carry, w: LayerWeights, d_new: Carry):
     """Backward of :func:`~rnn_functional.functional.gru.gru_layer_step`, recomputing its gates.
 
-    Returns ``(d_carry, (d_gi [N, 3H], d_gh [N, 3H]))`` where ``gh = h @ W_hh^T + b_hh``.
+    Same contract as :func:`_lstm_step_backward`; ``d_gh [N, 3H]`` differs from ``d_gi`` in its
+    ``n`` block, and there is no ``weight_hr``.
     """
     (h,), (dh_new,) = carry, d_new
     i_r, i_z, i_n = gi.chunk(3, dim=-1)
@@ -120,7 +123,10 @@ def _gru_step_backward(gi, carry: Carry, w: LayerWeights, d_new: Carry):
     d_z = dh_new * (h - n) * z * (1 - z)
     d_gi = torch.cat([d_r, d_z, d_n], dim=-1)
     d_gh = torch.cat([d_r, d_z, d_n * r], dim=-1)
-    return (dh_new * z + d_gh @ w.weight_hh,), (d_gi, d_gh)
+    return (dh_new * z + d_gh @ w.weight_hh,), d_gi, d_gh, None
+
+
+_STEP_BACKWARD = {"lstm": _lstm_step_backward, "gru": _gru_step_backward}
 
 
 def _sum_rows(t: torch.Tensor) -> torch.Tensor:
@@ -136,7 +142,7 @@ def _outer_sum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 class _RecomputedLayer(torch.autograd.Function):
     """One layer over time whose backward recomputes every step from the saved carries.
 
-    ``apply(cell, n_carry, has_reset, inp [T, N, F], mask [T, N] | None, *carry0 ([N, S] each),
+    ``apply(cell, n_carry, has_reset, inp [N, T, F], mask [T, N] | None, *carry0 ([N, S] each),
     *reset ([T, N, S] each, if has_reset), weight_ih, weight_hh, bias_ih, bias_hh, weight_hr)``
     (absent weights are ``None``) returns the carry after every step, a tuple of ``[T, N, S]``.
     Saved for backward: ``inp``, the carries and the reset states, never the gates.
@@ -155,7 +161,7 @@ class _RecomputedLayer(torch.autograd.Function):
     def forward(cell: CellSpec, n_carry: int, has_reset: bool, inp, mask, *rest):
         carry0, reset, weights = _split(rest, n_carry, has_reset)
         w = LayerWeights(*weights)
-        gi = F.linear(inp, w.weight_ih, w.bias_ih)
+        gi = F.linear(inp, w.weight_ih, w.bias_ih).transpose(0, 1)  # [T, N, G*H]
         _, states = _scan_states(cell, w, carry0, gi, mask, reset, all_states=True)
         return tuple(states)
 
@@ -168,25 +174,27 @@ class _RecomputedLayer(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grad_states):
-        n, lstm = ctx.n_carry, ctx.cell.name == "lstm"
+        n, step_backward = ctx.n_carry, _STEP_BACKWARD[ctx.cell.name]
         inp, mask, *saved = ctx.saved_tensors
         carry0, weights, states, reset = saved[:n], saved[n : n + 5], saved[n + 5 : 2 * n + 5], tuple(saved[2 * n + 5 :])
         w = LayerWeights(*weights)
-        # the carry each step starts from: carry0, then the state after step t - 1, reset where mask
-        pre = tuple(torch.cat([c0.unsqueeze(0), s[:-1]]) for c0, s in zip(carry0, states))
-        pre = apply_reset(pre, mask, reset or None)
-        xs = {"x": inp, "pre": pre, "g": tuple(grad_states)}
-        if mask is not None:
-            xs["mask"] = mask
+        # Everything runs in reversed time (index 0 = step T - 1): the scan then needs no `reverse`,
+        # whose flips of its outputs would copy the [T, N, G*H] gate cotangents; the weight
+        # gradients are sums over time, indifferent to the order.
+        xs = {"x": inp.transpose(0, 1).flip(0), "g": tuple(g.flip(0) for g in grad_states)}
+        mask_r = None if mask is None else mask.flip(0)
+        reset_r = tuple(r.flip(0) for r in reset) or None
+        # the carry each step starts from: the state after the previous step (carry0 at step 0), reset where mask
+        pre = tuple(torch.cat([s[:-1].flip(0), c0.unsqueeze(0)]) for c0, s in zip(carry0, states))
+        xs["pre"] = pre = apply_reset(pre, mask_r, reset_r)
+        if mask_r is not None:
+            xs["mask"] = mask_r
 
         def back_step(acc, xs_t):
             gi = F.linear(xs_t["x"], w.weight_ih, w.bias_ih)
             d_new = tuple(a + b for a, b in zip(acc["d_carry"], xs_t["g"]))
-            out = {}
-            if lstm:
-                d_pre, out["d_gi"], d_hr = _lstm_step_backward(gi, xs_t["pre"], w, d_new)
-            else:
-                d_pre, (out["d_gi"], out["d_gh"]) = _gru_step_backward(gi, xs_t["pre"], w, d_new)
+            d_pre, d_gi, d_gh, d_hr = step_backward(gi, xs_t["pre"], w, d_new)
+            out = {"d_gi": d_gi} if d_gh is None else {"d_gi": d_gi, "d_gh": d_gh}
             m = xs_t.get("mask")
             if m is not None:  # where the carry was reset, its cotangent goes to reset_state (or nowhere)
                 if reset:
@@ -201,20 +209,21 @@ class _RecomputedLayer(torch.autograd.Function):
         init = {"d_carry": _batched_like_step(tuple(torch.zeros_like(c) for c in carry0), *reads)}
         if w.weight_hr is not None:
             init["d_hr"] = _batched_like_step((torch.zeros_like(w.weight_hr),), *reads)[0]
-        acc, outs = _scan(back_step, init, xs, reverse=True)
+        acc, outs = _scan(back_step, init, xs)
 
-        d_gi = outs["d_gi"]  # [T, N, G*H]
-        d_gh = d_gi if lstm else outs["d_gh"]
+        d_gi = outs["d_gi"]  # [T, N, G*H], reversed time
+        d_gh = outs.get("d_gh", d_gi)
         has_bias = w.bias_ih is not None
         d_weights = (
-            _outer_sum(d_gi, inp),
+            _outer_sum(d_gi, xs["x"]),
             _outer_sum(d_gh, pre[0]),
             _sum_rows(d_gi) if has_bias else None,
             _sum_rows(d_gh) if has_bias else None,
             acc.get("d_hr"),
         )
-        d_reset = outs.get("d_reset", ())
-        return (None, None, None, d_gi @ w.weight_ih, None, *acc["d_carry"], *d_reset, *d_weights)
+        d_reset = tuple(d.flip(0) for d in outs.get("d_reset", ()))
+        d_inp = (d_gi @ w.weight_ih).flip(0).transpose(0, 1)
+        return (None, None, None, d_inp, None, *acc["d_carry"], *d_reset, *d_weights)
 
 
 def _split(rest, n_carry: int, has_reset: bool):
@@ -239,7 +248,7 @@ def sequence(cell: CellSpec, layout, params, x, carry: Carry, is_init, reset, op
         reset_k = None if reset is None else tuple(r[:, :, k].transpose(0, 1) for r in reset)  # [T, N, S]
         if opts.recompute == "full":
             states = _RecomputedLayer.apply(
-                cell, len(layer_carry), reset_k is not None, inp.transpose(0, 1), mask_t,
+                cell, len(layer_carry), reset_k is not None, inp, mask_t,
                 *layer_carry, *(reset_k or ()),
                 w.weight_ih, w.weight_hh, w.bias_ih, w.bias_hh, w.weight_hr,
             )

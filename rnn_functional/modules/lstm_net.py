@@ -118,7 +118,8 @@ class LSTMNet(nn.Module):
         lstm_backend: our backend for sequences (``"auto"``, ``"reference"``, ``"scan"``,
             ``"pad"``, ``"triton"``), or TorchRL's names ``"torch"`` (= ``"pad"``: the ATen
             kernels eagerly, ``scan`` under compile/vmap) and ``"torchrl"`` (= ``"reference"``).
-            Default ``None`` = ``"auto"``. Every choice compiles and vmaps.
+            Default ``None`` = ``"auto"``. Under ``torch.compile`` / ``torch.vmap``, ``pad`` is
+            routed to a backend that runs there, so every choice compiles and vmaps.
 
     The weights live in ``self.mlp``, ``self.lstm`` (``weight_ih_l0``, ... as in
     ``torch.nn.LSTM``) and ``self.linear``: the state dict reads like TorchRL's.
