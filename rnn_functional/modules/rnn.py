@@ -134,10 +134,12 @@ class _RecurrentModule(TensorDictModuleBase):
                 f"(the ATen/cuDNN kernels keep their own activations). Use recurrent_backend='scan', 'reference', "
                 f"'triton' or 'auto' (which picks one that can), or recurrent_recompute='none'."
             )
-        if not isinstance(recurrent_compute_dtype, torch.dtype) or not recurrent_compute_dtype.is_floating_point:
+        if recurrent_compute_dtype is not None and (
+            not isinstance(recurrent_compute_dtype, torch.dtype) or not recurrent_compute_dtype.is_floating_point
+        ):
             raise TypeError(
-                f"{name}: recurrent_compute_dtype must be a floating torch.dtype (torch.float32 or "
-                f"torch.bfloat16), got {recurrent_compute_dtype!r}."
+                f"{name}: recurrent_compute_dtype must be None (the params' dtype) or a floating torch.dtype "
+                f"(torch.float32 or torch.bfloat16), got {recurrent_compute_dtype!r}."
             )
         check_mode(recurrent_matmul_precision, f"{name}: recurrent_matmul_precision")
         if not isinstance(python_based, bool):
@@ -442,11 +444,13 @@ class LSTMModule(_RecurrentModule):
         bidirectional: must be False (resets are causal); raises otherwise.
         python_based: eager recurrent mode runs the ``reference`` Python loop instead of
             ATen kernels for ``recurrent_backend`` ``"pad"``/``"auto"``.
-        recurrent_backend: core ``backend`` of recurrent mode: ``"pad"`` (default, TorchRL's),
-            ``"scan"``, ``"triton"``, ``"reference"`` or ``"auto"``.
+        recurrent_backend: core ``backend`` of recurrent mode: ``"auto"`` (default; TorchRL's
+            default is ``"pad"``, which ``auto`` picks whenever it is the fastest exact path),
+            ``"pad"``, ``"scan"``, ``"triton"`` or ``"reference"``.
         recurrent_compute_dtype, recurrent_matmul_precision: passed to the core as
             ``compute_dtype`` / ``matmul_precision`` (used by ``triton``; other backends
-            compute at the params' precision).
+            compute at the params' precision). ``recurrent_compute_dtype=None`` (default)
+            means the params' dtype: ``torch.float32`` for fp32 params, as in TorchRL.
         recurrent_recompute: ``"none"`` or ``"full"`` (checkpointed backward); ``"full"``
             with ``recurrent_backend="pad"`` raises.
 
@@ -481,8 +485,8 @@ class LSTMModule(_RecurrentModule):
         proj_size: int = 0,
         bidirectional: bool = False,
         python_based: bool = False,
-        recurrent_backend: str = "pad",
-        recurrent_compute_dtype: torch.dtype = torch.float32,
+        recurrent_backend: str = "auto",
+        recurrent_compute_dtype: torch.dtype | None = None,
         recurrent_recompute: str = "none",
         recurrent_matmul_precision: str = "auto",
         *,
@@ -547,8 +551,8 @@ class GRUModule(_RecurrentModule):
         dropout: float = 0,
         bidirectional: bool = False,
         python_based: bool = False,
-        recurrent_backend: str = "pad",
-        recurrent_compute_dtype: torch.dtype = torch.float32,
+        recurrent_backend: str = "auto",
+        recurrent_compute_dtype: torch.dtype | None = None,
         recurrent_recompute: str = "none",
         recurrent_matmul_precision: str = "auto",
         *,

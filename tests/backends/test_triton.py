@@ -319,7 +319,7 @@ def test_fused_step_matches_reference_step(cell: str) -> None:
 def test_step_rejects_unknown_backend() -> None:
     params = rf.init_gru_params(7, 48)
     with pytest.raises(ValueError, match="backend: expected one of"):
-        rf.gru_step(torch.randn(3, 7), None, params, backend="pad")
+        rf.gru_step(torch.randn(3, 7), None, params, backend="scan")
 
 
 # ----------------------------------------------------------------------------- limits
