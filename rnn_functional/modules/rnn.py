@@ -312,8 +312,16 @@ class _RecurrentModule(TensorDictModuleBase):
         return self
 
     def make_cudnn_based(self):
-        """Run the eager ``pad``/``auto`` recurrent path with ATen's (cuDNN/oneDNN) kernels. Returns self."""
+        """Run the eager recurrent path with ATen's (cuDNN/oneDNN) kernels: ``recurrent_backend="pad"``
+        (routed to ``scan`` under compile/vmap, as always). Returns self."""
+        if self.recurrent_recompute != "none":
+            raise ValueError(
+                f"{self._NAME}.make_cudnn_based(): recurrent_recompute={self.recurrent_recompute!r} cannot be "
+                f"served by the cuDNN/oneDNN kernels (backend 'pad'); keep recurrent_backend="
+                f"{self.recurrent_backend!r} or set recurrent_recompute='none' first."
+            )
         self.python_based = False
+        self.recurrent_backend = "pad"
         return self
 
     # ------------------------------------------------------------------ TorchRL interop

@@ -292,6 +292,8 @@ def test_dropout_in_both_modes():
 
 def test_python_based_switch_changes_kernel():
     module = make_module("lstm", default_recurrent_mode=True)
+    assert module.recurrent_backend == "auto"
+    assert module.make_cudnn_based() is module and module.recurrent_backend == "pad"
     td = make_td("lstm", (2, 5), seed=9)
 
     def aten_ops():
@@ -389,7 +391,7 @@ def test_canonicalize_only_rnn_leaves():
         (dict(in_key="x", out_key="y", batch_first=False), ValueError, "batch_first=True"),
         (dict(in_key="x", out_key="y", bidirectional=True), ValueError, "bidirectional"),
         (dict(in_key="x", out_key="y", recurrent_backend="cudnn"), ValueError, "recurrent_backend must be"),
-        (dict(in_key="x", out_key="y", recurrent_recompute="full"), ValueError, "recurrent_backend='pad'"),
+        (dict(in_key="x", out_key="y", recurrent_backend="pad", recurrent_recompute="full"), ValueError, "recurrent_backend='pad'"),
         (dict(in_key="x", out_key="y", recurrent_recompute="some"), ValueError, "recurrent_recompute must be"),
         (dict(in_key="x", out_key="y", recurrent_matmul_precision="low"), ValueError, "recurrent_matmul_precision"),
         (dict(in_key="x", out_key="y", recurrent_compute_dtype="bf16"), TypeError, "recurrent_compute_dtype"),
@@ -441,3 +443,9 @@ def test_kwargs_call_through_dispatch():
 def test_import_does_not_load_torchrl():
     code = "import sys, rnn_functional; assert 'torchrl' not in sys.modules, 'torchrl imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_make_cudnn_based_refuses_recompute_full():
+    module = make_module("lstm", recurrent_recompute="full")
+    with pytest.raises(ValueError, match=r"make_cudnn_based\(\): recurrent_recompute='full' cannot be served"):
+        module.make_cudnn_based()
