@@ -68,22 +68,22 @@ def test_no_information_crosses_a_reset(problem) -> None:
             torch.testing.assert_close(y2[b, starts[-1] :], y[b, starts[-1] :])
 
 
-@settings(**SETTINGS)
-@given(problems())
-def test_pad_equals_reference(problem) -> None:
+def _assert_backend_equals_reference(problem, backend: str) -> None:
     cell, params, x, state, is_init, reset = problem
     seq = CELLS[cell][2]
     args = dict(is_init=is_init, reset_state=None if reset is None else pack_state(cell, reset), return_segment_states=True)
     expected = seq(x, pack_state(cell, state), params, backend="reference", **args)
-    torch.testing.assert_close(flat(seq(x, pack_state(cell, state), params, backend="pad", **args)), flat(expected))
+    torch.testing.assert_close(flat(seq(x, pack_state(cell, state), params, backend=backend, **args)), flat(expected))
+
+
+@settings(**SETTINGS)
+@given(problems())
+def test_pad_equals_reference(problem) -> None:
+    _assert_backend_equals_reference(problem, "pad")
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_scan_equals_reference(problem) -> None:
     # Fewer examples: eager scan re-traces per new shape (~1 s each here).
-    cell, params, x, state, is_init, reset = problem
-    seq = CELLS[cell][2]
-    args = dict(is_init=is_init, reset_state=None if reset is None else pack_state(cell, reset), return_segment_states=True)
-    expected = seq(x, pack_state(cell, state), params, backend="reference", **args)
-    torch.testing.assert_close(flat(seq(x, pack_state(cell, state), params, backend="scan", **args)), flat(expected))
+    _assert_backend_equals_reference(problem, "scan")
