@@ -12,6 +12,13 @@ per step drops from the gates and their nonlinearities to the carry (``P + H`` f
 ``H`` for the GRU); the layer's input is kept by its producer anyway.
 (``torch.utils.checkpoint`` around the scan higher-order op is unsupported on torch 2.13,
 eager and compiled; this custom function works in both.)
+
+Under ``torch.compile``, when gradients are recorded, every layer takes that path whatever
+``recompute`` says: Inductor's
+in-place buffer reuse miscompiles the backward of torch's own scan autograd on torch 2.13
+(silently wrong recurrent-weight gradients with two chained scans and for a GRU's
+``bias_hh``, pytorch/pytorch#153679), while the hand-written reverse scan compiles
+correctly, at the same speed (``benchmarks/results/recompute_cpu.json``).
 """
 
 from __future__ import annotations
@@ -234,6 +241,14 @@ def _split(rest, n_carry: int, has_reset: bool):
     return carry0, reset, weights
 
 
+def _needs_grad(*values) -> bool:
+    """True when autograd will record this layer (tensors, or a LayerWeights, among ``values``)."""
+    if not torch.is_grad_enabled():
+        return False
+    tensors = [t for v in values for t in (vars(v).values() if isinstance(v, LayerWeights) else (v,))]
+    return any(t is not None and t.requires_grad for t in tensors)
+
+
 def sequence(cell: CellSpec, layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
     """``x [N, T, F]`` -> ``(y [N, T, P], carry, segment states)``; see :mod:`rnn_functional.functional._core`."""
     if x.shape[1] == 0:
@@ -246,7 +261,7 @@ def sequence(cell: CellSpec, layout, params, x, carry: Carry, is_init, reset, op
         w = layer_weights(params, layout, k)
         layer_carry = tuple(s[:, k] for s in carry)
         reset_k = None if reset is None else tuple(r[:, :, k].transpose(0, 1) for r in reset)  # [T, N, S]
-        if opts.recompute == "full":
+        if opts.recompute == "full" or (torch.compiler.is_compiling() and _needs_grad(inp, *layer_carry, *(reset_k or ()), w)):
             states = _RecomputedLayer.apply(
                 cell, len(layer_carry), reset_k is not None, inp, mask_t,
                 *layer_carry, *(reset_k or ()),

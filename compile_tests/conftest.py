@@ -1,0 +1,36 @@
+"""Settings shared by every torch.compile contract test.
+
+* ``capture_scalar_outputs`` is patched to False for every test: a ``.item()`` (or any
+  tensor -> Python scalar conversion) reachable from compiled code is then a graph break,
+  which ``fullgraph=True`` turns into an error. We never rely on the global value (TorchRL's
+  scan path may flip it on import).
+* Dynamo's caches are reset before every test: parametrized tests compile the same code objects
+  (a helper's closure, a policy's ``TensorDictSequential.forward``), and a cached graph compiled
+  under other settings (compiler options, automatic-dynamic history) must not leak into the next
+  test or into its graph and recompile counts.
+* ``fail_on_recompile_limit_hit``: a function that exceeds the recompile limit raises instead
+  of silently running eagerly (which would let a contract pass without compiling).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def pytest_report_header(config) -> str:
+    if torch.cuda.is_available():
+        return f"compile_tests: CUDA available ({torch.cuda.get_device_name()}): GPU compile tests run"
+    return "compile_tests: no CUDA device: the GPU tests (mode='reduce-overhead', CUDA graphs) are skipped"
+
+
+@pytest.fixture(autouse=True)
+def _compile_config():
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_scalar_outputs=False, fail_on_recompile_limit_hit=True):
+        yield

@@ -1,0 +1,119 @@
+"""Recompiles: bounded across batch sizes and sequence lengths, none across reset patterns.
+
+A function compiled with the default ``dynamic=None`` is first specialised to the shapes of its
+first call; the first call with other sizes recompiles it once with those dims symbolic
+(automatic dynamic shapes), and no later size recompiles it. So 4 batch sizes x 4 lengths
+cost at most 2 graphs per mode. ``is_init`` is data, never a Python branch: any reset pattern
+reuses the graph. Sizes 0 and 1 are specialised by Dynamo and would add a graph each; they are
+not used here (see docs/compile.md). Recompiles are decided by Dynamo's guards, before any
+compiler backend runs, so the cheap ``aot_eager`` backend counts them exactly.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from compile_helpers import (
+    FAST,
+    FP32_TOL,
+    SEQUENCE,
+    STEP,
+    as_parts,
+    call_policy,
+    compile_stats,
+    make_params,
+    make_policy,
+    policy_input,
+    reset_mask,
+)
+
+# (B, T) per call: 4 batch sizes and 4 lengths, none equal to another size (Dynamo would
+# otherwise guard on the equality) nor to F_IN=3 / H=4 used by the models
+SIZES = [(2, 5), (6, 7), (8, 9), (10, 11)]
+
+
+def _reset_patterns(batch, time):
+    return [
+        torch.zeros(batch, time, dtype=torch.bool),
+        torch.ones(batch, time, dtype=torch.bool),
+        reset_mask(batch, time, seed=1),
+        reset_mask(batch, time, seed=2, p=0.7),
+    ]
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_sequence_recompiles_at_most_once_across_shapes_and_never_for_resets(cell):
+    params = make_params(cell, 2, 0, torch.float32)
+    seq = SEQUENCE[cell]
+
+    def fn(x, is_init):
+        y, state = seq(x, None, params, is_init=is_init)
+        return (y, *as_parts(cell, state))
+
+    compiled = torch.compile(fn, fullgraph=True, backend=FAST)
+    with compile_stats() as shapes:
+        for batch, time in SIZES:
+            x = torch.randn(batch, time, 3)
+            is_init = reset_mask(batch, time)
+            torch.testing.assert_close(compiled(x, is_init), fn(x, is_init), **FP32_TOL)
+    assert shapes.breaks == 0 and shapes.graphs <= 2, shapes
+    with compile_stats() as resets:
+        for is_init in _reset_patterns(batch, time):
+            torch.testing.assert_close(compiled(x, is_init), fn(x, is_init), **FP32_TOL)
+    assert resets.graphs == 0, resets
+
+
+def test_sequence_mark_dynamic_compiles_once():
+    """B and T marked dynamic before the first call: a single graph serves every size."""
+    params = make_params("lstm", 1, 2, torch.float32)
+
+    def fn(x, is_init):
+        return SEQUENCE["lstm"](x, None, params, is_init=is_init)[0]
+
+    compiled = torch.compile(fn, fullgraph=True, backend=FAST)
+    with compile_stats() as stats:
+        for batch, time in SIZES:
+            x, is_init = torch.randn(batch, time, 3), reset_mask(batch, time)
+            for t in (x, is_init):
+                torch._dynamo.mark_dynamic(t, 0)
+                torch._dynamo.mark_dynamic(t, 1)
+            torch.testing.assert_close(compiled(x, is_init), fn(x, is_init), **FP32_TOL)
+    assert stats.breaks == 0 and stats.graphs == 1, stats
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_step_recompiles_at_most_once_across_batch_sizes(cell):
+    params = make_params(cell, 1, 0, torch.float32)
+    step = STEP[cell]
+
+    def fn(x, is_init):
+        return step(x, None, params, is_init=is_init)[0]
+
+    compiled = torch.compile(fn, fullgraph=True, backend=FAST)
+    with compile_stats() as stats:
+        for batch, _ in SIZES:
+            x = torch.randn(batch, 3)
+            for is_init in (torch.zeros(batch, dtype=torch.bool), torch.arange(batch) % 3 == 0):
+                torch.testing.assert_close(compiled(x, is_init), fn(x, is_init), **FP32_TOL)
+    assert stats.breaks == 0 and stats.graphs <= 2, stats
+
+
+@pytest.mark.parametrize("mode", ["step", "batch", "ragged"])
+def test_policy_recompiles_at_most_once_per_mode(mode):
+    """The compiled LSTM policy over 4 batch sizes (and 4 lengths): at most one recompile; resets never recompile."""
+    policy = make_policy("lstm")
+    compiled = torch.compile(policy, fullgraph=True, backend=FAST)
+    with compile_stats() as shapes:
+        for seed, (batch, time) in enumerate(SIZES):
+            td = policy_input("lstm", mode, batch=batch, time=time, seed=seed)
+            got, want = call_policy(compiled, td, mode), call_policy(policy, td, mode)
+            torch.testing.assert_close(got["logits"], want["logits"], **FP32_TOL)
+    assert shapes.breaks == 0 and shapes.graphs <= 2, shapes
+    with compile_stats() as resets:
+        for pattern in _reset_patterns(batch, time):
+            is_init = pattern[:, 0] if mode == "step" else pattern
+            td = policy_input("lstm", mode, batch=batch, time=time, is_init=is_init)
+            got, want = call_policy(compiled, td, mode), call_policy(policy, td, mode)
+            torch.testing.assert_close(got["logits"], want["logits"], **FP32_TOL)
+    assert resets.graphs == 0, resets

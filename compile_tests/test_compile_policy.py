@@ -1,0 +1,97 @@
+"""torch.compile(policy, fullgraph=True) of whole recurrent policies built from our modules.
+
+``policy = TensorDictSequential(LSTMModule | GRUModule, MLP head, argmax action)`` in
+sequential mode (one env step, ``[B]``), in recurrent mode on a ``[B, T]`` batch and on a flat
+ragged ``[N]`` batch (trajectories packed along the only batch dim, as SliceSampler yields them).
+Forward and the backward of a loss run through the compiled graph; outputs and parameter grads
+equal the eager policy's (which runs the eager backends: pad / reference / ATen step cells).
+TorchRL's modules graph-break on the same policies: their counts are in benchmarks/bench_compile.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from compile_helpers import (
+    FAST,
+    FP32_TOL,
+    POLICY_MODES,
+    call_policy,
+    compile_stats,
+    hidden_keys,
+    make_policy,
+    policy_input,
+    policy_loss,
+)
+
+
+def _outputs(out, cell):
+    return [out["feat"], out["logits"], out["action"], *(out["next", k] for k in hidden_keys(cell))]
+
+
+def _check_policy(cell, mode, backend, compiler):
+    policy = make_policy(cell, backend)
+    td = policy_input(cell, mode)
+    params = list(policy.parameters())
+
+    want = call_policy(policy, td, mode)
+    want_grads = torch.autograd.grad(policy_loss(want, cell), params)
+    compiled = torch.compile(policy, fullgraph=True, backend=compiler)
+    with compile_stats() as stats:
+        got = call_policy(compiled, td, mode)
+        got_grads = torch.autograd.grad(policy_loss(got, cell), params)
+    assert stats.breaks == 0 and stats.graphs == 1, stats
+    for a, b in zip(_outputs(got, cell), _outputs(want, cell)):
+        torch.testing.assert_close(a, b, **FP32_TOL)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b, **FP32_TOL)
+
+
+@pytest.mark.parametrize("backend", ["auto", "pad"])
+@pytest.mark.parametrize("mode", POLICY_MODES)
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_policy_fullgraph_fwd_bwd(cell, mode, backend):
+    """One graph, no break, forward and loss backward equal to the eager policy (recurrent_backend auto and pad)."""
+    _check_policy(cell, mode, backend, FAST)
+
+
+@pytest.mark.parametrize("mode", ["step", "batch"])
+def test_policy_inductor(mode):
+    """The LSTM policy under Inductor (torch.compile's default), collection step and training batch."""
+    _check_policy("lstm", mode, "auto", "inductor")
+
+
+def test_policy_mode_switch_recompiles_once_per_mode():
+    """One compiled policy serves both modes: switching set_recurrent_mode adds exactly one graph per mode."""
+    policy = make_policy("lstm")
+    compiled = torch.compile(policy, fullgraph=True, backend=FAST)
+    step_td, batch_td = policy_input("lstm", "step"), policy_input("lstm", "batch")
+    with compile_stats() as stats:
+        for _ in range(2):
+            for mode, td in (("step", step_td), ("batch", batch_td)):
+                got = call_policy(compiled, td, mode)
+                torch.testing.assert_close(got["logits"], call_policy(policy, td, mode)["logits"], **FP32_TOL)
+    assert stats.breaks == 0 and stats.graphs == 2, stats
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: mode='reduce-overhead' records CUDA graphs")
+def test_policy_step_reduce_overhead_cuda():
+    """mode='reduce-overhead' (CUDA graphs) on the sequential-mode step, fed its own next state: equals eager."""
+    device = torch.device("cuda")
+    policy = make_policy("lstm", device=device)
+    compiled = torch.compile(policy, mode="reduce-overhead", fullgraph=True)
+    td = policy_input("lstm", "step", batch=4, device=device)
+    eager_td = td.clone()
+    with compile_stats() as stats:
+        for t in range(6):  # warm-up, recording, then replays of the CUDA graph
+            got = call_policy(compiled, td, "step")
+            want = call_policy(policy, eager_td, "step")
+            torch.testing.assert_close(got["logits"], want["logits"], **FP32_TOL)
+            for key in hidden_keys("lstm"):  # the next step starts from this one's state
+                td[key] = got["next", key].clone()
+                eager_td[key] = want["next", key]
+            td["is_init"] = torch.full_like(td["is_init"], t == 2)
+            eager_td["is_init"] = td["is_init"].clone()
+    assert stats.breaks == 0 and stats.graphs == 1, stats
