@@ -7,6 +7,9 @@ meaning of recurrent mode. It shares nothing with the functional core.
 
 from __future__ import annotations
 
+import os
+from datetime import timedelta
+
 import math
 
 import torch
@@ -137,16 +140,19 @@ def ddp_worker(rank: int, world: int, init_file: str, out_path: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        policy, data = ddp_policy_and_data()
-        model = DistributedDataParallel(policy)
-        shard = data[rank * 4 // world : (rank + 1) * 4 // world]
-        ddp_loss(model, shard).backward()
-        if rank == 0:
-            torch.save({n: p.grad for n, p in policy.named_parameters()}, out_path)
-    finally:
-        dist.destroy_process_group()
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
+    )
+    policy, data = ddp_policy_and_data()
+    model = DistributedDataParallel(policy)
+    shard = data[rank * 4 // world : (rank + 1) * 4 // world]
+    ddp_loss(model, shard).backward()
+    if rank == 0:
+        torch.save({n: p.grad for n, p in policy.named_parameters()}, out_path)
+    dist.barrier()
+    # Exit without running destructors: tearing down the DDP reducer's gloo process group from
+    # Python can deadlock on torch 2.13 (its worker thread waits for the GIL the destructor holds).
+    os._exit(0)
 
 
 def torch_rnn(module) -> nn.RNNBase:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+
+import pytest
 import torch
 import torch.multiprocessing as mp
 from module_helpers import ddp_loss, ddp_policy_and_data, ddp_worker
@@ -9,7 +12,13 @@ from module_helpers import ddp_loss, ddp_policy_and_data, ddp_worker
 
 def test_ddp_gloo_gradients_equal_single_process(tmp_path):
     out = tmp_path / "grads.pt"
-    mp.spawn(ddp_worker, args=(2, str(tmp_path / "init"), str(out)), nprocs=2, join=True)
+    workers = mp.spawn(ddp_worker, args=(2, str(tmp_path / "init"), str(out)), nprocs=2, join=False)
+    deadline = time.monotonic() + 300
+    while not workers.join(timeout=5):
+        if time.monotonic() > deadline:
+            for process in workers.processes:
+                process.kill()
+            pytest.fail("DDP workers did not finish within 300 s")
     ddp_grads = torch.load(out)
 
     policy, data = ddp_policy_and_data()
