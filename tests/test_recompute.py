@@ -226,10 +226,12 @@ def test_full_under_func_transforms_errors_clearly():
         torch.func.grad(lambda q: loss(q, "auto"))(params)
 
 
-def test_compiled_scan_full_saves_less():
-    """Under torch.compile the partitioner picks what the backward keeps: "full" must still keep
-    only the carries, not the gates. Counted with saved-tensor hooks (the compiled function saves
-    through them), leaving out the inputs and params, which are kept by the caller anyway."""
+def test_compiled_scan_saves_only_carries():
+    """Under torch.compile the scan backend always differentiates through its own reverse scan
+    (torch's scan backward is miscompiled by Inductor on 2.13, see backends/scan.py), so both
+    modes keep only the carries, not the gates; the partitioner must not add the gates back.
+    Counted with saved-tensor hooks (the compiled function saves through them), leaving out the
+    inputs and params, which are kept by the caller anyway."""
     g = torch.Generator().manual_seed(6)
     p = init_lstm_params(8, 32, 1, generator=g).requires_grad_(True)
     x = torch.randn(8, 16, 8, generator=g)
@@ -252,5 +254,5 @@ def test_compiled_scan_full_saves_less():
             fn(x, is_init).sum().backward()
         saved[recompute] = sum(nbytes)
     per_step_carry = 8 * 16 * (32 + 32) * 4  # h and c after every step, float32
-    # "full": the carries plus O(N) extras (the initial carry, the reset mask); "none": the gates too
-    assert saved["full"] < 1.1 * per_step_carry and saved["none"] > 4 * saved["full"], saved
+    # the carries plus O(N) extras (the initial carry, the reset mask); the gates would add 4x more
+    assert saved["full"] < 1.1 * per_step_carry and saved["none"] < 1.1 * per_step_carry, saved
