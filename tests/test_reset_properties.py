@@ -12,7 +12,6 @@ from helpers import CELLS, flat, pack_state, state_sizes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import rnn_functional as rf
 
 SETTINGS = dict(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
