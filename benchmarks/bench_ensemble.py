@@ -99,7 +99,7 @@ def main() -> None:
 
     base = results["eager loop"].get("median_s")
     print(f"\nE={e} B={b} T={t} H={h} {args.cell.upper()}, fwd+bwd, shared input, 5% resets ({torch.get_num_threads()} threads)")
-    print(f"| contender | median ms | vs eager loop | first call s |\n|---|---|---|---|")
+    print("| contender | median ms | vs eager loop | first call s |\n|---|---|---|---|")
     for name, r in results.items():
         if "error" in r:
             print(f"| {name} | error: {r['error'][:90]} | | |")
