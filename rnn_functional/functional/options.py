@@ -1,0 +1,81 @@
+"""Option validation and call-context detection: the one place both live.
+
+The functional API and the modules call :func:`check_options` for every backend/option
+combination, and :func:`call_context` for whether a call is being compiled, vmapped or
+differentiated by ``torch.func``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+import torch
+
+from ..backends import BACKENDS, inside_grad_transform, inside_vmap
+from ..precision import check_mode
+from ._core import RECOMPUTE_MODES
+
+BACKEND_CHOICES = ("auto", *BACKENDS)
+_RECOMPUTE_BACKENDS = ("reference", "scan", "triton")
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """Where a call runs: under ``torch.compile``, ``torch.vmap``, an eager ``torch.func`` autodiff."""
+
+    compiling: bool
+    vmapped: bool
+    differentiated: bool
+
+    @property
+    def traced(self) -> bool:
+        """True when any of the three holds (eager-only kernels cannot run)."""
+        return self.compiling or self.vmapped or self.differentiated
+
+
+def call_context() -> CallContext:
+    """The context of the current call. ``is_compiling`` is read first: dynamo cannot trace the rest."""
+    compiling = torch.compiler.is_compiling()
+    return CallContext(compiling, not compiling and inside_vmap(), not compiling and inside_grad_transform())
+
+
+def check_options(
+    *,
+    backend: str = "auto",
+    recompute: str = "none",
+    dropout: float = 0.0,
+    matmul_precision: str | None = None,
+    compute_dtype: torch.dtype | None = None,
+    owner: str = "",
+) -> None:
+    """Raise a clear error for an option value, or a combination, that no call could serve.
+
+    ``owner`` prefixes the message (a module name, e.g. ``"LSTMModule: "``) and switches the
+    argument names to the modules' ``recurrent_*`` spelling.
+    """
+    pre = "recurrent_" if owner else ""
+    if backend not in BACKEND_CHOICES:
+        raise ValueError(f"{owner}{pre}backend must be one of {list(BACKEND_CHOICES)}, got {backend!r}.")
+    if backend == "triton" and importlib.util.find_spec("triton") is None:
+        raise RuntimeError(
+            f"{owner}{pre}backend='triton' requires the triton package (pip install triton); "
+            f"or pick one of {[b for b in BACKEND_CHOICES if b != 'triton']}."
+        )
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"{owner}{pre}recompute must be one of {list(RECOMPUTE_MODES)}, got {recompute!r}.")
+    if recompute != "none" and backend == "pad":
+        raise ValueError(
+            f"{owner}{pre}recompute={recompute!r} cannot be served by {pre}backend='pad' (the ATen/cuDNN "
+            f"kernels keep their own activations). Use one of {list(_RECOMPUTE_BACKENDS)} or 'auto' (which "
+            f"picks one that can), or {pre}recompute='none'."
+        )
+    if not isinstance(dropout, (int, float)) or not 0.0 <= float(dropout) < 1.0:
+        raise ValueError(f"{owner}dropout: expected a probability in [0, 1), got {dropout!r}.")
+    if compute_dtype is not None and (not isinstance(compute_dtype, torch.dtype) or not compute_dtype.is_floating_point):
+        raise TypeError(
+            f"{owner}{pre}compute_dtype must be None (the params' dtype) or a floating torch.dtype "
+            f"(torch.float32 or torch.bfloat16), got {compute_dtype!r}."
+        )
+    if matmul_precision is not None:
+        check_mode(matmul_precision, f"{owner}{pre}matmul_precision")
