@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import rnn_functional.backends as backends_mod
+import rnn_functional.functional.selection as backends_mod
 from compile_helpers import (
     FAST,
     FP32_TOL,

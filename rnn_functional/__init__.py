@@ -1,8 +1,9 @@
-"""rnn_functional: functional LSTM/GRU with resets, for torch.compile, vmap and TorchRL."""
+"""rnn_functional: functional LSTM/GRU (and layer-normalised GRU) with resets, for torch.compile, vmap and TorchRL."""
 
 from .backends import available_backends
 from .ensemble import ensemble_init_gru_params, ensemble_init_lstm_params, stack_params, unstack_params
-from .functional import gru_sequence, gru_step, lstm_sequence, lstm_step
+from .cells.norm_gru import init_norm_gru_params
+from .functional import gru_sequence, gru_step, lstm_sequence, lstm_step, norm_gru_sequence, norm_gru_step
 from .modules import GRUModule, LSTMModule, recurrent_mode, set_recurrent_mode
 from .modules.ensemble import EnsembleModule
 from .modules.lstm_net import LSTMNet
@@ -13,6 +14,7 @@ __all__ = [
     # parameters
     "init_lstm_params",
     "init_gru_params",
+    "init_norm_gru_params",
     "params_from_module",
     "stack_params",
     "unstack_params",
@@ -23,6 +25,8 @@ __all__ = [
     "gru_step",
     "lstm_sequence",
     "gru_sequence",
+    "norm_gru_step",
+    "norm_gru_sequence",
     "available_backends",
     "set_recurrent_matmul_precision",
     "get_recurrent_matmul_precision",

@@ -14,10 +14,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from rnn_functional import gru_sequence, init_gru_params, init_lstm_params, lstm_sequence
-from rnn_functional._layout import read_layout
-from rnn_functional.backends import resolve_backend
+from rnn_functional.functional._core import read_layout
+from rnn_functional.functional.selection import resolve_backend
 from rnn_functional.backends.reference import sequence as reference_sequence
-from rnn_functional.functional._core import SequenceOptions
+from rnn_functional.backends import SequenceOptions
 
 F64 = torch.float64
 N, T, F, H = 3, 7, 4, 5

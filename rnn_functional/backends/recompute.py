@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ..functional._core import SequenceOptions, keep_segment_ends
+from .base import SequenceOptions
 
 
 def _slice(t, sl: slice):
@@ -34,24 +34,20 @@ def checkpointed(impl: Callable) -> Callable:
     eager and under compile on torch 2.13; ``scan`` recomputes inside its own backward.
     """
 
-    def sequence(cell, layout, params, x, carry, is_init, reset, opts: SequenceOptions):
+    def sequence(layout, params, x, carry, is_init, reset, opts: SequenceOptions):
         inner = dataclasses.replace(opts, recompute="none")
         t_len = x.shape[1]
-        chunk = max(1, math.isqrt(max(t_len - 1, 0)) + 1)
-        ys, segs = [], []
+        chunk = math.isqrt(t_len - 1) + 1
+        ys, per_step = [], []
         for t0 in range(0, t_len, chunk):
             sl = slice(t0, t0 + chunk)
-            y, carry, seg = checkpoint(
-                impl, cell, layout, params, x[:, sl], carry, _slice(is_init, sl), _slice(reset, sl), inner,
+            y, carry, states = checkpoint(
+                impl, layout, params, x[:, sl], carry, _slice(is_init, sl), _slice(reset, sl), inner,
                 use_reentrant=False,
             )
             ys.append(y)
-            segs.append(seg)
-        if not ys:
-            return impl(cell, layout, params, x, carry, is_init, reset, inner)
-        seg = None
-        if opts.segment_states:  # a chunk's last step ends a segment only if the sequence says so
-            seg = keep_segment_ends(tuple(torch.cat(parts, dim=1) for parts in zip(*segs)), is_init)
-        return torch.cat(ys, dim=1), carry, seg
+            per_step.append(states)
+        states = tuple(torch.cat(parts, dim=1) for parts in zip(*per_step)) if opts.segment_states else None
+        return torch.cat(ys, dim=1), carry, states
 
     return sequence

@@ -27,16 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch._higher_order_ops import scan as _scan
 
-from .._layout import LayerWeights, layer_weights
-from ..functional._core import (
-    Carry,
-    CellSpec,
-    SequenceOptions,
-    apply_reset,
-    between_layers,
-    broadcast_mask,
-    keep_segment_ends,
-)
+from ..cells import Carry, Cell, LayerWeights, Layout, apply_reset, between_layers, broadcast_mask
+from .base import SequenceOptions
 
 
 def _contiguous_copy(t: torch.Tensor) -> torch.Tensor:
@@ -67,7 +59,7 @@ def _batched_like_step(init: Carry, *reads: torch.Tensor | None) -> Carry:
     return tuple(s + zero for s in init)
 
 
-def _scan_states(cell: CellSpec, w: LayerWeights, carry: Carry, gi: torch.Tensor, mask, reset, all_states: bool):
+def _scan_states(cell: Cell, w: LayerWeights, carry: Carry, gi: torch.Tensor, mask, reset, all_states: bool):
     """Scan one layer over time-major ``gi [T, N, G*H]`` from ``carry`` (tuple of ``[N, S]``).
 
     ``mask [T, N]`` / ``reset`` (tuple of ``[T, N, S]``) apply the resets. Returns
@@ -87,53 +79,8 @@ def _scan_states(cell: CellSpec, w: LayerWeights, carry: Carry, gi: torch.Tensor
         return tuple(_contiguous_copy(s) for s in new), out
 
     init = tuple(_contiguous_copy(s) for s in carry)
-    init = _batched_like_step(init, gi, w.weight_hh, w.bias_hh, w.weight_hr, mask, *(reset or ()))
+    init = _batched_like_step(init, gi, *w.tensors()[2:], mask, *(reset or ()))
     return _scan(step, init, xs)
-
-
-def _lstm_step_backward(gi, carry: Carry, w: LayerWeights, d_new: Carry):
-    """Backward of :func:`~rnn_functional.functional.lstm.lstm_layer_step`, recomputing its gates.
-
-    ``gi [N, 4H]``, carry ``(h [N, P], c [N, H])`` before the step, ``d_new`` the cotangent of
-    ``(h', c')``. Returns ``(d_carry, d_gi [N, 4H], d_gh, d_weight_hr [P, H] | None)``: the
-    cotangents of the carry before the step, of ``gi`` and of ``gh = h @ W_hh^T + b_hh`` (for the
-    LSTM ``d_gh`` is ``None``: it equals ``d_gi``) and this step's share of ``weight_hr``'s.
-    """
-    (h, c), (dh_new, dc_new) = carry, d_new
-    i, f, g, o = (gi + F.linear(h, w.weight_hh, w.bias_hh)).chunk(4, dim=-1)
-    i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
-    tanh_c = torch.tanh(f * c + i * g)
-    d_hr = None
-    if w.weight_hr is not None:
-        d_hr = dh_new.transpose(0, 1) @ (o * tanh_c)
-        dh_new = dh_new @ w.weight_hr
-    dc = dc_new + dh_new * o * (1 - tanh_c * tanh_c)
-    d_gates = torch.cat(
-        [dc * g * i * (1 - i), dc * c * f * (1 - f), dc * i * (1 - g * g), dh_new * tanh_c * o * (1 - o)], dim=-1
-    )
-    return (d_gates @ w.weight_hh, dc * f), d_gates, None, d_hr
-
-
-def _gru_step_backward(gi, carry: Carry, w: LayerWeights, d_new: Carry):
-    """Backward of :func:`~rnn_functional.functional.gru.gru_layer_step`, recomputing its gates.
-
-    Same contract as :func:`_lstm_step_backward`; ``d_gh [N, 3H]`` differs from ``d_gi`` in its
-    ``n`` block, and there is no ``weight_hr``.
-    """
-    (h,), (dh_new,) = carry, d_new
-    i_r, i_z, i_n = gi.chunk(3, dim=-1)
-    h_r, h_z, h_n = F.linear(h, w.weight_hh, w.bias_hh).chunk(3, dim=-1)
-    r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
-    n = torch.tanh(i_n + r * h_n)
-    d_n = dh_new * (1 - z) * (1 - n * n)
-    d_r = d_n * h_n * r * (1 - r)
-    d_z = dh_new * (h - n) * z * (1 - z)
-    d_gi = torch.cat([d_r, d_z, d_n], dim=-1)
-    d_gh = torch.cat([d_r, d_z, d_n * r], dim=-1)
-    return (dh_new * z + d_gh @ w.weight_hh,), d_gi, d_gh, None
-
-
-_STEP_BACKWARD = {"lstm": _lstm_step_backward, "gru": _gru_step_backward}
 
 
 def _sum_rows(t: torch.Tensor) -> torch.Tensor:
@@ -150,14 +97,16 @@ class _RecomputedLayer(torch.autograd.Function):
     """One layer over time whose backward recomputes every step from the saved carries.
 
     ``apply(cell, n_carry, has_reset, inp [N, T, F], mask [T, N] | None, *carry0 ([N, S] each),
-    *reset ([T, N, S] each, if has_reset), weight_ih, weight_hh, bias_ih, bias_hh, weight_hr)``
-    (absent weights are ``None``) returns the carry after every step, a tuple of ``[T, N, S]``.
+    *reset ([T, N, S] each, if has_reset), *LayerWeights.tensors())`` (absent weights are ``None``)
+    returns the carry after every step, a tuple of ``[T, N, S]``.
     Saved for backward: ``inp``, the carries and the reset states, never the gates.
 
     The backward is a reverse scan carrying the cotangent of the carry: each step recomputes
     its input projection and gates from the saved carry before it (after its reset) and applies
-    the cell's hand-written backward; it emits the gate cotangents, from which the weight and
-    input gradients are a few whole-sequence GEMMs after the scan. (Hand-written rather than
+    the cell's hand-written backward (:meth:`~rnn_functional.cells.Cell.step_backward`); it emits
+    the cotangents of the input and recurrent projections, from which the weight and input
+    gradients are a few whole-sequence GEMMs after the scan, and sums the gradients of the cell's
+    ``extra`` weights in its carry. (Hand-written rather than
     ``torch.func.vjp``, which refuses to run while saved-tensor hooks are active, e.g. under
     ``torch.autograd.graph.save_on_cpu`` or when ``torch.compile`` traces this backward there.)
     """
@@ -165,9 +114,9 @@ class _RecomputedLayer(torch.autograd.Function):
     generate_vmap_rule = True  # ensembles: torch.vmap over stacked params runs forward and backward batched
 
     @staticmethod
-    def forward(cell: CellSpec, n_carry: int, has_reset: bool, inp, mask, *rest):
+    def forward(cell: Cell, n_carry: int, has_reset: bool, inp, mask, *rest):
         carry0, reset, weights = _split(rest, n_carry, has_reset)
-        w = LayerWeights(*weights)
+        w = LayerWeights.from_tensors(weights)
         gi = F.linear(inp, w.weight_ih, w.bias_ih).transpose(0, 1)  # [T, N, G*H]
         _, states = _scan_states(cell, w, carry0, gi, mask, reset, all_states=True)
         return tuple(states)
@@ -176,15 +125,17 @@ class _RecomputedLayer(torch.autograd.Function):
     def setup_context(ctx, inputs, output) -> None:
         cell, n_carry, has_reset, inp, mask, *rest = inputs
         carry0, reset, weights = _split(rest, n_carry, has_reset)
-        ctx.cell, ctx.n_carry = cell, n_carry
+        ctx.cell, ctx.n_carry, ctx.n_weights = cell, n_carry, len(weights)
         ctx.save_for_backward(inp, mask, *carry0, *weights, *output, *(reset or ()))
 
     @staticmethod
     def backward(ctx, *grad_states):
-        n, step_backward = ctx.n_carry, _STEP_BACKWARD[ctx.cell.name]
+        n, n_w, cell = ctx.n_carry, ctx.n_weights, ctx.cell
         inp, mask, *saved = ctx.saved_tensors
-        carry0, weights, states, reset = saved[:n], saved[n : n + 5], saved[n + 5 : 2 * n + 5], tuple(saved[2 * n + 5 :])
-        w = LayerWeights(*weights)
+        carry0, weights = saved[:n], saved[n : n + n_w]
+        states, reset = saved[n + n_w : 2 * n + n_w], tuple(saved[2 * n + n_w :])
+        w = LayerWeights.from_tensors(weights)
+        extra = [t for t in w.extra if t is not None]  # their gradients are summed in the scan carry
         # Everything runs in reversed time (index 0 = step T - 1): the scan then needs no `reverse`,
         # whose flips of its outputs would copy the [T, N, G*H] gate cotangents; the weight
         # gradients are sums over time, indifferent to the order.
@@ -200,7 +151,7 @@ class _RecomputedLayer(torch.autograd.Function):
         def back_step(acc, xs_t):
             gi = F.linear(xs_t["x"], w.weight_ih, w.bias_ih)
             d_new = tuple(a + b for a, b in zip(acc["d_carry"], xs_t["g"]))
-            d_pre, d_gi, d_gh, d_hr = step_backward(gi, xs_t["pre"], w, d_new)
+            d_pre, d_gi, d_gh, d_extra = cell.step_backward(gi, xs_t["pre"], w, d_new)
             out = {"d_gi": d_gi} if d_gh is None else {"d_gi": d_gi, "d_gh": d_gh}
             m = xs_t.get("mask")
             if m is not None:  # where the carry was reset, its cotangent goes to reset_state (or nowhere)
@@ -208,25 +159,25 @@ class _RecomputedLayer(torch.autograd.Function):
                     out["d_reset"] = tuple(torch.where(broadcast_mask(m, d), d, 0.0) for d in d_pre)
                 d_pre = tuple(torch.where(broadcast_mask(m, d), 0.0, d) for d in d_pre)
             new_acc = {"d_carry": tuple(d_pre)}  # same keys in the same order as init
-            if "d_hr" in acc:
-                new_acc["d_hr"] = acc["d_hr"] + d_hr
+            if extra:
+                new_acc["d_extra"] = tuple(a + d for a, d in zip(acc["d_extra"], (d for d in d_extra if d is not None)))
             return new_acc, out
 
         reads = (inp, mask, *pre, *grad_states, *reset, *(wt for wt in weights if wt is not None))
         init = {"d_carry": _batched_like_step(tuple(torch.zeros_like(c) for c in carry0), *reads)}
-        if w.weight_hr is not None:
-            init["d_hr"] = _batched_like_step((torch.zeros_like(w.weight_hr),), *reads)[0]
+        if extra:
+            init["d_extra"] = _batched_like_step(tuple(torch.zeros_like(t) for t in extra), *reads)
         acc, outs = _scan(back_step, init, xs)
 
         d_gi = outs["d_gi"]  # [T, N, G*H], reversed time
         d_gh = outs.get("d_gh", d_gi)
-        has_bias = w.bias_ih is not None
+        d_extra = iter(acc.get("d_extra", ()))
         d_weights = (
             _outer_sum(d_gi, xs["x"]),
+            _sum_rows(d_gi) if w.bias_ih is not None else None,
             _outer_sum(d_gh, pre[0]),
-            _sum_rows(d_gi) if has_bias else None,
-            _sum_rows(d_gh) if has_bias else None,
-            acc.get("d_hr"),
+            _sum_rows(d_gh) if w.bias_hh is not None else None,
+            *(None if t is None else next(d_extra) for t in w.extra),
         )
         d_reset = tuple(d.flip(0) for d in outs.get("d_reset", ()))
         d_inp = (d_gi @ w.weight_ih).flip(0).transpose(0, 1)
@@ -234,7 +185,7 @@ class _RecomputedLayer(torch.autograd.Function):
 
 
 def _split(rest, n_carry: int, has_reset: bool):
-    """``rest`` of :class:`_RecomputedLayer`'s inputs -> ``(carry0, reset or None, 5 weights)``."""
+    """``rest`` of :class:`_RecomputedLayer`'s inputs -> ``(carry0, reset or None, weights)``."""
     carry0 = tuple(rest[:n_carry])
     reset = tuple(rest[n_carry : 2 * n_carry]) if has_reset else None
     weights = tuple(rest[n_carry * (2 if has_reset else 1) :])
@@ -245,27 +196,23 @@ def _needs_grad(*values) -> bool:
     """True when autograd will record this layer (tensors, or a LayerWeights, among ``values``)."""
     if not torch.is_grad_enabled():
         return False
-    tensors = [t for v in values for t in (vars(v).values() if isinstance(v, LayerWeights) else (v,))]
+    tensors = [t for v in values for t in (v.tensors() if isinstance(v, LayerWeights) else (v,))]
     return any(t is not None and t.requires_grad for t in tensors)
 
 
-def sequence(cell: CellSpec, layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
-    """``x [N, T, F]`` -> ``(y [N, T, P], carry, segment states)``; see :mod:`rnn_functional.functional._core`."""
-    if x.shape[1] == 0:
-        empty = tuple(s.new_zeros(s.shape[0], 0, *s.shape[1:]) for s in carry)
-        return x.new_zeros(x.shape[0], 0, layout.out_size), carry, empty if opts.segment_states else None
+def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
+    """``x [N, T, F]`` -> ``(y [N, T, P], carry, per-step carries)``; see :mod:`.base`."""
+    cell = layout.cell
     inp = x
     finals, per_step = [], []
     mask_t = None if is_init is None else is_init.transpose(0, 1)  # [T, N]
     for k in range(layout.num_layers):
-        w = layer_weights(params, layout, k)
+        w = cell.layer_weights(params, layout, k)
         layer_carry = tuple(s[:, k] for s in carry)
         reset_k = None if reset is None else tuple(r[:, :, k].transpose(0, 1) for r in reset)  # [T, N, S]
         if opts.recompute == "full" or (torch.compiler.is_compiling() and _needs_grad(inp, *layer_carry, *(reset_k or ()), w)):
             states = _RecomputedLayer.apply(
-                cell, len(layer_carry), reset_k is not None, inp, mask_t,
-                *layer_carry, *(reset_k or ()),
-                w.weight_ih, w.weight_hh, w.bias_ih, w.bias_hh, w.weight_hr,
+                cell, len(layer_carry), reset_k is not None, inp, mask_t, *layer_carry, *(reset_k or ()), *w.tensors()
             )
             final, ys = tuple(s[-1] for s in states), (states if opts.segment_states else states[0])
         else:
@@ -276,7 +223,5 @@ def sequence(cell: CellSpec, layout, params, x, carry: Carry, is_init, reset, op
             per_step.append(tuple(s.transpose(0, 1) for s in ys))  # [N, T, S]
             ys = ys[0]
         inp = between_layers(ys.transpose(0, 1), k, layout, opts.dropout, opts.training)
-    seg = None
-    if opts.segment_states:
-        seg = keep_segment_ends(tuple(torch.stack(parts, dim=2) for parts in zip(*per_step)), is_init)
-    return inp, tuple(torch.stack(parts, dim=1) for parts in zip(*finals)), seg
+    states = tuple(torch.stack(parts, dim=2) for parts in zip(*per_step)) if opts.segment_states else None
+    return inp, tuple(torch.stack(parts, dim=1) for parts in zip(*finals)), states

@@ -1,6 +1,17 @@
-"""Pure step and sequence functions, one file per cell kind."""
+"""The public step and sequence functions: one line per cell registers it and builds them.
 
-from .gru import gru_sequence, gru_step
-from .lstm import lstm_sequence, lstm_step
+``{name}_step(x, state, params, *, is_init=None, backend="auto")`` and ``{name}_sequence(x,
+state, params, *, is_init=None, reset_state=None, backend="auto", dropout=0.0, ...)`` for
+every cell; see :mod:`._core`.
+"""
 
-__all__ = ["lstm_step", "lstm_sequence", "gru_step", "gru_sequence"]
+from ..cells.gru import GRU
+from ..cells.lstm import LSTM
+from ..cells.norm_gru import NORM_GRU
+from ._core import public_functions
+
+lstm_step, lstm_sequence = public_functions(LSTM)
+gru_step, gru_sequence = public_functions(GRU)
+norm_gru_step, norm_gru_sequence = public_functions(NORM_GRU)
+
+__all__ = ["lstm_step", "lstm_sequence", "gru_step", "gru_sequence", "norm_gru_step", "norm_gru_sequence"]

@@ -1,9 +1,9 @@
-"""Cell-independent plumbing of the step and sequence functions.
+"""The public step and sequence functions, built once for every cell.
 
-Public functions validate their inputs here, flatten the batch dims ``*B`` into one dim
-``N`` and hand the backends a canonical call: ``x [N, T, F]``, a carry tuple of
-``[N, L, S]`` tensors (``(h, c)`` for LSTM, ``(h,)`` for GRU), ``is_init [N, T]`` or
-``None`` and ``reset_state`` as a tuple of ``[N, T, L, S]`` or ``None``.
+Each public call is validated and flattened here (the batch dims ``*B`` into one dim ``N``),
+then handed to a backend as the canonical call of :mod:`rnn_functional.backends.base`.
+Cases that are the same on every backend are handled here, once: empty calls (``N = 0`` or
+``T = 0``, where no step runs) and the segment-end states.
 """
 
 from __future__ import annotations
@@ -13,110 +13,45 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from .._layout import CELL_NAMES, LayerWeights, Layout, as_tensor_map, layer_weights, read_layout
+from ..backends import SequenceOptions
+from ..cells import Carry, Cell, Layout, apply_reset, keep_segment_ends
+from . import selection
+from .options import check_options
 
-Carry = tuple[torch.Tensor, ...]
+CELLS: dict[str, Cell] = {}  # every cell with public functions, by name (filled by public_functions)
 
-
-@dataclass(frozen=True)
-class CellSpec:
-    """A recurrent cell kind: its name and the math of one layer for one step.
-
-    ``layer_step(gi, carry, weights) -> carry'`` takes the input projection
-    ``gi = x @ W_ih^T + b_ih`` ``[N, G*H]`` and the layer's carry (tuple of ``[N, S]``);
-    the first entry of the returned carry is the layer's output.
-    """
-
-    name: str
-    layer_step: Callable[[torch.Tensor, Carry, LayerWeights], Carry]
+_COUNT = ("no", "one", "two", "three", "four", "five")
 
 
-# ----------------------------------------------------------------------------- shared math
-
-
-def broadcast_mask(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``mask`` with trailing singleton dims so that it broadcasts against ``like``."""
-    return mask.reshape(mask.shape + (1,) * (like.ndim - mask.ndim))
-
-
-def apply_reset(carry: Carry, mask: torch.Tensor | None, reset: Carry | None) -> Carry:
-    """Replace ``carry`` by ``reset`` (or zeros) where ``mask`` is True.
-
-    ``mask`` has the leading dims of every carry tensor; ``reset`` the same shapes as carry.
-    """
-    if mask is None:
-        return carry
-    if reset is None:
-        return tuple(torch.where(broadcast_mask(mask, s), 0.0, s) for s in carry)
-    return tuple(torch.where(broadcast_mask(mask, s), r, s) for s, r in zip(carry, reset))
-
-
-def segment_ends(is_init: torch.Tensor | None, n: int, t_len: int, device: torch.device) -> torch.Tensor:
-    """``[N, T]`` bool: True at the last step of every segment (before a reset, and at ``T - 1``)."""
-    last = torch.ones(n, 1, dtype=torch.bool, device=device)
-    if is_init is None:
-        return torch.cat([torch.zeros(n, t_len - 1, dtype=torch.bool, device=device), last], dim=1)
-    return torch.cat([is_init[:, 1:], last], dim=1)
-
-
-def keep_segment_ends(states: Carry, is_init: torch.Tensor | None) -> Carry:
-    """Per-step carries ``[N, T, L, S]`` zeroed except at segment ends (TorchRL's ``("next", hidden)``)."""
-    n, t_len = states[0].shape[:2]
-    ends = segment_ends(is_init, n, t_len, states[0].device)
-    return tuple(torch.where(broadcast_mask(ends, s), s, 0.0) for s in states)
-
-
-def between_layers(y: torch.Tensor, k: int, layout: Layout, dropout: float, training: bool) -> torch.Tensor:
-    """Dropout on layer ``k``'s output when another layer follows (``torch.nn.LSTM``'s rule)."""
-    if k < layout.num_layers - 1 and dropout > 0 and training:
-        return F.dropout(y, dropout, training=True)
-    return y
-
-
-def multi_layer_step(
-    cell: CellSpec,
-    layout: Layout,
-    params: Mapping[str, torch.Tensor],
-    x: torch.Tensor,
-    carry: Carry,
-    dropout: float = 0.0,
-    training: bool = False,
-) -> tuple[torch.Tensor, Carry]:
-    """All layers for one step. ``x [N, F]``, carry tensors ``[N, L, S]``."""
-    new_layers: list[Carry] = []
-    inp = x
-    for k in range(layout.num_layers):
-        w = layer_weights(params, layout, k)
-        gi = F.linear(inp, w.weight_ih, w.bias_ih)
-        layer_carry = cell.layer_step(gi, tuple(s[:, k] for s in carry), w)
-        new_layers.append(layer_carry)
-        inp = between_layers(layer_carry[0], k, layout, dropout, training)
-    new_carry = tuple(torch.stack(parts, dim=1) for parts in zip(*new_layers))
-    return inp, new_carry
+def read_layout(params: Mapping[str, torch.Tensor], cell: str) -> Layout:
+    """The layout of ``params`` for the registered cell named ``cell`` (e.g. ``"gru"``)."""
+    return CELLS[cell].read_layout(params)
 
 
 # ----------------------------------------------------------------------------- validation
 
 
-def _state_names(cell: str) -> tuple[str, ...]:
-    return ("h", "c") if cell == "lstm" else ("h",)
+def _as_carry(cell: Cell, value, arg: str) -> Carry:
+    """The user's state (a tensor for a one-tensor state, else a tuple) as a carry tuple."""
+    names = cell.state_names
+    if len(names) == 1:
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{arg}: expected a tensor {names[0]} for {cell.title}, got {type(value).__name__}.")
+        return (value,)
+    if not (isinstance(value, (tuple, list)) and len(value) == len(names) and all(isinstance(v, torch.Tensor) for v in value)):
+        raise TypeError(
+            f"{arg}: expected a tuple ({', '.join(names)}) of {_COUNT[len(names)]} tensors for {cell.title}, "
+            f"got {type(value).__name__}"
+            + (f" of length {len(value)}" if isinstance(value, (tuple, list)) else "")
+            + "."
+        )
+    return tuple(value)
 
 
-def _as_carry(cell: CellSpec, value, arg: str) -> Carry:
-    """The user's state (tuple for LSTM, tensor for GRU) as a carry tuple."""
-    if cell.name == "lstm":
-        if not (isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, torch.Tensor) for v in value)):
-            raise TypeError(
-                f"{arg}: expected a tuple (h, c) of two tensors for LSTM, got {type(value).__name__}"
-                + (f" of length {len(value)}" if isinstance(value, (tuple, list)) else "")
-                + "."
-            )
-        return (value[0], value[1])
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{arg}: expected a tensor h for GRU, got {type(value).__name__}.")
-    return (value,)
+def _from_carry(cell: Cell, carry: Carry):
+    """Inverse of :func:`_as_carry`."""
+    return carry[0] if len(cell.state_names) == 1 else tuple(carry)
 
 
 def _check_tensor(t: torch.Tensor, arg: str, shape: tuple, layout: Layout, hint: str) -> None:
@@ -129,7 +64,7 @@ def _check_tensor(t: torch.Tensor, arg: str, shape: tuple, layout: Layout, hint:
         )
 
 
-def _check_mask(is_init: torch.Tensor, want: tuple, arg: str = "is_init") -> torch.Tensor:
+def _check_mask(is_init, want: tuple, arg: str = "is_init") -> torch.Tensor:
     if not isinstance(is_init, torch.Tensor):
         raise TypeError(f"{arg}: expected a bool tensor of shape {list(want)}, got {type(is_init).__name__}.")
     if is_init.dtype != torch.bool:
@@ -145,34 +80,19 @@ def _check_mask(is_init: torch.Tensor, want: tuple, arg: str = "is_init") -> tor
     return is_init
 
 
-RECOMPUTE_MODES = ("none", "full")
-
-
-@dataclass(frozen=True)
-class SequenceOptions:
-    """Per-call options every backend receives.
-
-    ``compute_dtype`` and ``matmul_precision`` only affect the ``triton`` backend; the others
-    compute in the dtype of the params at full precision and ignore them.
-    """
-
-    dropout: float = 0.0
-    training: bool = False
-    recompute: str = "none"  # "none" or "full": recompute activations in backward
-    compute_dtype: torch.dtype | None = None  # operand dtype of the recurrent matmul (triton)
-    matmul_precision: str | None = None  # see rnn_functional.precision (triton)
-    segment_states: bool = False  # also return the carry at every segment end
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= float(self.dropout) < 1.0:
-            raise ValueError(f"dropout: expected a probability in [0, 1), got {self.dropout}.")
-        if self.recompute not in RECOMPUTE_MODES:
-            raise ValueError(f"recompute: expected one of {list(RECOMPUTE_MODES)}, got {self.recompute!r}.")
+def _as_tensor_map(params, cell: Cell) -> dict[str, torch.Tensor]:
+    """``params`` (a TensorDict or a mapping) as a plain dict: cheap repeated key access."""
+    if not isinstance(params, Mapping) and not hasattr(params, "items"):
+        raise TypeError(
+            f"params must be a TensorDict (or a mapping) with {cell.params_doc}, got {type(params).__name__}. "
+            f"Build one with {cell.init_function}(...)."
+        )
+    return dict(params.items())
 
 
 @dataclass
 class Canonical:
-    """A validated, flattened call."""
+    """A validated, flattened call (see :mod:`rnn_functional.backends.base`)."""
 
     layout: Layout
     params: dict[str, torch.Tensor]
@@ -183,18 +103,9 @@ class Canonical:
     reset: Carry | None
 
 
-def _canonicalize(
-    cell: CellSpec,
-    x: torch.Tensor,
-    state,
-    params: Mapping[str, torch.Tensor],
-    is_init: torch.Tensor | None,
-    reset_state,
-    sequence: bool,
-) -> Canonical:
-    params = as_tensor_map(params, cell.name)
-    layout = read_layout(params, cell.name)
-    name = CELL_NAMES[cell.name]
+def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: bool) -> Canonical:
+    params = _as_tensor_map(params, cell)
+    layout = cell.read_layout(params)
     lead = 2 if sequence else 1
     dims = "[*B, T, F]" if sequence else "[*B, F]"
     if not isinstance(x, torch.Tensor):
@@ -213,15 +124,15 @@ def _canonicalize(
     n = math.prod(batch_shape)
     time = tuple(x.shape[-2:-1]) if sequence else ()
     L = layout.num_layers
-    names = _state_names(cell.name)
+    names, sizes = cell.state_names, layout.state_sizes
 
     if state is None:
-        carry = tuple(x.new_zeros((n, L, s)) for s in layout.state_sizes)
+        carry = tuple(x.new_zeros((n, L, s)) for s in sizes)
     else:
         carry = _as_carry(cell, state, "state")
-        for nm, t, s in zip(names, carry, layout.state_sizes):
-            _check_tensor(t, f"state ({nm})", batch_shape + (L, s), layout, f"([*B, L, {s}] for this {name})")
-        carry = tuple(t.reshape(n, L, s) for t, s in zip(carry, layout.state_sizes))
+        for nm, t, s in zip(names, carry, sizes):
+            _check_tensor(t, f"state ({nm})", batch_shape + (L, s), layout, f"([*B, L, {s}] for this {cell.title})")
+        carry = tuple(t.reshape(n, L, s) for t, s in zip(carry, sizes))
 
     mask = None
     if is_init is not None:
@@ -237,42 +148,144 @@ def _canonicalize(
                 "Pass is_init too, or drop reset_state."
             )
         reset = _as_carry(cell, reset_state, "reset_state")
-        for nm, t, s in zip(names, reset, layout.state_sizes):
-            _check_tensor(t, f"reset_state ({nm})", batch_shape + time + (L, s), layout, f"([*B, T, L, {s}] for this {name})")
-        reset = tuple(t.reshape((n,) + time + (L, s)) for t, s in zip(reset, layout.state_sizes))
+        for nm, t, s in zip(names, reset, sizes):
+            _check_tensor(
+                t, f"reset_state ({nm})", batch_shape + time + (L, s), layout, f"([*B, T, L, {s}] for this {cell.title})"
+            )
+        reset = tuple(t.reshape((n,) + time + (L, s)) for t, s in zip(reset, sizes))
 
     x_flat = x.reshape((n,) + tuple(x.shape[len(batch_shape):]))
     return Canonical(layout, params, batch_shape, x_flat, carry, mask, reset)
 
 
-def _restore(batch_shape: tuple, y: torch.Tensor, carry: Carry) -> tuple[torch.Tensor, Carry]:
-    y = y.reshape(batch_shape + tuple(y.shape[1:]))
-    return y, tuple(s.reshape(batch_shape + tuple(s.shape[1:])) for s in carry)
+def _restore(batch_shape: tuple, tensors: Carry) -> Carry:
+    """``[N, ...]`` tensors back to ``[*B, ...]``."""
+    return tuple(t.reshape(batch_shape + tuple(t.shape[1:])) for t in tensors)
 
 
 # ----------------------------------------------------------------------------- drivers
 
 
-def run_step(cell: CellSpec, x, state, params, is_init, backend: str = "auto") -> tuple[torch.Tensor, Carry]:
+def _empty_call(c: Canonical, time: tuple) -> tuple[torch.Tensor, Carry, Carry]:
+    """A call in which no step runs (``N = 0`` or ``T = 0``): ``(y, carry, per-step carries)``.
+
+    The carry is the (reset-free) incoming one, every output a fresh tensor. All are connected
+    to autograd through an exact zero that reads every input, so a loss over an empty batch
+    backpropagates zeros into ``x``, the state, ``reset_state`` and every parameter, as ``torch.nn`` does.
+    """
+    inputs = (c.x, *c.carry, *(c.reset or ()), *c.params.values())
+    zero = sum(t.flatten()[:0].sum() for t in inputs)
+    n = c.x.shape[0]
+    y = c.x.new_zeros((n, *time, c.layout.out_size)) + zero
+    per_step = tuple(s.new_zeros((n, *time, *s.shape[1:])) + zero for s in c.carry)
+    return y, tuple(s + zero for s in c.carry), per_step
+
+
+def run_step(cell: Cell, x, state, params, is_init, backend: str) -> tuple[torch.Tensor, object]:
     """Validate, reset to zeros where ``is_init``, run one step over all layers."""
-    from ..backends import resolve_step
-
+    check_options(backend=backend)
     c = _canonicalize(cell, x, state, params, is_init, None, sequence=False)
-    carry = apply_reset(c.carry, c.is_init, None)
-    y, carry = resolve_step(backend, c.layout, c.x)(cell, c.layout, c.params, c.x, carry)
-    return _restore(c.batch_shape, y, carry)
+    step = selection.resolve_step(backend, c.layout, c.x)
+    if c.x.shape[0] == 0:
+        y, carry, _ = _empty_call(c, ())
+    else:
+        y, carry = step(c.layout, c.params, c.x, apply_reset(c.carry, c.is_init, None))
+    y, *carry = _restore(c.batch_shape, (y, *carry))
+    return y, _from_carry(cell, tuple(carry))
 
 
-def run_sequence(
-    cell: CellSpec, x, state, params, is_init, reset_state, backend: str, opts: SequenceOptions
-) -> tuple[torch.Tensor, Carry, Carry | None]:
-    """Validate, pick the backend, run the sequence. Returns ``(y, carry, segment states or None)``."""
-    from ..backends import resolve_backend
-
+def run_sequence(cell: Cell, x, state, params, is_init, reset_state, backend: str, opts: SequenceOptions):
+    """Validate, pick the backend, run the sequence. Returns ``(y, state_T)`` or, with
+    ``opts.segment_states``, ``(y, state_T, segment states)`` in the public state format."""
+    check_options(backend=backend, recompute=opts.recompute, dropout=opts.dropout,
+                  matmul_precision=opts.matmul_precision, compute_dtype=opts.compute_dtype)
     c = _canonicalize(cell, x, state, params, is_init, reset_state, sequence=True)
-    impl = resolve_backend(backend, c.layout, c.x, opts, c.is_init)
-    y, carry, seg = impl(cell, c.layout, c.params, c.x, c.carry, c.is_init, c.reset, opts)
-    y, carry = _restore(c.batch_shape, y, carry)
-    if seg is None:
-        return y, carry, None
-    return y, carry, tuple(s.reshape(c.batch_shape + tuple(s.shape[1:])) for s in seg)
+    impl = selection.resolve_backend(backend, c.layout, c.x, opts, c.is_init)
+    if c.x.shape[0] == 0 or c.x.shape[1] == 0:
+        y, carry, per_step = _empty_call(c, (c.x.shape[1],))
+    else:
+        y, carry, per_step = impl(c.layout, c.params, c.x, c.carry, c.is_init, c.reset, opts)
+    (y,) = _restore(c.batch_shape, (y,))
+    out = (y, _from_carry(cell, _restore(c.batch_shape, carry)))
+    if not opts.segment_states:
+        return out
+    return (*out, _from_carry(cell, _restore(c.batch_shape, keep_segment_ends(per_step, c.is_init))))
+
+
+# ----------------------------------------------------------------------------- public functions
+
+_STEP_DOC = """One time step of a multi-layer {title}.
+
+    Args:
+        x: ``[*B, F]``.
+        state: {state}, or ``None`` for zeros.
+        params: {params} (see ``{init}``).
+        is_init: bool ``[*B]`` (or ``[*B, 1]``); where True the state is reset to zeros first.
+        backend: ``"auto"`` (the fused ``triton`` step on CUDA where it applies, ATen's fused
+            cell (``"pad"``) in plain eager mode where the cell has one, else ``"reference"``),
+            ``"reference"``, ``"pad"`` or ``"triton"``. See
+            :func:`rnn_functional.functional.selection.resolve_step`.
+
+    Returns:
+        ``(y [*B, {out}], state)``: the top layer's output and the new state.
+    """
+
+_SEQUENCE_DOC = """A multi-layer {title} over a sequence, with resets.
+
+    Args:
+        x: ``[*B, T, F]``.
+        state: {state} before step 0, or ``None`` for zeros.
+        params: {params} (see ``{init}``).
+        is_init: bool ``[*B, T]`` (or ``[*B, T, 1]``); before every step ``t`` where it is True
+            the carry is replaced by ``reset_state[..., t, :, :]``, or by zeros.
+        reset_state: per-step states to reset to, the state's format with a ``T`` dim after ``*B``.
+        backend: ``"auto"``, ``"reference"``, ``"scan"``, ``"pad"`` or ``"triton"`` (a backend that
+            cannot serve the {title} raises a ``ValueError`` naming those that can).
+        dropout: dropout probability on the outputs of every layer but the last.
+        training: dropout is applied only when True.
+        recompute: ``"none"`` or ``"full"``: recompute activations in backward instead of
+            saving them (less memory, more compute; ``pad`` cannot).
+        compute_dtype: operand dtype of the recurrent matmul (``triton`` only; others ignore it).
+        matmul_precision: recurrent matmul precision (``triton`` only; see :mod:`rnn_functional.precision`).
+        return_segment_states: also return the per-step states ``[*B, T, L, ·]`` that hold the
+            carry after every step that ends a segment (before a reset, and the last step) and
+            zeros elsewhere: TorchRL's ``("next", hidden)`` layout in recurrent mode.
+
+    Returns:
+        ``(y [*B, T, {out}], state_T)``: top-layer outputs and the carry after the last step
+        (and the segment states last, with ``return_segment_states``).
+    """
+
+
+def public_functions(cell: Cell) -> tuple[Callable, Callable]:
+    """``cell``'s public step and sequence functions (``{name}_step``, ``{name}_sequence``); registers the cell."""
+    CELLS[cell.name] = cell
+
+    def step(x: torch.Tensor, state, params: Mapping[str, torch.Tensor], *, is_init: torch.Tensor | None = None,
+             backend: str = "auto"):
+        return run_step(cell, x, state, params, is_init, backend)
+
+    def sequence(
+        x: torch.Tensor,
+        state,
+        params: Mapping[str, torch.Tensor],
+        *,
+        is_init: torch.Tensor | None = None,
+        reset_state=None,
+        backend: str = "auto",
+        dropout: float = 0.0,
+        training: bool = False,
+        recompute: str = "none",
+        compute_dtype: torch.dtype | None = None,
+        matmul_precision: str | None = None,
+        return_segment_states: bool = False,
+    ):
+        opts = SequenceOptions(dropout, training, recompute, compute_dtype, matmul_precision, return_segment_states)
+        return run_sequence(cell, x, state, params, is_init, reset_state, backend, opts)
+
+    for fn, kind, doc in ((step, "step", _STEP_DOC), (sequence, "sequence", _SEQUENCE_DOC)):
+        fn.__name__ = fn.__qualname__ = f"{cell.name}_{kind}"
+        fn.__module__ = "rnn_functional.functional"
+        fn.__doc__ = doc.format(title=cell.title, state=cell.state_doc, params=cell.params_doc,
+                                init=cell.init_function, out=cell.out_dim)
+    return step, sequence

@@ -12,12 +12,26 @@ from dataclasses import dataclass
 
 import torch
 
-from ..backends import BACKENDS, inside_grad_transform, inside_vmap
+from ..backends import BACKENDS, RECOMPUTE_MODES
 from ..precision import check_mode
-from ._core import RECOMPUTE_MODES
 
 BACKEND_CHOICES = ("auto", *BACKENDS)
 _RECOMPUTE_BACKENDS = ("reference", "scan", "triton")
+
+__all__ = ["BACKEND_CHOICES", "RECOMPUTE_MODES", "CallContext", "call_context", "check_options"]
+
+
+def inside_vmap() -> bool:
+    """True when called under ``torch.vmap`` (at any depth of functorch transforms)."""
+    stack = torch._C._functorch.get_interpreter_stack() or ()
+    return any(i.key() == torch._C._functorch.TransformType.Vmap for i in stack)
+
+
+def inside_grad_transform() -> bool:
+    """True when called under ``torch.func.grad`` / ``vjp`` / ``jvp`` / ``jacrev`` (functorch's autodiff transforms)."""
+    stack = torch._C._functorch.get_interpreter_stack() or ()
+    kinds = (torch._C._functorch.TransformType.Grad, torch._C._functorch.TransformType.Jvp)
+    return any(i.key() in kinds for i in stack)
 
 
 @dataclass(frozen=True)
@@ -52,19 +66,29 @@ def check_options(
     """Raise a clear error for an option value, or a combination, that no call could serve.
 
     ``owner`` prefixes the message (a module name, e.g. ``"LSTMModule: "``) and switches the
-    argument names to the modules' ``recurrent_*`` spelling.
+    argument names to the modules' ``recurrent_*`` spelling. Without ``owner`` (the functions),
+    a missing triton package is reported when the call runs, as for any unavailable backend.
     """
     pre = "recurrent_" if owner else ""
     if backend not in BACKEND_CHOICES:
+        if not owner:
+            raise ValueError(f"backend: unknown backend {backend!r}; expected one of {list(BACKEND_CHOICES)}.")
         raise ValueError(f"{owner}{pre}backend must be one of {list(BACKEND_CHOICES)}, got {backend!r}.")
-    if backend == "triton" and importlib.util.find_spec("triton") is None:
+    if owner and backend == "triton" and importlib.util.find_spec("triton") is None:
         raise RuntimeError(
             f"{owner}{pre}backend='triton' requires the triton package (pip install triton); "
             f"or pick one of {[b for b in BACKEND_CHOICES if b != 'triton']}."
         )
     if recompute not in RECOMPUTE_MODES:
+        if not owner:
+            raise ValueError(f"recompute: expected one of {list(RECOMPUTE_MODES)}, got {recompute!r}.")
         raise ValueError(f"{owner}{pre}recompute must be one of {list(RECOMPUTE_MODES)}, got {recompute!r}.")
     if recompute != "none" and backend == "pad":
+        if not owner:
+            raise ValueError(
+                f"backend 'pad' cannot serve recompute={recompute!r}: the cuDNN/oneDNN kernels keep their own "
+                f"activations. Use one of {list(_RECOMPUTE_BACKENDS)} (or backend='auto'), or recompute='none'."
+            )
         raise ValueError(
             f"{owner}{pre}recompute={recompute!r} cannot be served by {pre}backend='pad' (the ATen/cuDNN "
             f"kernels keep their own activations). Use one of {list(_RECOMPUTE_BACKENDS)} or 'auto' (which "

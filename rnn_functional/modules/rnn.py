@@ -36,9 +36,9 @@ from tensordict.nn import TensorDictModuleBase, dispatch
 from tensordict.utils import NestedKey
 from torch import nn
 
-from ..backends import BACKENDS, inside_vmap
+from ..backends import BACKENDS
 from ..functional import gru_sequence, gru_step, lstm_sequence, lstm_step
-from ..functional._core import RECOMPUTE_MODES
+from ..functional.options import RECOMPUTE_MODES, inside_vmap
 from ..params import init_gru_params, init_lstm_params
 from ..precision import check_mode
 from ._mode import recurrent_mode as _context_mode

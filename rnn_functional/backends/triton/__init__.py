@@ -16,37 +16,33 @@ Two kernel variants (:mod:`.kernels`), picked per call by :func:`.kernels.reside
 * streamed: beyond that, the state lives in the output buffers (L1/L2) and ``64 x 64`` weight
   tiles are streamed per step, still one launch for all ``T`` steps; any H.
 
+Serves cells with :class:`~rnn_functional.cells.TritonKernels` (LSTM, GRU; ``is_lstm`` picks the
+kernels' gate and state update). ``triton`` itself is imported only when a kernel runs (:mod:`.ops`).
+
 Limits: no ``proj_size``; params dtypes fp32, bf16 (fp32 accumulation and state) and fp64;
 ``E * N * (T + 1) * 4 * H < 2**31`` (32-bit indexing).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import torch
 
-from ..._layout import Layout, layer_weights
-from ...functional._core import Carry, CellSpec, SequenceOptions, between_layers, keep_segment_ends
+from ...cells import Carry, Layout, TritonKernels, between_layers
 from ...precision import check_mode, resolve_matmul_precision
-
-try:
-    import triton  # noqa: F401
-
-    _HAVE_TRITON = True
-except ImportError:  # the package stays importable; is_available() says False
-    _HAVE_TRITON = False
+from ..base import SequenceOptions, backends_for, no_kernel_for
 
 __all__ = ["is_available", "check_supported", "serves", "sequence", "step"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float64)
 _COMPUTE = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float64: "float64"}
-_OTHERS = "reference, scan, pad"
 
 
 def is_available(device: torch.device | str | None = None) -> bool:
     """True on CUDA with triton installed, and on CPU when ``TRITON_INTERPRET=1``."""
-    if not _HAVE_TRITON:
+    if importlib.util.find_spec("triton") is None:  # the package stays importable without it
         return False
     device = torch.device(device) if device is not None else torch.device("cpu")
     if device.type == "cuda":
@@ -58,17 +54,26 @@ def _compute_dtype(layout: Layout, opts: SequenceOptions) -> torch.dtype:
     return opts.compute_dtype if opts.compute_dtype is not None else layout.dtype
 
 
+def kernels(layout: Layout) -> TritonKernels:
+    """The cell's Triton kernel family; ``ValueError`` naming the backends that can serve it when it has none."""
+    if layout.cell.triton is None:
+        raise no_kernel_for("triton", layout.cell)
+    return layout.cell.triton
+
+
 def check_supported(layout: Layout, opts: SequenceOptions) -> None:
     """Raise ``ValueError`` naming the option this backend cannot serve and who can."""
+    kernels(layout)
+    others = ", ".join(name for name in backends_for(layout.cell) if name != "triton")
     if layout.proj_size:
         raise ValueError(
             f"backend 'triton' does not support proj_size (got proj_size={layout.proj_size}); "
-            f"use one of {_OTHERS}."
+            f"use one of {others}."
         )
     if layout.dtype not in _DTYPES:
         raise ValueError(
             f"backend 'triton' does not support params of dtype {layout.dtype} (supported: fp32, bf16, fp64); "
-            f"use one of {_OTHERS}, or convert the params."
+            f"use one of {others}, or convert the params."
         )
     cdt = _compute_dtype(layout, opts)
     allowed = (torch.float64,) if layout.dtype == torch.float64 else (torch.float32, torch.bfloat16)
@@ -91,14 +96,14 @@ def serves(layout: Layout, device: torch.device, opts: SequenceOptions | None = 
     return True
 
 
-def _layer_call(cell: CellSpec, layout: Layout, params, k: int, inp: torch.Tensor, carry: Carry,
+def _layer_call(layout: Layout, params, k: int, inp: torch.Tensor, carry: Carry,
                 is_init, reset, opts: SequenceOptions, save: bool):
     """Run layer ``k`` over ``inp [N, T, F_k]``. Returns ``(hs, cs)``, each ``[N, T+1, H]`` in ``inp``'s
     dtype: the state before step 0 and after every step (``cs`` empty for GRU)."""
     from .ops import layer_ops
 
-    lstm = cell.name == "lstm"
-    w = layer_weights(params, layout, k)
+    lstm = kernels(layout).is_lstm
+    w = layout.cell.layer_weights(params, layout, k)
     one = lambda t: None if t is None else t.unsqueeze(0)  # noqa: E731 - the ensemble dim E=1
     rh = None if reset is None else reset[0][:, :, k]
     rc = None if (reset is None or not lstm) else reset[1][:, :, k]
@@ -110,29 +115,24 @@ def _layer_call(cell: CellSpec, layout: Layout, params, k: int, inp: torch.Tenso
     return hs[0].to(inp.dtype), cs[0].to(inp.dtype)  # states come in the accumulation dtype
 
 
-def sequence(cell: CellSpec, layout: Layout, params, x: torch.Tensor, carry: Carry, is_init, reset,
-             opts: SequenceOptions):
-    """``x [N, T, F]`` -> ``(y [N, T, H], carry, segment states or None)``.
-
-    See :mod:`rnn_functional.functional._core` for the canonical call.
-    """
-    lstm = cell.name == "lstm"
+def sequence(layout: Layout, params, x: torch.Tensor, carry: Carry, is_init, reset, opts: SequenceOptions):
+    """``x [N, T, F]`` -> ``(y [N, T, H], carry, per-step carries or None)``; see :mod:`..base`."""
+    lstm = kernels(layout).is_lstm
     save = opts.recompute == "none"
     inp = x
     per_layer = []  # (hs, cs) of every layer
     for k in range(layout.num_layers):
-        hs, cs = _layer_call(cell, layout, params, k, inp, carry, is_init, reset, opts, save)
+        hs, cs = _layer_call(layout, params, k, inp, carry, is_init, reset, opts, save)
         per_layer.append((hs, cs) if lstm else (hs,))
         inp = between_layers(hs[:, 1:], k, layout, opts.dropout, opts.training)
     new_carry = tuple(torch.stack([states[i][:, -1] for states in per_layer], dim=1) for i in range(len(carry)))
-    seg = None
+    per_step = None
     if opts.segment_states:
-        steps = tuple(torch.stack([states[i][:, 1:] for states in per_layer], dim=2) for i in range(len(carry)))
-        seg = keep_segment_ends(steps, is_init) if x.shape[1] else steps  # T = 0: empty
-    return inp, new_carry, seg
+        per_step = tuple(torch.stack([states[i][:, 1:] for states in per_layer], dim=2) for i in range(len(carry)))
+    return inp, new_carry, per_step
 
 
-def step(cell: CellSpec, layout: Layout, params, x: torch.Tensor, carry: Carry) -> tuple[torch.Tensor, Carry]:
+def step(layout: Layout, params, x: torch.Tensor, carry: Carry) -> tuple[torch.Tensor, Carry]:
     """One fused step of all layers: ``x [N, F]``, carry of ``[N, L, S]`` (resets already applied)."""
-    y, new_carry, _ = sequence(cell, layout, params, x[:, None], carry, None, None, SequenceOptions())
+    y, new_carry, _ = sequence(layout, params, x[:, None], carry, None, None, SequenceOptions())
     return y[:, 0], new_carry

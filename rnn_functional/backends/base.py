@@ -1,0 +1,55 @@
+"""The canonical call every backend serves, and what each backend needs from a cell.
+
+A sequence backend is ``sequence(layout, params, x, carry, is_init, reset, opts) ->
+(y, carry_T, per_step)`` on a validated, flattened call with ``N > 0`` and ``T > 0`` (the
+functional layer handles empty calls): ``x [N, T, F]``, ``carry`` a tuple of ``[N, L, S]``
+(``layout.cell.state_names``), ``is_init [N, T]`` bool or ``None``, ``reset`` a tuple of
+``[N, T, L, S]`` or ``None``. It returns ``y [N, T, P]``, the carry after the last step and,
+with ``opts.segment_states``, per-step carries ``[N, T, L, S]`` that are exact at least at
+every segment end (the caller zeroes the other steps), else ``None``.
+
+A step backend is ``step(layout, params, x [N, F], carry) -> (y [N, P], carry')`` with the
+resets already applied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..cells import Cell
+
+BACKENDS = ("reference", "scan", "pad", "triton")
+RECOMPUTE_MODES = ("none", "full")
+
+
+@dataclass(frozen=True)
+class SequenceOptions:
+    """Per-call options every backend receives (validated by the functional layer).
+
+    ``compute_dtype`` and ``matmul_precision`` only affect the ``triton`` backend; the others
+    compute in the dtype of the params at full precision and ignore them.
+    """
+
+    dropout: float = 0.0
+    training: bool = False
+    recompute: str = "none"  # "none" or "full": recompute activations in backward
+    compute_dtype: torch.dtype | None = None  # operand dtype of the recurrent matmul (triton)
+    matmul_precision: str | None = None  # see rnn_functional.precision (triton)
+    segment_states: bool = False  # also return the per-step carries (exact at segment ends)
+
+
+def backends_for(cell: Cell) -> list[str]:
+    """The backends that can run ``cell``: ``reference`` and ``scan`` run any cell (its step and
+    step backward); ``pad`` needs its ATen kernels, ``triton`` its Triton kernel family."""
+    hooks = {"pad": cell.aten, "triton": cell.triton}
+    return [name for name in BACKENDS if hooks.get(name, True) is not None]
+
+
+def no_kernel_for(backend: str, cell: Cell) -> ValueError:
+    """The error a backend raises for a cell it has no kernel for."""
+    return ValueError(
+        f"backend {backend!r} cannot serve the {cell.title} cell: it has no {backend} kernel for it. "
+        f"Use one of {backends_for(cell)} (or backend='auto', which picks one that can)."
+    )

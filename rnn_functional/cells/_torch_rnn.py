@@ -1,0 +1,108 @@
+"""The parameter layout of ``torch.nn.LSTM`` / ``torch.nn.GRU``, shared by the LSTM and GRU cells.
+
+For layer ``k`` (``G`` gates, ``P`` = proj_size or ``H``, ``F_k`` = input size for ``k = 0``, else ``P``):
+``weight_ih_l{k} [G*H, F_k]``, ``weight_hh_l{k} [G*H, P]``, ``bias_ih_l{k}``, ``bias_hh_l{k} [G*H]``
+(absent with ``bias=False``) and ``weight_hr_l{k} [P, H]`` (LSTM with ``proj_size > 0`` only).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+from tensordict import TensorDict
+
+from .base import Cell, LayerWeights, Layout, check_keys, check_shapes, check_sizes, count_layers, uniform_
+
+
+def init_params(
+    num_gates: int, input_size: int, hidden_size: int, num_layers: int, bias: bool, proj_size: int,
+    dtype: torch.dtype | None, device, generator: torch.Generator | None,
+) -> TensorDict:
+    """Params with ``torch.nn`` names, uniform in ``[-1/sqrt(H), 1/sqrt(H)]`` like ``torch.nn.LSTM``."""
+    check_sizes(input_size, hidden_size, num_layers)
+    if proj_size < 0 or (proj_size and proj_size >= hidden_size):
+        raise ValueError(f"proj_size must be 0 (no projection) or in [1, hidden_size={hidden_size}), got {proj_size}.")
+    out_size = proj_size or hidden_size
+    bound = 1.0 / math.sqrt(hidden_size)
+    tensors: dict[str, torch.Tensor] = {}
+    for k in range(num_layers):
+        layer_in = input_size if k == 0 else out_size
+        tensors[f"weight_ih_l{k}"] = uniform_((num_gates * hidden_size, layer_in), bound, dtype, device, generator)
+        tensors[f"weight_hh_l{k}"] = uniform_((num_gates * hidden_size, out_size), bound, dtype, device, generator)
+        if bias:
+            tensors[f"bias_ih_l{k}"] = uniform_((num_gates * hidden_size,), bound, dtype, device, generator)
+            tensors[f"bias_hh_l{k}"] = uniform_((num_gates * hidden_size,), bound, dtype, device, generator)
+        if proj_size:
+            tensors[f"weight_hr_l{k}"] = uniform_((proj_size, hidden_size), bound, dtype, device, generator)
+    return TensorDict(tensors, batch_size=[], device=device)
+
+
+def read_layout(cell: Cell, params: Mapping[str, torch.Tensor], num_gates: int, projection: bool) -> Layout:
+    """Validate ``torch.nn``-named params of ``cell`` (``projection``: whether ``weight_hr`` may appear)."""
+    keys = set(params.keys())
+    num_layers = count_layers(keys, "weight_ih_l{k}", cell)
+    bias = "bias_ih_l0" in keys
+    proj = "weight_hr_l0" in keys
+    if proj and not projection:
+        raise ValueError(
+            f"params: 'weight_hr_l0' is an LSTM projection weight; {cell.title} has no proj_size."
+        )
+    expected = set()
+    for k in range(num_layers):
+        expected |= {f"weight_ih_l{k}", f"weight_hh_l{k}"}
+        if bias:
+            expected |= {f"bias_ih_l{k}", f"bias_hh_l{k}"}
+        if proj:
+            expected.add(f"weight_hr_l{k}")
+    check_keys(keys, expected, f"a {num_layers}-layer {cell.title} (bias={bias}, proj={proj})")
+
+    w_hh0 = params["weight_hh_l0"]
+    if w_hh0.ndim != 2 or w_hh0.shape[0] % num_gates:
+        raise ValueError(
+            f"params['weight_hh_l0']: expected shape [{num_gates} * hidden_size, P] for {cell.title}, "
+            f"got {tuple(w_hh0.shape)}. Are these params of another cell kind?"
+        )
+    hidden = w_hh0.shape[0] // num_gates
+    proj_size = params["weight_hr_l0"].shape[0] if proj else 0
+    out = proj_size or hidden
+    input_size = params["weight_ih_l0"].shape[-1]
+    want: dict[str, tuple[int, ...]] = {}
+    for k in range(num_layers):
+        want[f"weight_ih_l{k}"] = (num_gates * hidden, input_size if k == 0 else out)
+        want[f"weight_hh_l{k}"] = (num_gates * hidden, out)
+        if bias:
+            want[f"bias_ih_l{k}"] = want[f"bias_hh_l{k}"] = (num_gates * hidden,)
+        if proj:
+            want[f"weight_hr_l{k}"] = (proj_size, hidden)
+    check_shapes(
+        params, want, f"{cell.title} with hidden_size={hidden}, P={out}, input_size={input_size}", "weight_hh_l0"
+    )
+    state_sizes = (out, hidden) if len(cell.state_names) == 2 else (hidden,)
+    return Layout(cell, num_layers, input_size, hidden, state_sizes, w_hh0.dtype, w_hh0.device, bias, proj_size)
+
+
+def layer_weights(params: Mapping[str, torch.Tensor], layout: Layout, k: int, projection: bool) -> LayerWeights:
+    """Weights of layer ``k``; ``extra`` is ``(weight_hr,)`` for a cell with ``projection``, else empty."""
+    bias = layout.bias
+    extra = (params[f"weight_hr_l{k}"] if layout.proj_size else None,) if projection else ()
+    return LayerWeights(
+        weight_ih=params[f"weight_ih_l{k}"],
+        bias_ih=params[f"bias_ih_l{k}"] if bias else None,
+        weight_hh=params[f"weight_hh_l{k}"],
+        bias_hh=params[f"bias_hh_l{k}"] if bias else None,
+        extra=extra,
+    )
+
+
+def flat_weights(cell: Cell, params: Mapping[str, torch.Tensor], layout: Layout) -> list[torch.Tensor]:
+    """All weights in ``torch.nn.LSTM``'s ``_flat_weights`` order, as ATen's kernels take them."""
+    flat = []
+    for k in range(layout.num_layers):
+        w = cell.layer_weights(params, layout, k)
+        flat += [w.weight_ih, w.weight_hh]
+        if layout.bias:
+            flat += [w.bias_ih, w.bias_hh]
+        flat += [t for t in w.extra if t is not None]
+    return flat

@@ -1,0 +1,256 @@
+"""What a cell is, and the cell-independent math every backend shares.
+
+A cell (:class:`Cell`) owns everything about one recurrent cell kind: its parameter names,
+shapes and validation (:meth:`Cell.read_layout`), how a layer's weights split into an input
+projection and the rest (:meth:`Cell.layer_weights`), its state (:attr:`Cell.state_names`),
+its per-layer step and that step's hand-written backward, and optional hooks for fused
+kernels (:class:`AtenKernels`, :class:`TritonKernels`). Backends only ever talk to this
+interface; nothing outside ``cells/`` compares cell names.
+
+Canonical shapes: ``N`` flattened batch, ``T`` time, ``L`` layers, ``S`` a state width.
+A carry is a tuple of state tensors, ``[N, S]`` per layer or ``[N, L, S]`` for the stack;
+its first entry ``h`` is also the layer's output.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+Carry = tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Static description of a stack of layers of one cell, read from its params."""
+
+    cell: Cell
+    num_layers: int
+    input_size: int
+    hidden_size: int
+    state_sizes: tuple[int, ...]  # width of each carry entry; the first is the output width
+    dtype: torch.dtype
+    device: torch.device
+    bias: bool = False
+    proj_size: int = 0  # 0 when the cell has no output projection
+
+    @property
+    def out_size(self) -> int:
+        """Width of the layer output (``h``): ``P`` for a projected LSTM, else ``H``."""
+        return self.state_sizes[0]
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """The weights of one layer, split as the backends use them; absent entries are ``None``.
+
+    ``gi = x @ weight_ih^T + bias_ih`` is the input projection (computed for all steps at once);
+    ``gh = h @ weight_hh^T + bias_hh`` is the recurrent projection of the carry's ``h``;
+    ``extra`` holds the cell's other weights (the LSTM's ``weight_hr``, the norm GRU's
+    layer-norm weight and bias).
+    """
+
+    weight_ih: torch.Tensor
+    bias_ih: torch.Tensor | None
+    weight_hh: torch.Tensor
+    bias_hh: torch.Tensor | None
+    extra: tuple[torch.Tensor | None, ...] = ()
+
+    def tensors(self) -> tuple[torch.Tensor | None, ...]:
+        """All weights in a fixed order, for :meth:`from_tensors`."""
+        return (self.weight_ih, self.bias_ih, self.weight_hh, self.bias_hh, *self.extra)
+
+    @classmethod
+    def from_tensors(cls, tensors) -> LayerWeights:
+        """Inverse of :meth:`tensors`."""
+        return cls(*tensors[:4], extra=tuple(tensors[4:]))
+
+
+class StepGrads(NamedTuple):
+    """What a cell's hand-written step backward returns (see :meth:`Cell.step_backward`)."""
+
+    d_carry: Carry  # cotangent of the carry before the step
+    d_gi: torch.Tensor  # cotangent of the input projection gi [N, G]
+    d_gh: torch.Tensor | None  # cotangent of the recurrent projection gh; None: equal to d_gi
+    d_extra: tuple[torch.Tensor | None, ...]  # this step's share of the gradients of ``extra``
+
+
+@dataclass(frozen=True)
+class AtenKernels:
+    """ATen's fused kernels for a cell (``pad`` backend).
+
+    ``sequence(layout, params, inputs, hx, dropout, training, batch_sizes) -> (out, hx')`` runs
+    all layers over ``inputs`` ``[N, T, F]`` (or packed data with ``batch_sizes``); ``hx`` is a
+    carry of layer-major ``[L, N, S]`` tensors. ``step(w, x [N, F], carry) -> carry`` runs one
+    layer one step, without projection.
+    """
+
+    sequence: Callable
+    step: Callable
+
+
+@dataclass(frozen=True)
+class TritonKernels:
+    """The ``triton`` kernel family serving a cell: ``is_lstm`` selects its gate and state update."""
+
+    is_lstm: bool
+
+
+class Cell(abc.ABC):
+    """A recurrent cell kind. One subclass instance per cell file."""
+
+    name: str  # identifier, e.g. "lstm"
+    title: str  # in messages and docs, e.g. "LSTM"
+    state_names: tuple[str, ...]  # carry entries; the first, h, is also the output
+    state_doc: str  # the public state format, e.g. "``(h [*B, L, P], c [*B, L, H])``"
+    params_doc: str  # what a params TensorDict holds, for messages and docs
+    init_function: str  # the public init function's name, for messages
+    out_dim: str = "H"  # the output width's symbol in docs
+    aten: AtenKernels | None = None
+    triton: TritonKernels | None = None
+
+    @abc.abstractmethod
+    def read_layout(self, params: Mapping[str, torch.Tensor]) -> Layout:
+        """Validate ``params`` (keys, shapes, dtype, device) and return their layout.
+
+        Raises ``KeyError``/``ValueError`` naming the key, the expected and the actual value.
+        """
+
+    @abc.abstractmethod
+    def layer_weights(self, params: Mapping[str, torch.Tensor], layout: Layout, k: int) -> LayerWeights:
+        """Weights of layer ``k``."""
+
+    @abc.abstractmethod
+    def layer_step(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> Carry:
+        """One layer, one step: ``gi [N, G]`` (the input projection), carry of ``[N, S]`` -> carry'."""
+
+    @abc.abstractmethod
+    def step_backward(self, gi: torch.Tensor, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
+        """Backward of :meth:`layer_step`, recomputing its gates from ``gi`` and the carry before
+        the step; ``d_new`` is the cotangent of the carry after it."""
+
+    def __repr__(self) -> str:
+        return f"<{self.title} cell>"
+
+
+# ----------------------------------------------------------------------------- shared math
+
+
+def broadcast_mask(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``mask`` with trailing singleton dims so that it broadcasts against ``like``."""
+    return mask.reshape(mask.shape + (1,) * (like.ndim - mask.ndim))
+
+
+def apply_reset(carry: Carry, mask: torch.Tensor | None, reset: Carry | None) -> Carry:
+    """Replace ``carry`` by ``reset`` (or zeros) where ``mask`` is True.
+
+    ``mask`` has the leading dims of every carry tensor; ``reset`` the same shapes as carry.
+    """
+    if mask is None:
+        return carry
+    if reset is None:
+        return tuple(torch.where(broadcast_mask(mask, s), 0.0, s) for s in carry)
+    return tuple(torch.where(broadcast_mask(mask, s), r, s) for s, r in zip(carry, reset))
+
+
+def segment_ends(is_init: torch.Tensor | None, n: int, t_len: int, device: torch.device) -> torch.Tensor:
+    """``[N, T]`` bool: True at the last step of every segment (before a reset, and at ``T - 1``)."""
+    last = torch.ones(n, 1, dtype=torch.bool, device=device)
+    if is_init is None:
+        return torch.cat([torch.zeros(n, t_len - 1, dtype=torch.bool, device=device), last], dim=1)
+    return torch.cat([is_init[:, 1:], last], dim=1)
+
+
+def keep_segment_ends(states: Carry, is_init: torch.Tensor | None) -> Carry:
+    """Per-step carries ``[N, T, L, S]`` zeroed except at segment ends (TorchRL's ``("next", hidden)``)."""
+    n, t_len = states[0].shape[:2]
+    ends = segment_ends(is_init, n, t_len, states[0].device)
+    return tuple(torch.where(broadcast_mask(ends, s), s, 0.0) for s in states)
+
+
+def between_layers(y: torch.Tensor, k: int, layout: Layout, dropout: float, training: bool) -> torch.Tensor:
+    """Dropout on layer ``k``'s output when another layer follows (``torch.nn.LSTM``'s rule)."""
+    if k < layout.num_layers - 1 and dropout > 0 and training:
+        return F.dropout(y, dropout, training=True)
+    return y
+
+
+def multi_layer_step(
+    layout: Layout,
+    params: Mapping[str, torch.Tensor],
+    x: torch.Tensor,
+    carry: Carry,
+    dropout: float = 0.0,
+    training: bool = False,
+) -> tuple[torch.Tensor, Carry]:
+    """All layers of ``layout.cell`` for one step. ``x [N, F]``, carry tensors ``[N, L, S]``."""
+    cell = layout.cell
+    new_layers: list[Carry] = []
+    inp = x
+    for k in range(layout.num_layers):
+        w = cell.layer_weights(params, layout, k)
+        gi = F.linear(inp, w.weight_ih, w.bias_ih)
+        layer_carry = cell.layer_step(gi, tuple(s[:, k] for s in carry), w)
+        new_layers.append(layer_carry)
+        inp = between_layers(layer_carry[0], k, layout, dropout, training)
+    new_carry = tuple(torch.stack(parts, dim=1) for parts in zip(*new_layers))
+    return inp, new_carry
+
+
+def uniform_(shape: tuple[int, ...], bound: float, dtype, device, generator) -> torch.Tensor:
+    """A new tensor uniform in ``[-bound, bound]`` (``torch.nn.LSTM``'s initialisation)."""
+    t = torch.empty(shape, dtype=dtype if dtype is not None else torch.get_default_dtype(), device=device)
+    return t.uniform_(-bound, bound, generator=generator)
+
+
+def check_sizes(input_size: int, hidden_size: int, num_layers: int) -> None:
+    """Raise ``ValueError`` unless all three are positive."""
+    if input_size <= 0 or hidden_size <= 0 or num_layers <= 0:
+        raise ValueError(
+            f"input_size, hidden_size and num_layers must be positive, got "
+            f"input_size={input_size}, hidden_size={hidden_size}, num_layers={num_layers}."
+        )
+
+
+def count_layers(keys, first_key: str, cell: Cell) -> int:
+    """How many consecutive layers ``first_key.format(k=0, 1, ...)`` name; ``KeyError`` if none."""
+    num_layers = 0
+    while first_key.format(k=num_layers) in keys:
+        num_layers += 1
+    if num_layers == 0:
+        raise KeyError(
+            f"params: missing key {first_key.format(k=0)!r}; expected {cell.params_doc}, got {sorted(keys)}. "
+            f"Build them with {cell.init_function}(...)."
+        )
+    return num_layers
+
+
+def check_keys(keys, expected: set[str], what: str) -> None:
+    """Raise ``KeyError`` naming the missing or unexpected keys of a params dict."""
+    missing, extra = expected - keys, keys - expected
+    if missing:
+        raise KeyError(f"params: missing key(s) {sorted(missing)} for {what}; got keys {sorted(keys)}.")
+    if extra:
+        raise KeyError(f"params: unexpected key(s) {sorted(extra)} for {what}; expected exactly {sorted(expected)}.")
+
+
+def check_shapes(params, want: dict[str, tuple[int, ...]], sizes: str, first: str) -> None:
+    """Raise ``ValueError`` unless every ``params[key]`` has shape ``want[key]`` and ``params[first]``'s dtype/device."""
+    dtype, device = params[first].dtype, params[first].device
+    for key, shape in want.items():
+        t = params[key]
+        if tuple(t.shape) != shape:
+            raise ValueError(
+                f"params[{key!r}]: expected shape {list(shape)} for {sizes}; got {list(t.shape)}. Are these "
+                f"params of another cell kind or of a differently sized model?"
+            )
+        if t.dtype != dtype or t.device != device:
+            raise ValueError(
+                f"params[{key!r}]: all params must share dtype and device; {first} is "
+                f"{dtype} on {device}, {key} is {t.dtype} on {t.device}. Convert with params.to(...)."
+            )

@@ -1,0 +1,91 @@
+"""The GRU cell (``torch.nn.GRU``'s equations)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDict
+
+from . import _torch_rnn
+from .base import AtenKernels, Carry, Cell, LayerWeights, Layout, StepGrads, TritonKernels
+
+__all__ = ["GRU", "init_gru_params"]
+
+
+def init_gru_params(
+    input_size: int,
+    hidden_size: int,
+    num_layers: int = 1,
+    *,
+    bias: bool = True,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+    generator: torch.Generator | None = None,
+) -> TensorDict:
+    """GRU parameters initialised like ``torch.nn.GRU`` (uniform in ``[-1/sqrt(H), 1/sqrt(H)]``).
+
+    Keys for layer ``k``: ``weight_ih_l{k} [3H, F_k]``, ``weight_hh_l{k} [3H, H]`` and, with
+    ``bias``, ``bias_ih_l{k}``/``bias_hh_l{k} [3H]``; ``F_0 = input_size``, ``F_k = H`` for ``k > 0``.
+    """
+    return _torch_rnn.init_params(3, input_size, hidden_size, num_layers, bias, 0, dtype, device, generator)
+
+
+def _aten_sequence(layout: Layout, params, inputs, hx: Carry, dropout: float, training: bool, batch_sizes):
+    args = (_torch_rnn.flat_weights(GRU, params, layout), layout.bias, layout.num_layers, dropout, training, False)
+    if batch_sizes is None:
+        out, h = torch._VF.gru(inputs, hx[0], *args, True)
+    else:
+        out, h = torch._VF.gru(inputs, batch_sizes, hx[0], *args)
+    return out, (h,)
+
+
+def _aten_step(w: LayerWeights, x: torch.Tensor, carry: Carry) -> Carry:
+    return (torch._VF.gru_cell(x, carry[0], w.weight_ih, w.weight_hh, w.bias_ih, w.bias_hh),)
+
+
+class GRUCell(Cell):
+    """``torch.nn.GRU``: carry ``(h [N, H],)``, gates ``r, z, n``."""
+
+    name = "gru"
+    title = "GRU"
+    state_names = ("h",)
+    state_doc = "``h [*B, L, H]``"
+    params_doc = "torch.nn.GRU state-dict keys (weight_ih_l0, weight_hh_l0, ...)"
+    init_function = "init_gru_params"
+    aten = AtenKernels(sequence=_aten_sequence, step=_aten_step)
+    triton = TritonKernels(is_lstm=False)
+
+    def read_layout(self, params: Mapping[str, torch.Tensor]) -> Layout:
+        return _torch_rnn.read_layout(self, params, num_gates=3, projection=False)
+
+    def layer_weights(self, params: Mapping[str, torch.Tensor], layout: Layout, k: int) -> LayerWeights:
+        return _torch_rnn.layer_weights(params, layout, k, projection=False)
+
+    def layer_step(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> Carry:
+        """``gi [N, 3H]``, carry ``(h [N, H],)`` -> ``(h',)``."""
+        (h,) = carry
+        i_r, i_z, i_n = gi.chunk(3, dim=-1)
+        h_r, h_z, h_n = F.linear(h, w.weight_hh, w.bias_hh).chunk(3, dim=-1)
+        r = torch.sigmoid(i_r + h_r)
+        z = torch.sigmoid(i_z + h_z)
+        n = torch.tanh(i_n + r * h_n)
+        return (n + z * (h - n),)
+
+    def step_backward(self, gi: torch.Tensor, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
+        """``d_gh [N, 3H]`` differs from ``d_gi`` in its ``n`` block (``r`` scales ``h_n``)."""
+        (h,), (dh_new,) = carry, d_new
+        i_r, i_z, i_n = gi.chunk(3, dim=-1)
+        h_r, h_z, h_n = F.linear(h, w.weight_hh, w.bias_hh).chunk(3, dim=-1)
+        r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
+        n = torch.tanh(i_n + r * h_n)
+        d_n = dh_new * (1 - z) * (1 - n * n)
+        d_r = d_n * h_n * r * (1 - r)
+        d_z = dh_new * (h - n) * z * (1 - z)
+        d_gi = torch.cat([d_r, d_z, d_n], dim=-1)
+        d_gh = torch.cat([d_r, d_z, d_n * r], dim=-1)
+        return StepGrads((dh_new * z + d_gh @ w.weight_hh,), d_gi, d_gh, ())
+
+
+GRU = GRUCell()

@@ -1,0 +1,98 @@
+"""The LSTM cell (``torch.nn.LSTM``'s equations, optional output projection ``proj_size``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDict
+
+from . import _torch_rnn
+from .base import AtenKernels, Carry, Cell, LayerWeights, Layout, StepGrads, TritonKernels
+
+__all__ = ["LSTM", "init_lstm_params"]
+
+
+def init_lstm_params(
+    input_size: int,
+    hidden_size: int,
+    num_layers: int = 1,
+    *,
+    bias: bool = True,
+    proj_size: int = 0,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+    generator: torch.Generator | None = None,
+) -> TensorDict:
+    """LSTM parameters initialised like ``torch.nn.LSTM`` (uniform in ``[-1/sqrt(H), 1/sqrt(H)]``).
+
+    Keys for layer ``k``: ``weight_ih_l{k} [4H, F_k]``, ``weight_hh_l{k} [4H, P]``,
+    ``bias_ih_l{k}``/``bias_hh_l{k} [4H]`` (with ``bias``), ``weight_hr_l{k} [P, H]`` (with
+    ``proj_size``); ``P = proj_size or H``, ``F_0 = input_size``, ``F_k = P`` for ``k > 0``.
+    """
+    return _torch_rnn.init_params(4, input_size, hidden_size, num_layers, bias, proj_size, dtype, device, generator)
+
+
+def _aten_sequence(layout: Layout, params, inputs, hx: Carry, dropout: float, training: bool, batch_sizes):
+    args = (_torch_rnn.flat_weights(LSTM, params, layout), layout.bias, layout.num_layers, dropout, training, False)
+    if batch_sizes is None:
+        out = torch._VF.lstm(inputs, hx, *args, True)
+    else:
+        out = torch._VF.lstm(inputs, batch_sizes, hx, *args)
+    return out[0], tuple(out[1:])
+
+
+def _aten_step(w: LayerWeights, x: torch.Tensor, carry: Carry) -> Carry:
+    return tuple(torch._VF.lstm_cell(x, carry, w.weight_ih, w.weight_hh, w.bias_ih, w.bias_hh))
+
+
+class LSTMCell(Cell):
+    """``torch.nn.LSTM``: carry ``(h [N, P], c [N, H])``, gates ``i, f, g, o``."""
+
+    name = "lstm"
+    title = "LSTM"
+    state_names = ("h", "c")
+    state_doc = "``(h [*B, L, P], c [*B, L, H])``"
+    params_doc = "torch.nn.LSTM state-dict keys (weight_ih_l0, weight_hh_l0, ...)"
+    init_function = "init_lstm_params"
+    out_dim = "P"
+    aten = AtenKernels(sequence=_aten_sequence, step=_aten_step)
+    triton = TritonKernels(is_lstm=True)
+
+    def read_layout(self, params: Mapping[str, torch.Tensor]) -> Layout:
+        return _torch_rnn.read_layout(self, params, num_gates=4, projection=True)
+
+    def layer_weights(self, params: Mapping[str, torch.Tensor], layout: Layout, k: int) -> LayerWeights:
+        return _torch_rnn.layer_weights(params, layout, k, projection=True)
+
+    def layer_step(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> Carry:
+        """``gi [N, 4H]``, carry ``(h [N, P], c [N, H])`` -> ``(h', c')``; ``extra = (weight_hr,)``."""
+        h, c = carry
+        i, f, g, o = (gi + F.linear(h, w.weight_hh, w.bias_hh)).chunk(4, dim=-1)
+        c_next = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h_next = torch.sigmoid(o) * torch.tanh(c_next)
+        (weight_hr,) = w.extra
+        if weight_hr is not None:
+            h_next = F.linear(h_next, weight_hr)
+        return h_next, c_next
+
+    def step_backward(self, gi: torch.Tensor, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
+        """``d_gh`` equals ``d_gi`` (gates sum both projections); ``d_extra = (d_weight_hr [P, H] | None,)``."""
+        (h, c), (dh_new, dc_new) = carry, d_new
+        i, f, g, o = (gi + F.linear(h, w.weight_hh, w.bias_hh)).chunk(4, dim=-1)
+        i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
+        tanh_c = torch.tanh(f * c + i * g)
+        (weight_hr,) = w.extra
+        d_hr = None
+        if weight_hr is not None:
+            d_hr = dh_new.transpose(0, 1) @ (o * tanh_c)
+            dh_new = dh_new @ weight_hr
+        dc = dc_new + dh_new * o * (1 - tanh_c * tanh_c)
+        d_gates = torch.cat(
+            [dc * g * i * (1 - i), dc * c * f * (1 - f), dc * i * (1 - g * g), dh_new * tanh_c * o * (1 - o)], dim=-1
+        )
+        return StepGrads((d_gates @ w.weight_hh, dc * f), d_gates, None, (d_hr,))
+
+
+LSTM = LSTMCell()
