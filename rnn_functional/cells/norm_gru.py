@@ -84,10 +84,12 @@ class NormGRUCell(Cell):
     def layer_weights(self, params: Mapping[str, torch.Tensor], layout: Layout, k: int) -> LayerWeights:
         w = params[f"weight_l{k}"]
         layer_in = w.shape[-1] - layout.hidden_size
+        # Contiguous copies of the two column blocks: row-major GEMM operands, and no aliasing
+        # between the weights a scanned step closes over (torch's scan refuses aliased inputs).
         return LayerWeights(
-            weight_ih=w[..., :layer_in],
+            weight_ih=w[..., :layer_in].contiguous(),
             bias_ih=None,
-            weight_hh=w[..., layer_in:],
+            weight_hh=w[..., layer_in:].contiguous(),
             bias_hh=None,
             extra=(params[f"norm_weight_l{k}"], params[f"norm_bias_l{k}"]),
         )
