@@ -20,7 +20,7 @@ from ..cells import AtenKernels, Carry, Layout, apply_reset
 from .base import SequenceOptions, no_kernel_for
 
 
-def kernels(layout: Layout) -> AtenKernels:
+def aten_kernels(layout: Layout) -> AtenKernels:
     """The cell's ATen kernels; ``ValueError`` naming the backends that can serve it when it has none."""
     if layout.cell.aten is None:
         raise no_kernel_for("pad", layout.cell)
@@ -40,7 +40,7 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
 
     The per-step carries hold, at every step, the final carry of that step's segment.
     """
-    run = kernels(layout).sequence
+    run = aten_kernels(layout).sequence
     dropout, training = float(opts.dropout), bool(opts.training)
     n, t_len = x.shape[0], x.shape[1]
     if is_init is not None:
@@ -83,7 +83,7 @@ def step(layout: Layout, params, x: torch.Tensor, carry: Carry) -> tuple[torch.T
 
     ``x [N, F]``, carry tensors ``[N, L, S]``. Eager only (no vmap rule); no projection.
     """
-    run = kernels(layout).step
+    run = aten_kernels(layout).step
     new_layers = []
     inp = x
     for k in range(layout.num_layers):

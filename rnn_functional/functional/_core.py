@@ -202,14 +202,15 @@ def run_sequence(cell: Cell, x, state, params, is_init, reset_state, backend: st
     c = _canonicalize(cell, x, state, params, is_init, reset_state, sequence=True)
     impl = selection.resolve_backend(backend, c.layout, c.x, opts, c.is_init)
     if c.x.shape[0] == 0 or c.x.shape[1] == 0:
-        y, carry, per_step = _empty_call(c, (c.x.shape[1],))
+        y, carry, seg = _empty_call(c, (c.x.shape[1],))
     else:
         y, carry, per_step = impl(c.layout, c.params, c.x, c.carry, c.is_init, c.reset, opts)
+        seg = keep_segment_ends(per_step, c.is_init) if opts.segment_states else None
     (y,) = _restore(c.batch_shape, (y,))
     out = (y, _from_carry(cell, _restore(c.batch_shape, carry)))
     if not opts.segment_states:
         return out
-    return (*out, _from_carry(cell, _restore(c.batch_shape, keep_segment_ends(per_step, c.is_init))))
+    return (*out, _from_carry(cell, _restore(c.batch_shape, seg)))
 
 
 # ----------------------------------------------------------------------------- public functions

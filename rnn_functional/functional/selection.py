@@ -65,7 +65,7 @@ def resolve_backend(
     if name == "auto":
         name = _auto(layout, x, opts, is_init, ctx)
     elif name == "pad":
-        pad.kernels(layout)  # raises for a cell without ATen kernels, in every context
+        pad.aten_kernels(layout)  # raises for a cell without ATen kernels, in every context
         if ctx.traced:  # ATen's kernels have no vmap rule nor functorch autograd, and split on host-side counts
             name = "scan" if ctx.compiling else "reference"
     if name == "scan" and ctx.differentiated:
@@ -75,7 +75,7 @@ def resolve_backend(
             "tensors. Use backend 'reference' or 'auto' (which picks it there)."
         )
     if name == "triton":
-        triton_backend.kernels(layout)  # the cell's error comes first: no device would serve it
+        triton_backend.kernel_family(layout)  # the cell's error comes first: no device would serve it
         if not triton_backend.is_available(x.device):
             raise ValueError(
                 f"backend 'triton' is not available on {x.device} here (needs the triton package and a "
@@ -112,7 +112,7 @@ def resolve_step(name: str, layout: Layout, x: torch.Tensor) -> Callable:
         else:
             name = "reference" if layout.cell.aten is None else "pad"
     if name == "pad":
-        pad.kernels(layout)
+        pad.aten_kernels(layout)
         return multi_layer_step if call_context().traced or layout.proj_size else pad.step
     if name == "triton":
         resolve_backend("triton", layout, x, SequenceOptions())  # raises when triton cannot serve it

@@ -54,7 +54,7 @@ def _compute_dtype(layout: Layout, opts: SequenceOptions) -> torch.dtype:
     return opts.compute_dtype if opts.compute_dtype is not None else layout.dtype
 
 
-def kernels(layout: Layout) -> TritonKernels:
+def kernel_family(layout: Layout) -> TritonKernels:
     """The cell's Triton kernel family; ``ValueError`` naming the backends that can serve it when it has none."""
     if layout.cell.triton is None:
         raise no_kernel_for("triton", layout.cell)
@@ -63,7 +63,7 @@ def kernels(layout: Layout) -> TritonKernels:
 
 def check_supported(layout: Layout, opts: SequenceOptions) -> None:
     """Raise ``ValueError`` naming the option this backend cannot serve and who can."""
-    kernels(layout)
+    kernel_family(layout)
     others = ", ".join(name for name in backends_for(layout.cell) if name != "triton")
     if layout.proj_size:
         raise ValueError(
@@ -102,7 +102,7 @@ def _layer_call(layout: Layout, params, k: int, inp: torch.Tensor, carry: Carry,
     dtype: the state before step 0 and after every step (``cs`` empty for GRU)."""
     from .ops import layer_ops
 
-    lstm = kernels(layout).is_lstm
+    lstm = kernel_family(layout).is_lstm
     w = layout.cell.layer_weights(params, layout, k)
     one = lambda t: None if t is None else t.unsqueeze(0)  # noqa: E731 - the ensemble dim E=1
     rh = None if reset is None else reset[0][:, :, k]
@@ -117,7 +117,7 @@ def _layer_call(layout: Layout, params, k: int, inp: torch.Tensor, carry: Carry,
 
 def sequence(layout: Layout, params, x: torch.Tensor, carry: Carry, is_init, reset, opts: SequenceOptions):
     """``x [N, T, F]`` -> ``(y [N, T, H], carry, per-step carries or None)``; see :mod:`..base`."""
-    lstm = kernels(layout).is_lstm
+    lstm = kernel_family(layout).is_lstm
     save = opts.recompute == "none"
     inp = x
     per_layer = []  # (hs, cs) of every layer
