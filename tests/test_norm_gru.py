@@ -9,6 +9,8 @@ eager; ``torch.vmap`` over stacked params equals a loop over the members.
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -270,3 +272,12 @@ def test_vmap_over_stacked_params_equals_loop(backend: str) -> None:
     loops = [loop_norm_gru(c.x, c.h0, p, c.is_init, c.reset) for p in rf.unstack_params(stacked)]
     want = _grads((torch.stack([o[0] for o in loops]), torch.stack([o[1] for o in loops])), list(stacked.values()))
     torch.testing.assert_close(got, want)
+
+
+def test_model_based_doc_section_runs() -> None:
+    """The RSSM-core example of docs/model_based.md runs (the page's other blocks are excerpts)."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "model_based.md").read_text()
+    section = page.split("## A layer-normalised GRU core")[1].split("\n## ")[0]
+    (code,) = re.findall(r"^```python\n(.*?)^```", section, flags=re.MULTILINE | re.DOTALL)
+    torch._dynamo.reset()
+    exec(compile(code, "docs/model_based.md[norm GRU]", "exec"), {"__name__": "docs_model_based"})
