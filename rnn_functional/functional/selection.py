@@ -13,7 +13,7 @@ import torch
 
 from ..backends import SEQUENCE, SequenceOptions, available_backends, checkpointed, pad, triton_backend
 from ..cells import Layout, multi_layer_step
-from .options import BACKEND_CHOICES, CallContext, call_context
+from .options import CallContext, call_context, check_options
 
 STEP_BACKENDS = ("auto", "reference", "pad", "triton")
 _RECOMPUTE = ("reference", "scan", "triton")  # backends that serve recompute="full"
@@ -59,8 +59,7 @@ def resolve_backend(
     ``scan`` under ``torch.compile`` and ``reference`` under eager ``torch.func`` transforms,
     where those kernels cannot run (no vmap batching rule, data-dependent splits).
     """
-    if name not in BACKEND_CHOICES:
-        raise ValueError(f"backend: unknown backend {name!r}; expected one of {list(BACKEND_CHOICES)}.")
+    check_options(backend=name)
     ctx = call_context()
     if name == "auto":
         name = _auto(layout, x, opts, is_init, ctx)
