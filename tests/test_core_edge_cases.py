@@ -81,11 +81,8 @@ def test_empty_sequence_backpropagates_zeros_into_fresh_outputs(backend, cell, e
     _assert_grads(outputs, [x, *state_leaves, *params.values()], ones=state_leaves)
 
 
-@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "scan"])
-@pytest.mark.parametrize("cell", list(CELLS))
+@pytest.mark.parametrize("backend,cell", [(b, c) for b, c in _cases() if b != "scan"])  # no scan step
 def test_empty_batch_step(backend, cell) -> None:
-    if cell == "norm_gru" and backend not in SERVES_NORM_GRU:
-        pytest.skip("the norm GRU runs on reference and scan only")
     init, step, _, n_states = CELLS[cell]
     params = init(F_IN, H, L, dtype=torch.float64).apply(lambda t: t.requires_grad_(True))
     x = torch.randn(0, F_IN, dtype=torch.float64, requires_grad=True)
