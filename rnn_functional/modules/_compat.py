@@ -17,11 +17,11 @@ from torch import nn
 
 from ..functional.options import call_context
 from ._cells import ModuleCell
+from ._mode import _TORCHRL_RNN
 from ._mode import recurrent_mode as _context_mode
 
 __all__ = ["TorchRLCompat", "python_based_class"]
 
-_TORCHRL_RNN = "torchrl.modules.tensordict_module.rnn"
 _PYTHON_PREFIX = "TorchRLPython"
 _PYTHON_CLASSES: dict[str, type[nn.RNNBase]] = {}
 

@@ -322,11 +322,13 @@ def test_input_of_wrong_width_is_named():
 # ----------------------------------------------------------------------------- compile
 
 
+@pytest.mark.parametrize("python_based", [False, True], ids=["default", "python_based"])
 @pytest.mark.parametrize("recurrent", [False, True], ids=["sequential", "recurrent"])
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
-def test_no_graph_break_in_either_mode(cell, recurrent):
+def test_no_graph_break_in_either_mode(cell, recurrent, python_based):
+    """torch._dynamo.explain of the module's call: one graph, no break (the child is never touched)."""
     torch._dynamo.reset()
-    module = make_module(cell, layers=LAYERS, dtype=torch.float32)
+    module = make_module(cell, layers=LAYERS, dtype=torch.float32, python_based=python_based)
     td = make_td(cell, (2, 5) if recurrent else (3,), layers=LAYERS, dtype=torch.float32, seed=12)
 
     def run(data):
