@@ -40,7 +40,7 @@ from torch import nn
 
 from ..functional.options import check_options
 from ._cells import GRU_CELL, LSTM_CELL
-from ._compat import TorchRLCompat, python_based_class
+from ._compat import TorchRLCompat
 from ._forward import read_inputs, run_sequence, run_step
 from ._keys import resolve_keys
 from ._weights import RNNChild, build_rnn
@@ -60,14 +60,12 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
                       owner=f"{cell.module_name}: ")
         if not isinstance(python_based, bool):
             raise TypeError(f"{cell.module_name}: python_based must be a bool, got {type(python_based).__name__}.")
-        wrapped = rnn is not None
         rnn = build_rnn(cell, rnn, given, batch_first=batch_first, bidirectional=bidirectional, device=device)
         self.in_keys, self.out_keys = resolve_keys(cell, in_key, in_keys, out_key, out_keys)
-        python_class = python_based_class(cell) if python_based and not wrapped else None
-        if python_class is not None:
-            rnn.__class__ = python_class  # TorchRL builds its Python LSTM/GRU here
         setattr(self, cell.child_attr, rnn)
-        self.python_based = python_based
+        self.python_based = False
+        if python_based:
+            self.make_python_based()
         self.recurrent_backend = recurrent_backend
         self.recurrent_compute_dtype = recurrent_compute_dtype
         self.recurrent_recompute = recurrent_recompute
