@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import pickle
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -337,3 +339,29 @@ def test_no_graph_break_in_either_mode(cell, recurrent, python_based):
 
     explained = torch._dynamo.explain(run)(td.clone())
     assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
+
+
+def test_python_based_module_unpickles_in_a_fresh_process(tmp_path):
+    pytest.importorskip("torchrl.modules")
+    module = make_module("lstm", layers=LAYERS).make_python_based()
+    path = tmp_path / "module.pt"
+    path.write_bytes(pickle.dumps(module))
+    code = (
+        "import pickle, sys, torch; from torch import nn; import torchrl.modules as trm; "
+        f"m = pickle.loads(open({str(path)!r}, 'rb').read()); "
+        "assert isinstance(m.lstm, nn.LSTM) and isinstance(m.lstm, trm.LSTM), type(m.lstm); "
+        "assert m._weights is m.lstm._parameters"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_lstm_net_child_is_an_nn_lstm_and_matches_calling_it():
+    net = rf.LSTMNet(3, {"input_size": 6, "hidden_size": 5, "num_layers": LAYERS}, {"in_features": 4, "out_features": 6},
+                     lstm_backend="scan").double()
+    assert type(net.lstm) is nn.LSTM
+    x = torch.randn(2, 7, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(13))
+    _, _, _, h, c = net(x)
+    _, (h_nn, c_nn) = net.lstm(net.mlp(x))
+    torch.testing.assert_close(h[:, -1], h_nn.transpose(0, 1))  # the final state at the last step
+    torch.testing.assert_close(c[:, -1], c_nn.transpose(0, 1))
+    assert not h[:, :-1].any() and not c[:, :-1].any()  # zeros before it
