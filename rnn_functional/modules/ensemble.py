@@ -12,7 +12,6 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase, TensorDictParams
 
-from ..ensemble import ensemble_init_gru_params, ensemble_init_lstm_params
 from .rnn import GRUModule, LSTMModule
 
 __all__ = ["EnsembleModule"]
@@ -55,17 +54,9 @@ class EnsembleModule(TensorDictModuleBase):
             )
         if randomness not in _RANDOMNESS:
             raise ValueError(f"randomness: expected one of {list(_RANDOMNESS)}, got {randomness!r}.")
-        name = "lstm" if isinstance(module, LSTMModule) else "gru"  # TorchRL's child names
-        rnn = getattr(module, name)
-        if isinstance(module, LSTMModule):
-            members = ensemble_init_lstm_params(
-                num_members, rnn.input_size, rnn.hidden_size, rnn.num_layers, bias=rnn.bias,
-                proj_size=rnn.proj_size, generator=generator,
-            )
-        else:
-            members = ensemble_init_gru_params(
-                num_members, rnn.input_size, rnn.hidden_size, rnn.num_layers, bias=rnn.bias, generator=generator,
-            )
+        cell = module._cell
+        members = cell.ensemble_init(num_members, **cell.shape_hyper(module._rnn), generator=generator)
+        name = cell.child_attr  # TorchRL's child name: "lstm" / "gru"
         template = TensorDict.from_module(module)
         first = next(iter(template[name].values()))
         members = members.to(dtype=first.dtype, device=first.device)

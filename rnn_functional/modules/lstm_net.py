@@ -26,10 +26,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..backends import BACKENDS
-from ..functional import lstm_sequence, lstm_step
-from ..params import init_lstm_params
-from .rnn import RNNWeights
+from ..functional.options import BACKEND_CHOICES, check_options
+from ._cells import LSTM_CELL
+from ._forward import run_sequence, run_step
+from ._weights import RNNChild
 
 __all__ = ["LSTMNet", "MLP"]
 
@@ -102,7 +102,7 @@ class MLP(nn.Sequential):
         self.in_features, self.out_features = in_features, out_features
 
 
-class LSTMNet(nn.Module):
+class LSTMNet(RNNChild, nn.Module):
     """An MLP followed by an LSTM and a linear head, over the functional core.
 
     Args:
@@ -121,9 +121,11 @@ class LSTMNet(nn.Module):
             Default ``None`` = ``"auto"``. Under ``torch.compile`` / ``torch.vmap``, ``pad`` is
             routed to a backend that runs there, so every choice compiles and vmaps.
 
-    The weights live in ``self.mlp``, ``self.lstm`` (``weight_ih_l0``, ... as in
-    ``torch.nn.LSTM``) and ``self.linear``: the state dict reads like TorchRL's.
+    The weights live in ``self.mlp``, ``self.lstm`` (a real ``torch.nn.LSTM``, never called by
+    the forward) and ``self.linear``: the state dict reads like TorchRL's.
     """
+
+    _cell = LSTM_CELL
 
     def __init__(
         self,
@@ -135,9 +137,9 @@ class LSTMNet(nn.Module):
         lstm_backend: str | None = None,
     ) -> None:
         super().__init__()
-        if lstm_backend not in _BACKEND_ALIASES and lstm_backend not in ("auto", *BACKENDS):
+        if lstm_backend not in _BACKEND_ALIASES and lstm_backend not in BACKEND_CHOICES:
             raise ValueError(
-                f"LSTMNet: lstm_backend must be None, 'torch', 'torchrl' or one of {['auto', *BACKENDS]}, "
+                f"LSTMNet: lstm_backend must be None, 'torch', 'torchrl' or one of {list(BACKEND_CHOICES)}, "
                 f"got {lstm_backend!r}."
             )
         self.lstm_backend = _BACKEND_ALIASES.get(lstm_backend, lstm_backend)
@@ -145,7 +147,7 @@ class LSTMNet(nn.Module):
             unknown = sorted(set(kwargs) - set(allowed))
             if unknown:
                 raise TypeError(f"LSTMNet: unsupported {arg} {unknown}; accepted: {list(allowed)}.")
-        kw = dict(lstm_kwargs)
+        kw = {"device": device, **lstm_kwargs}
         if not kw.pop("batch_first", True):
             raise ValueError("LSTMNet: the LSTM is always batch-first; drop batch_first=False from lstm_kwargs.")
         if kw.pop("bidirectional", False):
@@ -153,20 +155,10 @@ class LSTMNet(nn.Module):
         for required in ("input_size", "hidden_size"):
             if required not in kw:
                 raise ValueError(f"LSTMNet: lstm_kwargs must give {required}.")
-        hyper = {"num_layers": 1, "bias": True, "dropout": 0.0, "proj_size": 0, **kw}
-        lstm_device = hyper.pop("device", device)
-        params = init_lstm_params(
-            hyper["input_size"], hyper["hidden_size"], hyper["num_layers"], bias=hyper["bias"],
-            proj_size=hyper["proj_size"], dtype=hyper.pop("dtype", None), device=lstm_device,
-        )
+        check_options(backend=self.lstm_backend, dropout=kw.get("dropout", 0.0))
         self.mlp = MLP(device=device, **mlp_kwargs)
-        self.lstm = RNNWeights("LSTM", hyper, dict(params.items()))
-        self._param_names = tuple(params.keys())
+        self.lstm = nn.LSTM(**kw, batch_first=True)
         self.linear = nn.Linear(self.lstm.proj_size or self.lstm.hidden_size, out_features, device=device)
-
-    def _params(self) -> dict[str, Tensor]:
-        """The LSTM weights, read from ``self.lstm`` at every call (``functional_call`` swaps them)."""
-        return {n: getattr(self.lstm, n) for n in self._param_names}
 
     def forward(
         self, input: Tensor, hidden0_in: Tensor | None = None, hidden1_in: Tensor | None = None
@@ -194,7 +186,7 @@ class LSTMNet(nn.Module):
         x = self.mlp(input)
         sequence = x.ndim == 3
         lead = tuple(x.shape[:2]) if sequence else tuple(x.shape[:1])
-        L, P, H = self.lstm.num_layers, self.lstm.proj_size or self.lstm.hidden_size, self.lstm.hidden_size
+        (L, P), (_, H) = self._state_shapes
         if hidden0_in is None:
             hidden0_in = x.new_zeros(*lead, L, P)
             hidden1_in = x.new_zeros(*lead, L, H)
@@ -204,17 +196,13 @@ class LSTMNet(nn.Module):
                     f"LSTMNet: {name} must have shape {[*lead, L, width]} ([*batch{', T' if sequence else ''}, "
                     f"num_layers, {'P' if name == 'hidden0_in' else 'H'}]), got {list(h.shape)}."
                 )
-        state0 = (hidden0_in[:, 0], hidden1_in[:, 0]) if sequence else (hidden0_in, hidden1_in)
-        dropout = self.lstm.dropout if self.training else 0.0
-        if sequence or dropout > 0:
-            y, (h, c) = lstm_sequence(
-                x if sequence else x.unsqueeze(1), state0, self._params(), backend=self.lstm_backend,
-                dropout=self.lstm.dropout, training=self.training,
+        if sequence:  # outputs the final state at the last step, zeros before it
+            y, (h, c) = run_sequence(
+                LSTM_CELL, x, (hidden0_in[:, 0], hidden1_in[:, 0]), None, self._params(), None,
+                backend=self.lstm_backend, dropout=self._dropout, training=self.training,
             )
-            y = y if sequence else y.squeeze(1)
         else:
-            y, (h, c) = lstm_step(x, state0, self._params())
-        if sequence:  # the final state at the last step, zeros before it
-            h, c = (torch.cat([s.new_zeros(s.shape[0], x.shape[1] - 1, *s.shape[1:]), s.unsqueeze(1)], 1) for s in (h, c))
+            y, (h, c) = run_step(LSTM_CELL, x, (hidden0_in, hidden1_in), self._params(), None, dropout=self._dropout,
+                                 training=self.training, backend=self.lstm_backend)
         out = (self.linear(y), hidden0_in, hidden1_in, h, c)
         return tuple(o.squeeze(0) for o in out) if unbatched else out

@@ -327,16 +327,16 @@ def test_recompute_full_gradients_equal(backend):
 
 def test_options_reach_the_core(monkeypatch):
     """recurrent_* arguments are passed to the sequence function, never dropped."""
-    import rnn_functional.modules.rnn as rnn_mod
+    import dataclasses
 
     seen = {}
-    real = rnn_mod.gru_sequence
+    real = rf.GRUModule._cell.sequence
 
     def spy(*args, **kwargs):
         seen.update(kwargs)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(rnn_mod, "gru_sequence", spy)
+    monkeypatch.setattr(rf.GRUModule, "_cell", dataclasses.replace(rf.GRUModule._cell, sequence=spy))
     module = make_module(
         "gru", recurrent_backend="scan", recurrent_recompute="full", recurrent_compute_dtype=torch.bfloat16,
         recurrent_matmul_precision="tf32x3", default_recurrent_mode=True,

@@ -1,0 +1,148 @@
+"""The modules' forward: read and check TensorDict entries, then one call of the functional core.
+
+Shapes (``*B`` batch dims, ``T`` time, ``L`` layers, ``S`` a state's width): input
+``[*B, F]`` (step) or ``[*B, T, F]`` (sequence); states ``[*B, L, S]`` / ``[*B, T, L, S]``;
+``is_init`` bool ``[*B]`` or ``[*B, 1]`` (``T`` included in recurrent mode).
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.utils import NestedKey
+
+from ._cells import ModuleCell
+
+__all__ = ["read_inputs", "run_step", "run_sequence"]
+
+Tensor = torch.Tensor
+States = tuple[Tensor, ...]
+
+
+def _keys_of(td: TensorDictBase) -> list:
+    return list(td.keys(include_nested=True, leaves_only=True))
+
+
+def read_inputs(
+    cell: ModuleCell,
+    td: TensorDictBase,
+    in_keys: list[NestedKey],
+    input_size: int,
+    state_shapes: tuple[tuple[int, int], ...],
+    recurrent: bool,
+) -> tuple[Tensor, States | None, Tensor]:
+    """``(x, states or None (zeros), is_init)`` from ``td``, each checked against the input's dims.
+
+    Every error names the key, the shape the TensorDict holds, the expected one and the fix.
+    """
+    owner, n = cell.module_name, len(cell.state_names)
+    input_key, hidden_keys, init_key = in_keys[0], in_keys[1 : 1 + n], in_keys[-1]
+    if recurrent and td.ndim == 0:
+        raise ValueError(
+            f"{owner} in recurrent mode needs a TensorDict with at least one batch dim (time, the "
+            f"last one); got batch_size {list(td.batch_size)}. Use sequential mode for single steps."
+        )
+    x = td.get(input_key, None)
+    if x is None:
+        raise KeyError(
+            f"{owner}: input key {input_key!r} not found in the TensorDict (keys: {_keys_of(td)}). "
+            f"Store the input there ([*batch{', T' if recurrent else ''}, {input_size}]) or name its key with "
+            f"in_key=... / in_keys=[...]."
+        )
+    if x.ndim == 0 or x.shape[-1] != input_size:
+        raise ValueError(
+            f"{owner}: input key {input_key!r} holds shape {list(x.shape)}; expected [*batch"
+            f"{', T' if recurrent else ''}, {input_size}] (input_size={input_size} features last)."
+        )
+    lead = tuple(x.shape[:-1])
+    dims = "[*batch, T" if recurrent else "[*batch"
+    is_init = td.get(init_key, None)
+    if is_init is None:
+        raise KeyError(
+            f"{owner}: key {init_key!r} not found in the TensorDict (keys: {_keys_of(td)}). It marks "
+            f"trajectory starts: add torchrl.envs.InitTracker() to the env (Collector(..., "
+            f"auto_register_policy_transforms=True) does), or set it yourself (bool {list(lead) + [1]})."
+        )
+    if is_init.dtype != torch.bool:
+        raise TypeError(
+            f"{owner}: key {init_key!r} holds dtype {is_init.dtype}; expected torch.bool. Store "
+            f"td[{init_key!r}] = td[{init_key!r}].bool()."
+        )
+    if tuple(is_init.shape) not in (lead, (*lead, 1)):
+        raise ValueError(
+            f"{owner}: key {init_key!r} holds shape {list(is_init.shape)}; expected {list(lead) + [1]} or "
+            f"{list(lead)} ({dims}(, 1)], the input's leading dims). Store one flag per "
+            f"{'step' if recurrent else 'batch element'}."
+        )
+    states = tuple(td.get(key, None) for key in hidden_keys)
+    missing = [key for key, s in zip(hidden_keys, states) if s is None]
+    if len(missing) == n:
+        return x, None, is_init  # zeros, as TorchRL
+    if missing:
+        raise RuntimeError(
+            f"{owner}: hidden state keys {missing} are missing while "
+            f"{[k for k in hidden_keys if k not in missing]} are present; provide all of {hidden_keys} or "
+            f"none (zeros)."
+        )
+    for key, state, (layers, width) in zip(hidden_keys, states, state_shapes):
+        if tuple(state.shape) != (*lead, layers, width):
+            hint = (
+                f" It lacks the layer dim: store td[{key!r}] = td[{key!r}].unsqueeze(-2)."
+                if tuple(state.shape) == (*lead, width) and layers == 1
+                else " Build env hidden states with module.make_tensordict_primer()."
+            )
+            raise ValueError(
+                f"{owner}: hidden state key {key!r} holds shape {list(state.shape)}; expected "
+                f"{[*lead, layers, width]} ({dims}, num_layers, {width}]).{hint}"
+            )
+    return x, states, is_init
+
+
+def run_sequence(
+    cell: ModuleCell,
+    x: Tensor,
+    first: States | None,
+    resets: States | None,
+    params: dict[str, Tensor],
+    is_init: Tensor | None,
+    **options,
+) -> tuple[Tensor, States]:
+    """``(y [*B, T, P], segment states [*B, T, L, S])``: the core's sequence function.
+
+    ``first``: states before ``t = 0``; ``resets``: stored per-step states restarted from where
+    ``is_init`` (zeros without them). The segment states hold each segment's final state at its
+    last step and zeros elsewhere (TorchRL's ``("next", hidden)`` layout). ``options`` go to the
+    core (``backend``, ``dropout``, ``training``, ...).
+    """
+    y, _, segment_states = cell.sequence(
+        x, cell.pack(first), params, is_init=is_init, reset_state=cell.pack(resets), return_segment_states=True,
+        **options,
+    )
+    return y, cell.unpack(segment_states)
+
+
+def run_step(
+    cell: ModuleCell,
+    x: Tensor,
+    states: States | None,
+    params: dict[str, Tensor],
+    is_init: Tensor | None,
+    *,
+    dropout: float,
+    training: bool,
+    backend: str,
+) -> tuple[Tensor, States]:
+    """``(y [*B, P], states [*B, L, S])``: one step, zero states where ``is_init``.
+
+    The core's step functions have no dropout: a training step with dropout runs as a
+    length-1 sequence (same reset, inter-layer dropout) on the sequence ``backend``.
+    """
+    if not (training and dropout > 0):
+        y, state = cell.step(x, cell.pack(states), params, is_init=is_init)
+        return y, cell.unpack(state)
+    if is_init is not None and is_init.shape == x.shape[:-1]:
+        is_init = is_init.unsqueeze(-1)  # [*B] -> [*B, T=1]
+    y, state = cell.sequence(
+        x.unsqueeze(-2), cell.pack(states), params, is_init=is_init, backend=backend, dropout=dropout, training=True
+    )
+    return y.squeeze(-2), cell.unpack(state)

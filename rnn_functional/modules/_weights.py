@@ -1,0 +1,112 @@
+"""The weight container: a real ``torch.nn.LSTM``/``GRU`` child, read by the forward through a plain reference.
+
+The child (``module.lstm`` / ``module.gru``, TorchRL's names) owns the parameters, so state
+dicts, ``named_parameters``, ``TensorDict.from_module`` and ``module.lstm(x)`` behave as in
+TorchRL. The forward never touches the child: ``torch.compile`` graph-breaks on any access
+to an ``nn.LSTM``/``nn.GRU`` object. It reads the child's ``_parameters`` dict through a
+reference kept on the parent instead. That dict is the object every parameter swap writes
+into (``TensorDict.to_module``, ``torch.func.functional_call``, ``.to()``, ``load_state_dict``),
+and ``deepcopy``/pickling copy it once, shared by the copy's child and the copy's reference.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from ._cells import ModuleCell
+
+__all__ = ["RNNChild", "build_rnn"]
+
+
+class RNNChild:
+    """Mixin for an ``nn.Module`` whose weights live in the child named ``_cell.child_attr``.
+
+    Assigning that child (in ``__init__`` or later, e.g. ``module.lstm = nn.LSTM(...)``)
+    re-binds the references the forward reads: the child's parameter dict and the
+    hyper-parameters the forward needs (a snapshot taken at assignment).
+    """
+
+    _cell: ClassVar[ModuleCell]
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        if name == self._cell.child_attr:
+            self._bind_rnn(value)
+
+    def _bind_rnn(self, rnn: nn.RNNBase) -> None:
+        self._weights = rnn._parameters  # the same dict object, never a copy
+        self._input_size = int(rnn.input_size)
+        self._num_layers = int(rnn.num_layers)
+        self._dropout = float(rnn.dropout)
+        self._state_shapes = tuple((self._num_layers, width) for width in self._cell.state_widths(rnn))
+
+    @property
+    def _rnn(self) -> nn.RNNBase:
+        """The ``torch.nn`` child holding the weights (``self.lstm`` / ``self.gru``)."""
+        return getattr(self, self._cell.child_attr)
+
+    def _params(self) -> dict[str, torch.Tensor]:
+        """The weights the forward uses, under ``torch.nn`` state-dict names (a new dict)."""
+        return dict(self._weights)
+
+
+def build_rnn(
+    cell: ModuleCell,
+    rnn: nn.RNNBase | None,
+    given: dict,
+    *,
+    batch_first: bool,
+    bidirectional: bool,
+    device: torch.device | str | None,
+) -> nn.RNNBase:
+    """The child: ``rnn`` itself, checked, or a new ``cell.nn_class`` built from ``given``.
+
+    ``given``: the constructor's hyper-parameters (``cell.hyper_names``); with ``rnn``,
+    ``input_size``/``hidden_size`` must be None and the others at their defaults or equal
+    to ``rnn``'s. Exception classes follow TorchRL's for the same mistakes.
+    """
+    owner, arg, kind = cell.module_name, cell.child_attr, cell.nn_class.__name__
+    bidirectional_msg = (
+        f"{owner}: bidirectional RNNs are not supported: a backward pass over time cannot honour "
+        f"is_init resets causally. Use bidirectional=False."
+    )
+    if rnn is None:
+        if not batch_first:
+            raise ValueError(f"The input {arg} must have batch_first=True.")
+        if not given["hidden_size"]:
+            raise ValueError("hidden_size must be passed.")
+        if not given["input_size"]:
+            raise ValueError("input_size must be passed.")
+        if bidirectional:
+            raise ValueError(bidirectional_msg)
+        return cell.nn_class(**given, batch_first=True, device=device)
+    if not (isinstance(rnn, nn.RNNBase) and rnn.mode == kind):  # nn.LSTM, or e.g. torchrl.modules.LSTM
+        raise TypeError(
+            f"{owner}: {arg}= must be a torch.nn.{kind} (or an nn.RNNBase in {kind} mode), got {type(rnn).__name__}."
+        )
+    if not rnn.batch_first:
+        raise ValueError(f"The input {arg} must have batch_first=True.")
+    if given["input_size"] is not None or given["hidden_size"] is not None:
+        raise ValueError(
+            f"An {kind} instance cannot be passed along with class argument: {owner}({arg}=...) takes "
+            f"input_size and hidden_size from the module; drop them."
+        )
+    defaults = {"num_layers": 1, "bias": True, "dropout": 0, "proj_size": 0}
+    for key in cell.hyper_names:
+        if key in defaults and given[key] != defaults[key] and given[key] != getattr(rnn, key):
+            raise ValueError(
+                f"{owner}: {key}={given[key]!r} conflicts with the wrapped {arg} ({key}={getattr(rnn, key)!r}); "
+                f"the wrapped module's hyper-parameters are used: drop {key}."
+            )
+    if rnn.bidirectional:
+        raise ValueError(bidirectional_msg)
+    param = next(rnn.parameters())
+    if device is not None and torch.device(device) != param.device:
+        raise ValueError(
+            f"{owner}: device={device!r} differs from the wrapped {arg}'s device {param.device}; "
+            f"move the module with .to(device) instead."
+        )
+    return rnn
