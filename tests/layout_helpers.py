@@ -87,7 +87,7 @@ def make_values(
 
     if mode == "step":
         x = randn(batch, input_size)
-        is_init = torch.tensor([True, False, True, False][:batch])
+        is_init = torch.tensor([True, False, True, False][:batch], dtype=torch.bool)
         reset = None
     else:
         x = randn(batch, time, input_size)
