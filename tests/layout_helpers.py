@@ -31,7 +31,7 @@ def in_layout(t: torch.Tensor, kind: str) -> torch.Tensor:
     - ``contiguous``: a plain copy;
     - ``transposed``: a view of column-major storage (every stride order reversed: for a
       ``[B, T]`` tensor, the ``.t()`` of ``[T, B]`` time-major storage);
-    - ``strided``: every dim a stride-2 slice of a twice-larger buffer;
+    - ``strided``: every dim a stride-2 slice, from offset 1, of a twice-larger buffer;
     - ``expanded``: ``t[:1].expand(t.shape)`` (stride 0 along dim 0).
 
     Floating leaves require grad, so gradients can be taken w.r.t. exactly this argument.
@@ -44,7 +44,7 @@ def in_layout(t: torch.Tensor, kind: str) -> torch.Tensor:
         out = t.permute(order).contiguous().permute(order)
     elif kind == "strided":
         buf = torch.zeros([2 * s for s in t.shape], dtype=t.dtype)
-        every_other = (slice(None, None, 2),) * t.ndim
+        every_other = (slice(1, None, 2),) * t.ndim
         buf[every_other] = t
         out = buf[every_other]
     elif kind == "expanded":
@@ -101,10 +101,22 @@ def make_values(
 def with_layout(values: dict, kind: str, targets: set[str], trailing_one: bool = False) -> dict:
     """A problem whose arguments named in ``targets`` (``x``, ``state``, ``is_init``, ``reset``,
     ``params``) are in layout ``kind`` and the others contiguous copies; ``is_init`` with a
-    trailing singleton dim when ``trailing_one``."""
+    trailing singleton dim when ``trailing_one``.
+
+    ``kind="mixed"``: the targeted tensors take the :data:`KINDS` in turn (the next one that
+    applies), so one call sees every kind; its values must be batch-constant like ``expanded``'s.
+    """
+    turn = iter(range(10**6))
 
     def lay(name, t):
-        return in_layout(t, kind if name in targets and layout_applies(t, kind) else "contiguous")
+        if name not in targets:
+            return in_layout(t, "contiguous")
+        if kind == "mixed":
+            start = next(turn)
+            kinds = [KINDS[(start + i) % len(KINDS)] for i in range(len(KINDS))]
+        else:
+            kinds = [kind]
+        return in_layout(t, next((k for k in kinds if layout_applies(t, k)), "contiguous"))
 
     is_init = values["is_init"].unsqueeze(-1) if trailing_one else values["is_init"]
     return {
@@ -118,7 +130,7 @@ def with_layout(values: dict, kind: str, targets: set[str], trailing_one: bool =
 
 
 def changed_arguments(values: dict, kind: str, targets: set[str], trailing_one: bool = False) -> list[str]:
-    """Names of the arguments that :func:`with_layout` actually lays out in ``kind``."""
+    """Names of the arguments that :func:`with_layout` lays out non-contiguously for ``kind``."""
     problem = with_layout(values, kind, targets, trailing_one)
     names = [("x", problem["x"]), *(("state", s) for s in problem["state"]), ("is_init", problem["is_init"])]
     names += [("reset", r) for r in problem["reset"] or []] + [(k, p) for k, p in problem["params"].items()]

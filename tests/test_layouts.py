@@ -8,8 +8,9 @@ the same values, fp64 at ``assert_close`` defaults. Through the modules: a ``[B,
 transposed view of a time-major ``[T, B]`` TensorDict equals the contiguous TensorDict.
 
 Sizes are tiny (B=3, T=4, F=2, H=3): ``triton`` runs under ``TRITON_INTERPRET=1`` here and
-eager ``scan`` re-traces its step on every call (~1 s), so ``scan``, whose ops all read
-strides through torch, runs the every-argument-at-once case only.
+eager ``scan`` re-traces its step on every call (~1-3 s of CPU), so ``scan``, whose ops all
+read strides through torch, runs one call with every argument laid out, the kinds taken in
+turn (``mixed``), and the triton step (the T=1 sequence kernels) every argument at once.
 """
 
 from __future__ import annotations
@@ -37,9 +38,22 @@ SEQUENCE_TARGETS = {
     "all": (ALL, True, True),
     "all_no_interior_resets": (ALL, False, False),  # auto picks pad; pad applies t=0 resets to the state
 }
+NO_INTERIOR_BACKENDS = ("pad", "auto")  # the only ones with another path when no reset is interior
 STEP_TARGETS = {k: v for k, v in SEQUENCE_TARGETS.items() if k not in ("reset_state", "all_no_interior_resets")}
 # (cell, layers): both L=1 and L=2 for each cell across the two modes
 CELL_LAYERS = {"sequence": [("lstm", 2), ("gru", 1)], "step": [("lstm", 1), ("gru", 2)]}
+
+
+def _wanted(mode: str, backend: str, target: str, kind: str) -> bool:
+    """Every (target, kind) on the cheap backends; the interpreted triton step (a T=1 sequence
+    of the same kernels) with every argument laid out at once; scan in one mixed call."""
+    if backend == "scan":
+        return target == "all" and kind == "mixed"
+    if backend == "triton" and mode == "step" and target != "all":
+        return False
+    if target == "all_no_interior_resets" and backend not in NO_INTERIOR_BACKENDS:
+        return False
+    return kind != "mixed"
 
 
 def _cases(mode: str) -> list:
@@ -50,9 +64,9 @@ def _cases(mode: str) -> list:
         for backend in backends
         for cell, layers in CELL_LAYERS[mode]
         for target in targets
-        for kind in KINDS
-        if backend != "scan" or target == "all"
-        if _lays_out_something(mode, backend, cell, layers, target, kind)  # e.g. a 1-D is_init has no transpose
+        for kind in (*KINDS, "mixed")
+        if _wanted(mode, backend, target, kind)
+        and _lays_out_something(mode, backend, cell, layers, target, kind)  # e.g. a 1-D is_init has no transpose
     ]
 
 
@@ -65,11 +79,11 @@ _EXPECTED: dict = {}
 
 
 def _values(mode: str, backend: str, cell: str, layers: int, kind: str, interior: bool) -> dict:
-    """The call's values; batch-constant for ``expanded`` (so a stride-0 batch dim can hold them).
+    """The call's values; batch-constant for ``expanded``/``mixed`` (so a stride-0 batch dim can hold them).
     LSTM gets a projection where the backend serves it (triton does not)."""
     proj = 2 if cell == "lstm" and backend != "triton" else 0
     values = make_values(cell, mode, layers=layers, proj=proj, interior_resets=interior)
-    if kind == "expanded":
+    if kind in ("expanded", "mixed"):
         values = {
             **values,
             "x": batch_constant(values["x"]),
@@ -83,7 +97,7 @@ def _values(mode: str, backend: str, cell: str, layers: int, kind: str, interior
 
 def _contiguous_result(mode, backend, cell, layers, kind, interior, values):
     """Outputs and gradients of the contiguous call (cached: many cases share it)."""
-    key = (mode, backend, cell, layers, kind == "expanded", interior)
+    key = (mode, backend, cell, layers, kind in ("expanded", "mixed"), interior)
     if key not in _EXPECTED:
         _EXPECTED[key] = outputs_and_grads(with_layout(values, "contiguous", set()), mode, backend, **_extra(mode))
     return _EXPECTED[key]
