@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 from helpers import CELLS, flat, pack_state
+from modules.module_helpers import weighted_sum
 from tensordict import TensorDict
 
 import rnn_functional as rf
@@ -91,7 +92,8 @@ def make_values(
         reset = None
     else:
         x = randn(batch, time, input_size)
-        pattern = [[0, 1, 0, 0], [1, 0, 0, 1], [0, 0, 1, 1]] if interior_resets else [[1, 0, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]]
+        interior = [[0, 1, 0, 0], [1, 0, 0, 1], [0, 0, 1, 1]]
+        pattern = interior if interior_resets else [[1, 0, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]]
         is_init = torch.tensor(pattern, dtype=torch.bool)[:batch, :time]
         reset = [randn(batch, time, layers, s) for s in sizes]
     state = [randn(batch, layers, s) for s in sizes]
@@ -160,13 +162,11 @@ def call(problem: dict, mode: str, backend: str, *, state_given: bool = True, **
     )
 
 
-def outputs_and_grads(problem: dict, mode: str, backend: str, **kwargs) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def outputs_and_grads(problem: dict, mode: str, backend: str, **kwargs) -> tuple[list, list]:
     """All outputs of the call and the gradients of a random-weighted sum of them w.r.t. every
     differentiable argument (zeros where one does not reach the outputs)."""
     outs = flat(call(problem, mode, backend, **kwargs))
-    g = torch.Generator().manual_seed(123)
-    loss = sum((o * torch.randn(o.shape, generator=g, dtype=o.dtype)).sum() for o in outs)
-    grads = torch.autograd.grad(loss, grad_leaves(problem), allow_unused=True, materialize_grads=True)
+    grads = torch.autograd.grad(weighted_sum(outs), grad_leaves(problem), allow_unused=True, materialize_grads=True)
     return [o.detach() for o in outs], list(grads)
 
 
