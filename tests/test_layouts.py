@@ -5,7 +5,8 @@ every param) is given as a view of column-major storage (``transposed``), a stri
 (``strided``) or a stride-0 expansion along dim 0 (``expanded``); outputs and gradients
 (w.r.t. x, state, reset_state and every param) must equal the call on contiguous copies of
 the same values, fp64 at ``assert_close`` defaults. Through the modules: a ``[B, T]``
-transposed view of a time-major ``[T, B]`` TensorDict equals the contiguous TensorDict.
+transposed view of a time-major ``[T, B]`` TensorDict equals the contiguous TensorDict; under
+``torch.vmap``, column-major stacked params and a transposed ``x``/``is_init`` equal contiguous ones.
 
 Sizes are tiny (B=3, T=4, F=2, H=3): ``triton`` runs under ``TRITON_INTERPRET=1`` here and
 eager ``scan`` re-traces its step on every call (~1-3 s of CPU), so ``scan``, whose ops all
@@ -17,7 +18,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from layout_helpers import KINDS, batch_constant, changed_arguments, make_values, outputs_and_grads, with_layout
+from helpers import flat
+from layout_helpers import (
+    KINDS, batch_constant, changed_arguments, in_layout, make_values, outputs_and_grads, with_layout,
+)
 from modules.module_helpers import HIDDEN_KEYS, make_module, make_td, weighted_sum
 from tensordict import TensorDict
 
@@ -159,3 +163,26 @@ def test_module_transposed_time_major_tensordict(backend: str, cell: str) -> Non
     # gradients w.r.t. the time-major leaves, back in [B, T] order
     got_grads = [g.transpose(0, 1) for g in got_grads[: len(keys)]] + got_grads[len(keys):]
     torch.testing.assert_close((got_outs, got_grads), expected)
+
+
+# ----------------------------------------------------------------------------- ensembles
+
+
+@pytest.mark.parametrize("backend", STEP_BACKENDS)  # scan is left out for time (see the module docstring)
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_vmap_ensemble_layouts(backend: str, cell: str) -> None:
+    """``torch.vmap`` over stacked params (column-major) with a transposed ``x``/``is_init``
+    shared by the members equals the contiguous call, outputs and gradients."""
+    members = [make_values(cell, "sequence", seed=s) for s in range(2)]
+    values = members[0]
+
+    def run(kind: str):
+        params = rf.stack_params([TensorDict(m["params"], []) for m in members])
+        params = TensorDict({k: in_layout(p, kind) for k, p in params.items()}, batch_size=params.batch_size)
+        x, is_init = in_layout(values["x"], kind), in_layout(values["is_init"], kind)
+        seq = rf.lstm_sequence if cell == "lstm" else rf.gru_sequence
+        outs = torch.vmap(lambda p: flat(seq(x, None, p, is_init=is_init, backend=backend)), in_dims=(0,))(params)
+        grads = torch.autograd.grad(weighted_sum(outs), [x, *params.values()])
+        return [o.detach() for o in outs], list(grads)
+
+    torch.testing.assert_close(run("transposed"), run("contiguous"))
