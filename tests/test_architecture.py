@@ -163,10 +163,7 @@ AREAS = {
         "backends",
         "functional",
         "top-level files",
-        pytest.param(
-            "modules",
-            marks=pytest.mark.xfail(strict=True, reason="modules rewritten in the drop-in branch"),
-        ),
+        "modules",
     ],
 )
 def test_no_cell_name_compares_outside_cells(area: str) -> None:
