@@ -157,15 +157,7 @@ AREAS = {
 }
 
 
-@pytest.mark.parametrize(
-    "area",
-    [
-        "backends",
-        "functional",
-        "top-level files",
-        "modules",
-    ],
-)
+@pytest.mark.parametrize("area", list(AREAS))
 def test_no_cell_name_compares_outside_cells(area: str) -> None:
     files = [p for p in sorted(ROOT.rglob("*.py")) if AREAS[area](p.relative_to(ROOT))]
     assert files
