@@ -18,7 +18,9 @@ work eagerly, under ``torch.compile`` and over ``torch.vmap`` outputs. ``torch.f
 ``setup_context`` functorch requires (pytorch/pytorch#170834, still open in torch 2.13).
 """
 
+import contextlib
 import os
+import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -34,6 +36,10 @@ MAX_ELEMENTS = 2**31  # the kernels index their buffers with 32-bit integers
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float64": 8}
 _TL = {"float32": tl.float32, "bfloat16": tl.bfloat16, "float64": tl.float64}
 BLOCK_N = 16  # batch rows per program: tl.dot's minimum, and the most programs for the SMs
+# Triton's interpreter patches ``triton.language`` globally for the duration of a launch, so two
+# threads launching at once break each other ("Did you forget to add @triton.jit ?"): launches
+# are serialised in interpreter mode. Compiled CUDA launches need no lock.
+_LAUNCH_LOCK = threading.Lock() if INTERPRET else contextlib.nullcontext()
 
 
 def _opt(t: Optional[Tensor], dims: int, dummy: Tensor) -> tuple:
@@ -84,6 +90,61 @@ def _fwd_outputs(gx: Tensor, H: int, lstm: bool, save: bool) -> tuple[Tensor, Te
     return hs, cs, gates
 
 
+def fwd_launch(
+    gx: Tensor, w: Tensor, b: Optional[Tensor], h0: Tensor, c0: Optional[Tensor], is_init: Optional[Tensor],
+    rh: Optional[Tensor], rc: Optional[Tensor], hs: Tensor, cs: Tensor, gates: Tensor,
+    lstm: bool, save: bool, compute_dtype: str, precision: str,
+) -> tuple[Callable, tuple, tuple, dict]:
+    """The forward kernel the launcher picks, its grid, positional arguments and constexprs.
+
+    Every tensor is passed with its real strides, except the last dim, made unit-stride here
+    (``gx`` and the outputs are fresh and contiguous). Also used by ``benchmarks/triton_aot.py``
+    to compile exactly what would launch.
+    """
+    E, N, T = gx.shape[:3]
+    H = w.shape[-1]
+    w, b, h0, c0, rh, rc = map(_last_contiguous, (w, b, h0, c0, rh, rc))
+    init = None if is_init is None else is_init.to(torch.int8)
+    tiled, blocks = _blocks(H, lstm, compute_dtype)
+    args = (
+        gx, *gx.stride()[:3], w, *w.stride()[:2], *_opt(b, 1, gx), h0, *h0.stride()[:2],
+        *_opt(c0, 2, gx), *_opt(init, 3, gx), *_opt(rh, 3, gx), *_opt(rc, 3, gx),
+        hs, cs if lstm else hs, gates if save else hs, N, T, H,
+    )
+    constexprs = dict(
+        IS_LSTM=lstm, HAS_BIAS=b is not None, HAS_INIT=init is not None, HAS_RESET=rh is not None,
+        SAVE=save, **_kernel_dtypes(gx, compute_dtype, precision), **blocks,
+    )
+    kernel = kernels._rnn_fwd_tiled_kernel if tiled else kernels._rnn_fwd_kernel
+    return kernel, (triton.cdiv(N, BLOCK_N), E), args, constexprs
+
+
+def bwd_launch(
+    gates: Tensor, hs: Tensor, cs: Tensor, w: Tensor, is_init: Optional[Tensor], rh: Optional[Tensor],
+    rc: Optional[Tensor], dhs: Tensor, dcs: Tensor, outs: tuple, lstm: bool, compute_dtype: str, precision: str,
+) -> tuple[Callable, tuple, tuple, dict]:
+    """The backward kernel, grid, arguments and constexprs (``gates``, ``hs``, ``cs``, ``dhs``, ``dcs``
+    and ``outs`` from :func:`_bwd_outputs` are contiguous)."""
+    w, rh, rc = map(_last_contiguous, (w, rh, rc))
+    dgx, dgh, dh0, dc0, drh, drc = outs
+    E, N, T1, H = hs.shape
+    init = None if is_init is None else is_init.to(torch.int8)
+    tiled, blocks = _blocks(H, lstm, compute_dtype)
+    # the streamed kernel keeps GRU's direct term dh * z in a scratch row per batch entry
+    scratch = (dh0.new_empty((E, N, H)) if not lstm else dgx,) if tiled else ()
+    args = (
+        gates, hs, cs, w, *w.stride()[:2], *_opt(init, 3, gates), *_opt(rh, 3, gates), *_opt(rc, 3, gates),
+        dhs, dcs, dgx, dgh if not lstm else dgx, dh0, dc0 if lstm else dh0,
+        drh if rh is not None else dgx, drc if (rc is not None and lstm) else dgx, *scratch, N, T1 - 1, H,
+    )
+    constexprs = dict(
+        IS_LSTM=lstm, HAS_INIT=init is not None, HAS_RESET=rh is not None,
+        **_kernel_dtypes(hs, compute_dtype, precision), **blocks,
+    )
+    kernel = kernels._rnn_bwd_tiled_kernel if tiled else kernels._rnn_bwd_kernel
+    return kernel, (triton.cdiv(N, BLOCK_N), E), args, constexprs
+
+
 def _make_fwd(run: Callable) -> Callable:
     def layer_fwd(
         x: Tensor, w_ih: Tensor, b_ih: Optional[Tensor], w: Tensor, b: Optional[Tensor], h0: Tensor,
@@ -98,19 +159,13 @@ def _make_fwd(run: Callable) -> Callable:
                 f"indexing ({MAX_ELEMENTS}); split the batch or the sequence, or use one of reference, scan, pad."
             )
         gx = _input_projection(x, w_ih, b_ih)
-        w, b, h0, c0, rh, rc = map(_last_contiguous, (w, b, h0, c0, rh, rc))
         hs, cs, gates = _fwd_outputs(gx, H, lstm, save)
-        init = None if is_init is None else is_init.to(torch.int8)
-        grid = (triton.cdiv(N, BLOCK_N), E)
-        tiled, blocks = _blocks(H, lstm, compute_dtype)
-        kernels.LAUNCHES["count"] += 1
-        run(kernels._rnn_fwd_tiled_kernel if tiled else kernels._rnn_fwd_kernel)[grid](
-            gx, *gx.stride()[:3], w, *w.stride()[:2], *_opt(b, 1, gx), h0, *h0.stride()[:2],
-            *_opt(c0, 2, gx), *_opt(init, 2, gx), *_opt(rh, 3, gx), *_opt(rc, 3, gx),
-            hs, cs if lstm else hs, gates if save else hs, N, T, H,
-            IS_LSTM=lstm, HAS_BIAS=b is not None, HAS_INIT=init is not None, HAS_RESET=rh is not None,
-            SAVE=save, **_kernel_dtypes(gx, compute_dtype, precision), **blocks,
+        kernel, grid, args, constexprs = fwd_launch(
+            gx, w, b, h0, c0, is_init, rh, rc, hs, cs, gates, lstm, save, compute_dtype, precision
         )
+        with _LAUNCH_LOCK:
+            kernels.LAUNCHES["count"] += 1
+            run(kernel)[grid](*args, **constexprs)
         return hs, cs, gates
 
     return layer_fwd
@@ -139,25 +194,14 @@ def _make_bwd(run: Callable) -> Callable:
         rh: Optional[Tensor], rc: Optional[Tensor], dhs: Tensor, dcs: Tensor,
         lstm: bool, compute_dtype: str, precision: str,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-        w, rh, rc = map(_last_contiguous, (w, rh, rc))
         gates, hs, dhs = gates.contiguous(), hs.contiguous(), dhs.contiguous()
         cs, dcs = (cs.contiguous(), dcs.contiguous()) if lstm else (hs, dhs)
-        E, N, T1, H = hs.shape
         outs = _bwd_outputs(gates, hs, lstm, rh is not None)
-        dgx, dgh, dh0, dc0, drh, drc = outs
-        init = None if is_init is None else is_init.to(torch.int8)
-        grid = (triton.cdiv(N, BLOCK_N), E)
-        tiled, blocks = _blocks(H, lstm, compute_dtype)
-        # the streamed kernel keeps GRU's direct term dh * z in a scratch row per batch entry
-        scratch = (dh0.new_empty((E, N, H)) if not lstm else dgx,) if tiled else ()
-        kernels.LAUNCHES["count"] += 1
-        run(kernels._rnn_bwd_tiled_kernel if tiled else kernels._rnn_bwd_kernel)[grid](
-            gates, hs, cs, w, *w.stride()[:2], *_opt(init, 2, gates), *_opt(rh, 3, gates), *_opt(rc, 3, gates),
-            dhs, dcs, dgx, dgh if not lstm else dgx, dh0, dc0 if lstm else dh0,
-            drh if rh is not None else dgx, drc if (rc is not None and lstm) else dgx, *scratch, N, T1 - 1, H,
-            IS_LSTM=lstm, HAS_INIT=init is not None, HAS_RESET=rh is not None, **_kernel_dtypes(hs, compute_dtype, precision),
-            **blocks,
-        )
+        kernel, grid, args, constexprs = bwd_launch(gates, hs, cs, w, is_init, rh, rc, dhs, dcs, outs, lstm,
+                                                     compute_dtype, precision)
+        with _LAUNCH_LOCK:
+            kernels.LAUNCHES["count"] += 1
+            run(kernel)[grid](*args, **constexprs)
         return outs
 
     return layer_bwd
