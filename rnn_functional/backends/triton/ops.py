@@ -66,13 +66,20 @@ def _kernel_dtypes(gx: Tensor, compute_dtype: str, precision: str) -> dict:
 
 
 def _blocks(H: int, lstm: bool, compute_dtype: str) -> tuple[bool, dict]:
-    """Whether the streamed (tiled) kernels serve this width, and their block-size constexprs."""
+    """Whether the streamed (tiled) kernels serve this width, and their block-size and pipelining constexprs.
+
+    Chosen from the ahead-of-time compilation (``benchmarks/triton_aot.py``): zero spills and shared
+    memory within sm_80's 163 KiB per block for every H <= 512. ``num_stages`` bounds the loads the
+    compiler prefetches into shared memory across loop iterations (its default, 3, overflows it).
+    """
     tiled = not kernels.resident(H, 4 if lstm else 3, _ITEMSIZE[compute_dtype])
     block_h = max(16, triton.next_power_of_2(H))  # tl.dot needs every dim >= 16
     if tiled:
-        return True, dict(BLOCK_N=BLOCK_N, BLOCK_T=min(kernels.TILE, block_h), num_warps=4)
-    # resident weights take G * block_h^2 operands in registers: spread them over more threads
-    return False, dict(BLOCK_N=BLOCK_N, BLOCK_H=block_h, num_warps=4 if block_h <= 64 else 8)
+        return True, dict(BLOCK_N=BLOCK_N, BLOCK_T=min(kernels.TILE, block_h), num_warps=4, num_stages=2)
+    # resident weights take G * block_h^2 operands on chip: spread them over more threads, and
+    # at block_h = 128 leave shared memory to the weights alone (no prefetch stages)
+    return False, dict(BLOCK_N=BLOCK_N, BLOCK_H=block_h, num_warps=4 if block_h <= 64 else 8,
+                       num_stages=2 if block_h <= 64 else 1)
 
 
 def _input_projection(x: Tensor, w_ih: Tensor, b_ih: Optional[Tensor]) -> Tensor:
