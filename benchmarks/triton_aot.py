@@ -193,13 +193,41 @@ def run(cfgs: list[dict], jobs: int) -> list[dict]:
     return rows
 
 
+def markdown_table(rows: list[dict]) -> str:
+    """One line per (cell, kernel, H, dtype): the worst case over reset flags and precisions, both archs."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["cell"], r["kernel"], r["H"], r["dtype"]), []).append(r)
+    lines = ["| cell | kernel | H | operands | variant | warps | sm_90 regs / spill B / shared KiB "
+             "| sm_80 regs / spill B / shared KiB | H100 blocks/SM (occupancy, limit) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for (cell, kernel, H, dtype), group in groups.items():
+        cols = []
+        for arch in (90, 80):
+            arch_rows = [r for r in group if r["arch"] == arch]
+            if any("error" in r for r in arch_rows) or not arch_rows:
+                cols.append("compile error" if arch_rows else "-")
+                continue
+            cols.append(f"{max(r['registers'] for r in arch_rows)} / {max(r['stack_bytes'] for r in arch_rows)} / "
+                        f"{max(r['shared_bytes'] for r in arch_rows) / 1024:.0f}")
+        ok = [r for r in group if r["arch"] == 90 and "error" not in r]
+        worst = min(ok, key=lambda r: r["occupancy_h100"]["occupancy"]) if ok else None
+        occ = (f"{worst['occupancy_h100']['blocks_per_sm']} ({worst['occupancy_h100']['occupancy']:.1%}, "
+               f"{worst['occupancy_h100']['limited_by']})") if worst else "-"
+        variant = ok[0]["variant"] if ok else "-"
+        warps = "/".join(sorted({str(r["num_warps"]) for r in ok}, key=int)) if ok else "-"
+        lines.append(f"| {cell} | {kernel} | {H} | {dtype} | {variant} | {warps} | {cols[0]} | {cols[1]} | {occ} |")
+    return "\n".join(lines)
+
+
 def ptxas_available() -> str | None:
     """``None`` when Triton's bundled ptxas runs here, else the reason it does not."""
     try:
         path = _ptxas_path()
         subprocess.run([path, "--version"], check=True, capture_output=True)
+        subprocess.run([str(Path(path).with_name("cuobjdump")), "--version"], check=True, capture_output=True)
     except Exception as exc:  # missing, not executable, wrong platform
-        return f"no usable ptxas in the installed triton for this platform ({type(exc).__name__}: {exc})"
+        return f"no usable ptxas/cuobjdump in the installed triton for this platform ({type(exc).__name__}: {exc})"
     return None
 
 
@@ -210,6 +238,7 @@ def main() -> None:
     parser.add_argument("--subset", choices=("all", "ci"), default="all")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", default=str(RESULTS), help="output JSON path, '-' for stdout")
+    parser.add_argument("--markdown", metavar="JSON", help="print the docs table of a results file and exit")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: compile the configs in this file
     args = parser.parse_args()
 
@@ -220,6 +249,9 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     if args.worker:
         _worker(args.worker)
+        return
+    if args.markdown:
+        print(markdown_table(json.loads(Path(args.markdown).read_text())))
         return
     reason = ptxas_available()
     if reason:

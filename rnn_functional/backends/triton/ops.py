@@ -65,21 +65,34 @@ def _kernel_dtypes(gx: Tensor, compute_dtype: str, precision: str) -> dict:
     )
 
 
-def _blocks(H: int, lstm: bool, compute_dtype: str) -> tuple[bool, dict]:
-    """Whether the streamed (tiled) kernels serve this width, and their block-size and pipelining constexprs.
+# Streamed kernels launched with 4 warps instead of 8, keyed by (cell, direction, operands: "bfloat16" or the
+# fp32 matmul precision): where the ahead-of-time compilation measured fewer or smaller spills with 4
+# (ptxas picks the register count itself; see benchmarks/results/triton_aot_resources.json).
+_STREAMED_FOUR_WARPS = {
+    ("gru", "bwd", "bfloat16"), ("gru", "bwd", "ieee"), ("gru", "bwd", "tf32"), ("gru", "fwd", "bfloat16"),
+    ("lstm", "fwd", "bfloat16"), ("lstm", "fwd", "tf32"),
+}
 
-    Chosen from the ahead-of-time compilation (``benchmarks/triton_aot.py``): zero spills and shared
-    memory within sm_80's 163 KiB per block for every H <= 512. ``num_stages`` bounds the loads the
-    compiler prefetches into shared memory across loop iterations (its default, 3, overflows it).
+
+def _blocks(H: int, lstm: bool, compute_dtype: str, precision: str, backward: bool) -> tuple[bool, dict]:
+    """Whether the streamed (tiled) kernels serve this width, and their block-size and launch constexprs.
+
+    Chosen by compiling every configuration ahead of time (``benchmarks/triton_aot.py``) for sm_90 and
+    sm_80: shared memory within sm_80's 163 KiB per block and the fewest spills for every H <= 512.
+    ``num_stages`` bounds the loads prefetched into shared memory across loop iterations (Triton's
+    default, 3, overflows it where the recurrent weights already sit there).
     """
     tiled = not kernels.resident(H, 4 if lstm else 3, _ITEMSIZE[compute_dtype])
     block_h = max(16, triton.next_power_of_2(H))  # tl.dot needs every dim >= 16
     if tiled:
-        return True, dict(BLOCK_N=BLOCK_N, BLOCK_T=min(kernels.TILE, block_h), num_warps=4, num_stages=2)
-    # resident weights take G * block_h^2 operands on chip: spread them over more threads, and
-    # at block_h = 128 leave shared memory to the weights alone (no prefetch stages)
-    return False, dict(BLOCK_N=BLOCK_N, BLOCK_H=block_h, num_warps=4 if block_h <= 64 else 8,
-                       num_stages=2 if block_h <= 64 else 1)
+        operands = "bfloat16" if compute_dtype == "bfloat16" else precision
+        key = ("lstm" if lstm else "gru", "bwd" if backward else "fwd", operands)
+        warps = 4 if key in _STREAMED_FOUR_WARPS else 8
+        return True, dict(BLOCK_N=BLOCK_N, BLOCK_T=min(kernels.TILE, block_h), num_warps=warps, num_stages=2)
+    # resident weights: G * block_h^2 operands on chip (twice that for tf32x3's split operands), spread
+    # over 8 warps (4 spill); where they fill shared memory, no prefetch stages
+    big = block_h >= 128 or (precision == "tf32x3" and compute_dtype == "float32")
+    return False, dict(BLOCK_N=BLOCK_N, BLOCK_H=block_h, num_warps=8, num_stages=1 if big else 2)
 
 
 def _input_projection(x: Tensor, w_ih: Tensor, b_ih: Optional[Tensor]) -> Tensor:
@@ -112,7 +125,7 @@ def fwd_launch(
     H = w.shape[-1]
     w, b, h0, c0, rh, rc = map(_last_contiguous, (w, b, h0, c0, rh, rc))
     init = None if is_init is None else is_init.to(torch.int8)
-    tiled, blocks = _blocks(H, lstm, compute_dtype)
+    tiled, blocks = _blocks(H, lstm, compute_dtype, precision, backward=False)
     args = (
         gx, *gx.stride()[:3], w, *w.stride()[:2], *_opt(b, 1, gx), h0, *h0.stride()[:2],
         *_opt(c0, 2, gx), *_opt(init, 3, gx), *_opt(rh, 3, gx), *_opt(rc, 3, gx),
@@ -136,7 +149,7 @@ def bwd_launch(
     dgx, dgh, dh0, dc0, drh, drc = outs
     E, N, T1, H = hs.shape
     init = None if is_init is None else is_init.to(torch.int8)
-    tiled, blocks = _blocks(H, lstm, compute_dtype)
+    tiled, blocks = _blocks(H, lstm, compute_dtype, precision, backward=True)
     # the streamed kernel keeps GRU's direct term dh * z in a scratch row per batch entry
     scratch = (dh0.new_empty((E, N, H)) if not lstm else dgx,) if tiled else ()
     args = (
