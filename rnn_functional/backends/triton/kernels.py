@@ -3,7 +3,8 @@
 Resident kernels (``_rnn_fwd_kernel``, ``_rnn_bwd_kernel``): one program owns ``BLOCK_N`` batch
 rows of one ensemble member (grid ``(cdiv(N, BLOCK_N), E)``) and the full hidden width, padded
 to ``BLOCK_H = max(16, next_power_of_2(H))``. The recurrent weights are loaded once, before the
-time loop, and stay in registers for all ``T`` steps; the state ``(h, c)`` is carried in
+time loop, and stay on chip for all ``T`` steps (compiled, Triton keeps these loop-invariant
+``tl.dot`` operands in shared memory: see ``benchmarks/triton_aot.py``); the state ``(h, c)`` is carried in
 registers in the accumulation dtype (fp32, or fp64 for fp64 params). The input projection ``gx =
 x @ W_ih^T + b_ih`` comes precomputed for all steps (one GEMM).
 
@@ -295,7 +296,7 @@ def _rnn_bwd_kernel(
 # ``TILE x TILE`` weight tiles per step, still one launch for all T steps. Every step ends with
 # a barrier so that the next step's tiles read the state written by the other threads.
 
-RESIDENT_BYTES = 128 * 1024  # budget for the recurrent gate blocks held in registers
+RESIDENT_BYTES = 128 * 1024  # budget for the recurrent gate blocks held on chip
 TILE = 32  # tile width of the streamed kernels (64 spills: see benchmarks/triton_aot.py)
 
 

@@ -65,34 +65,41 @@ def _kernel_dtypes(gx: Tensor, compute_dtype: str, precision: str) -> dict:
     )
 
 
-# Streamed kernels launched with 4 warps instead of 8, keyed by (cell, direction, operands: "bfloat16" or the
-# fp32 matmul precision): where the ahead-of-time compilation measured fewer or smaller spills with 4
-# (ptxas picks the register count itself; see benchmarks/results/triton_aot_resources.json).
-_STREAMED_FOUR_WARPS = {
-    ("gru", "bwd", "bfloat16"), ("gru", "bwd", "ieee"), ("gru", "bwd", "tf32"), ("gru", "fwd", "bfloat16"),
-    ("lstm", "fwd", "bfloat16"), ("lstm", "fwd", "tf32"),
+# (num_warps, num_stages) of the streamed kernels where Triton's default stages with 8 warps spill, keyed
+# by (cell, direction, operands: "bfloat16" or the fp32 matmul precision). ptxas picks the register
+# count itself; these are the settings the ahead-of-time compilation measured spill-free on sm_90
+# and sm_80 for every H and reset flag (benchmarks/results/triton_aot_resources.json).
+_STREAMED_LAUNCH = {
+    ("gru", "bwd", "bfloat16"): (4, 2), ("gru", "bwd", "ieee"): (4, 2), ("gru", "bwd", "tf32"): (4, 2),
+    ("gru", "fwd", "bfloat16"): (8, 1), ("lstm", "fwd", "ieee"): (8, 2),
 }
 
 
-def _blocks(H: int, lstm: bool, compute_dtype: str, precision: str, backward: bool) -> tuple[bool, dict]:
+def _blocks(H: int, lstm: bool, compute_dtype: str, precision: str, direction: str) -> tuple[bool, dict]:
     """Whether the streamed (tiled) kernels serve this width, and their block-size and launch constexprs.
 
     Chosen by compiling every configuration ahead of time (``benchmarks/triton_aot.py``) for sm_90 and
-    sm_80: shared memory within sm_80's 163 KiB per block and the fewest spills for every H <= 512.
+    sm_80: shared memory within sm_80's 163 KiB per block and no spills for every H <= 512.
+    ``direction`` is ``"fwd"`` or ``"bwd"``.
     ``num_stages`` bounds the loads prefetched into shared memory across loop iterations (Triton's
     default, 3, overflows it where the recurrent weights already sit there).
+
+    Returns ``(tiled, constexprs)``; the resident variant takes ``BLOCK_H``, the streamed ``BLOCK_T``.
     """
     tiled = not kernels.resident(H, 4 if lstm else 3, _ITEMSIZE[compute_dtype])
     block_h = max(16, triton.next_power_of_2(H))  # tl.dot needs every dim >= 16
     if tiled:
         operands = "bfloat16" if compute_dtype == "bfloat16" else precision
-        key = ("lstm" if lstm else "gru", "bwd" if backward else "fwd", operands)
-        warps = 4 if key in _STREAMED_FOUR_WARPS else 8
-        return True, dict(BLOCK_N=BLOCK_N, BLOCK_T=min(kernels.TILE, block_h), num_warps=warps, num_stages=2)
-    # resident weights: G * block_h^2 operands on chip (twice that for tf32x3's split operands), spread
-    # over 8 warps (4 spill); where they fill shared memory, no prefetch stages
-    big = block_h >= 128 or (precision == "tf32x3" and compute_dtype == "float32")
-    return False, dict(BLOCK_N=BLOCK_N, BLOCK_H=block_h, num_warps=8, num_stages=1 if big else 2)
+        warps, stages = _STREAMED_LAUNCH.get(("lstm" if lstm else "gru", direction, operands), (8, 3))
+        return True, dict(BLOCK_N=BLOCK_N, BLOCK_T=min(kernels.TILE, block_h), num_warps=warps, num_stages=stages)
+    # resident weights: G * block_h^2 operands in shared memory (twice that for tf32x3's split operands);
+    # beyond 96 KiB of them, two prefetch stages overflow sm_80: none. 8 warps (4 spill); the GRU
+    # backward at block_h = 128 still spills with 8, so GRU takes 16 there (LSTM spills with 16)
+    weight_bytes = (4 if lstm else 3) * block_h**2 * _ITEMSIZE[compute_dtype]
+    if precision == "tf32x3" and compute_dtype == "float32":
+        weight_bytes *= 2
+    warps = 16 if (not lstm and block_h >= 128) else 8
+    return False, dict(BLOCK_N=BLOCK_N, BLOCK_H=block_h, num_warps=warps, num_stages=1 if weight_bytes > 96 * 1024 else 2)
 
 
 def _input_projection(x: Tensor, w_ih: Tensor, b_ih: Optional[Tensor]) -> Tensor:
@@ -125,7 +132,7 @@ def fwd_launch(
     H = w.shape[-1]
     w, b, h0, c0, rh, rc = map(_last_contiguous, (w, b, h0, c0, rh, rc))
     init = None if is_init is None else is_init.to(torch.int8)
-    tiled, blocks = _blocks(H, lstm, compute_dtype, precision, backward=False)
+    tiled, blocks = _blocks(H, lstm, compute_dtype, precision, "fwd")
     args = (
         gx, *gx.stride()[:3], w, *w.stride()[:2], *_opt(b, 1, gx), h0, *h0.stride()[:2],
         *_opt(c0, 2, gx), *_opt(init, 3, gx), *_opt(rh, 3, gx), *_opt(rc, 3, gx),
@@ -149,7 +156,7 @@ def bwd_launch(
     dgx, dgh, dh0, dc0, drh, drc = outs
     E, N, T1, H = hs.shape
     init = None if is_init is None else is_init.to(torch.int8)
-    tiled, blocks = _blocks(H, lstm, compute_dtype, precision, backward=True)
+    tiled, blocks = _blocks(H, lstm, compute_dtype, precision, "bwd")
     # the streamed kernel keeps GRU's direct term dh * z in a scratch row per batch entry
     scratch = (dh0.new_empty((E, N, H)) if not lstm else dgx,) if tiled else ()
     args = (
