@@ -3,13 +3,14 @@
 Resident kernels (``_rnn_fwd_kernel``, ``_rnn_bwd_kernel``): one program owns ``BLOCK_N`` batch
 rows of one ensemble member (grid ``(cdiv(N, BLOCK_N), E)``) and the full hidden width, padded
 to ``BLOCK_H = max(16, next_power_of_2(H))``. The recurrent weights are loaded once, before the
-time loop, and stay in registers for all ``T`` steps; the state ``(h, c)`` is carried in
+time loop, and stay on chip for all ``T`` steps (compiled, Triton keeps these loop-invariant
+``tl.dot`` operands in shared memory: see ``benchmarks/triton_aot.py``); the state ``(h, c)`` is carried in
 registers in the accumulation dtype (fp32, or fp64 for fp64 params). The input projection ``gx =
 x @ W_ih^T + b_ih`` comes precomputed for all steps (one GEMM).
 
 Layouts (every tensor has a leading ensemble dim ``E``, stride 0 where shared):
 ``gx [E, N, T, G*H]``, ``w [E, G*H, H]``, ``b [E, G*H]``, ``h0/c0 [E, N, H]``,
-``is_init [E, N, T]`` (int8), ``rh/rc [E, N, T, H]`` (reset states),
+``is_init [E, N, T]`` (int8, any strides), ``rh/rc [E, N, T, H]`` (reset states),
 ``hs/cs [E, N, T+1, H]`` (state before step 0 and after every step, in the accumulation dtype),
 ``gates [E, N, T, 4*H]`` (saved activations: LSTM ``i, f, g, o``; GRU ``r, z, n, W_hn h + b_hn``).
 """
@@ -59,7 +60,7 @@ def _rnn_fwd_kernel(
     b_ptr, s_b_e,
     h0_ptr, s_h0_e, s_h0_n,
     c0_ptr, s_c0_e, s_c0_n,
-    init_ptr, s_i_e, s_i_n,
+    init_ptr, s_i_e, s_i_n, s_i_t,
     rh_ptr, s_rh_e, s_rh_n, s_rh_t,
     rc_ptr, s_rc_e, s_rc_n, s_rc_t,
     hs_ptr, cs_ptr, gates_ptr,
@@ -108,7 +109,7 @@ def _rnn_fwd_kernel(
 
     for t in range(T):
         if HAS_INIT:
-            init = tl.load(init_ptr + e * s_i_e + rows * s_i_n + t, mask=rmask, other=0) != 0
+            init = tl.load(init_ptr + e * s_i_e + rows * s_i_n + t * s_i_t, mask=rmask, other=0) != 0
             init2 = init[:, None]
             if HAS_RESET:
                 rh = tl.load(rh_ptr + e * s_rh_e + r2 * s_rh_n + t * s_rh_t + c2, mask=m2, other=0.0)
@@ -168,7 +169,7 @@ def _rnn_fwd_kernel(
 def _rnn_bwd_kernel(
     gates_ptr, hs_ptr, cs_ptr,
     w_ptr, s_w_e, s_w_r,
-    init_ptr, s_i_e, s_i_n,
+    init_ptr, s_i_e, s_i_n, s_i_t,
     rh_ptr, s_rh_e, s_rh_n, s_rh_t,
     rc_ptr, s_rc_e, s_rc_n, s_rc_t,
     dhs_ptr, dcs_ptr,
@@ -221,8 +222,7 @@ def _rnn_bwd_kernel(
         t = T - 1 - tt
         dh += tl.load(dhs_row + (t + 1) * H, mask=m2, other=0.0).to(ACC)
         if HAS_INIT:
-            init = tl.load(init_ptr + e * s_i_e + rows * s_i_n + t, mask=rmask, other=0) != 0
-            init2 = init[:, None]
+            init2 = tl.load(init_ptr + e * s_i_e + r2 * s_i_n + t * s_i_t + c2 * 0, mask=m2, other=0) != 0
         g_t = g_row + t * 4 * H
         q0 = tl.load(g_t, mask=m2, other=0.0).to(ACC)
         q1 = tl.load(g_t + H, mask=m2, other=0.0).to(ACC)
@@ -296,8 +296,8 @@ def _rnn_bwd_kernel(
 # ``TILE x TILE`` weight tiles per step, still one launch for all T steps. Every step ends with
 # a barrier so that the next step's tiles read the state written by the other threads.
 
-RESIDENT_BYTES = 128 * 1024  # budget for the recurrent gate blocks held in registers
-TILE = 64  # tile width of the streamed kernels
+RESIDENT_BYTES = 128 * 1024  # budget for the recurrent gate blocks held on chip
+TILE = 32  # tile width of the streamed kernels (64 spills: see benchmarks/triton_aot.py)
 
 
 def resident(hidden: int, gates: int, itemsize: int) -> bool:
@@ -318,9 +318,9 @@ def _carry_in(st_ptr, r_ptr, mask, init2, HAS_INIT: tl.constexpr, HAS_RESET: tl.
 
 
 @triton.jit
-def _init_tile(init_ptr, s_i_e, s_i_n, e, rows, rmask, t, HAS_INIT: tl.constexpr, BLOCK_N: tl.constexpr):
+def _init_tile(init_ptr, s_i_e, s_i_n, s_i_t, e, rows, rmask, t, HAS_INIT: tl.constexpr, BLOCK_N: tl.constexpr):
     if HAS_INIT:
-        init = tl.load(init_ptr + e * s_i_e + rows * s_i_n + t, mask=rmask, other=0) != 0
+        init = tl.load(init_ptr + e * s_i_e + rows * s_i_n + t * s_i_t, mask=rmask, other=0) != 0
     else:
         init = tl.zeros((BLOCK_N,), dtype=tl.int1)
     return init[:, None]
@@ -344,7 +344,7 @@ def _rnn_fwd_tiled_kernel(
     b_ptr, s_b_e,
     h0_ptr, s_h0_e, s_h0_n,
     c0_ptr, s_c0_e, s_c0_n,
-    init_ptr, s_i_e, s_i_n,
+    init_ptr, s_i_e, s_i_n, s_i_t,
     rh_ptr, s_rh_e, s_rh_n, s_rh_t,
     rc_ptr, s_rc_e, s_rc_n, s_rc_t,
     hs_ptr, cs_ptr, gates_ptr,
@@ -380,7 +380,7 @@ def _rnn_fwd_tiled_kernel(
     tl.debug_barrier()
 
     for t in range(T):
-        init2 = _init_tile(init_ptr, s_i_e, s_i_n, e, rows, rmask, t, HAS_INIT, BLOCK_N)
+        init2 = _init_tile(init_ptr, s_i_e, s_i_n, s_i_t, e, rows, rmask, t, HAS_INIT, BLOCK_N)
         for j0 in range(0, H, BLOCK_T):
             cj = j0 + tl.arange(0, BLOCK_T)
             c2 = cj[None, :]
@@ -449,7 +449,7 @@ def _rnn_fwd_tiled_kernel(
 def _rnn_bwd_tiled_kernel(
     gates_ptr, hs_ptr, cs_ptr,
     w_ptr, s_w_e, s_w_r,
-    init_ptr, s_i_e, s_i_n,
+    init_ptr, s_i_e, s_i_n, s_i_t,
     rh_ptr, s_rh_e, s_rh_n, s_rh_t,
     rc_ptr, s_rc_e, s_rc_n, s_rc_t,
     dhs_ptr, dcs_ptr,
@@ -496,7 +496,7 @@ def _rnn_bwd_tiled_kernel(
 
     for tt in range(T):
         t = T - 1 - tt
-        init2 = _init_tile(init_ptr, s_i_e, s_i_n, e, rows, rmask, t, HAS_INIT, BLOCK_N)
+        init2 = _init_tile(init_ptr, s_i_e, s_i_n, s_i_t, e, rows, rmask, t, HAS_INIT, BLOCK_N)
         # phase A: gate grads, elementwise per tile
         for j0 in range(0, H, BLOCK_T):
             cj = j0 + tl.arange(0, BLOCK_T)

@@ -18,7 +18,9 @@ work eagerly, under ``torch.compile`` and over ``torch.vmap`` outputs. ``torch.f
 ``setup_context`` functorch requires (pytorch/pytorch#170834, still open in torch 2.13).
 """
 
+import contextlib
 import os
+import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -34,6 +36,10 @@ MAX_ELEMENTS = 2**31  # the kernels index their buffers with 32-bit integers
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float64": 8}
 _TL = {"float32": tl.float32, "bfloat16": tl.bfloat16, "float64": tl.float64}
 BLOCK_N = 16  # batch rows per program: tl.dot's minimum, and the most programs for the SMs
+# Triton's interpreter patches ``triton.language`` globally for the duration of a launch, so two
+# threads launching at once break each other ("Did you forget to add @triton.jit ?"): launches
+# are serialised in interpreter mode. Compiled CUDA launches need no lock.
+_LAUNCH_LOCK = threading.Lock() if INTERPRET else contextlib.nullcontext()
 
 
 def _opt(t: Optional[Tensor], dims: int, dummy: Tensor) -> tuple:
@@ -59,14 +65,41 @@ def _kernel_dtypes(gx: Tensor, compute_dtype: str, precision: str) -> dict:
     )
 
 
-def _blocks(H: int, lstm: bool, compute_dtype: str) -> tuple[bool, dict]:
-    """Whether the streamed (tiled) kernels serve this width, and their block-size constexprs."""
+# (num_warps, num_stages) of the streamed kernels where Triton's default stages with 8 warps spill, keyed
+# by (cell, direction, operands: "bfloat16" or the fp32 matmul precision). ptxas picks the register
+# count itself; these are the settings the ahead-of-time compilation measured spill-free on sm_90
+# and sm_80 for every H and reset flag (benchmarks/results/triton_aot_resources.json).
+_STREAMED_LAUNCH = {
+    ("gru", "bwd", "bfloat16"): (4, 2), ("gru", "bwd", "ieee"): (4, 2), ("gru", "bwd", "tf32"): (4, 2),
+    ("gru", "fwd", "bfloat16"): (8, 1), ("lstm", "fwd", "ieee"): (8, 2),
+}
+
+
+def _blocks(H: int, lstm: bool, compute_dtype: str, precision: str, direction: str) -> tuple[bool, dict]:
+    """Whether the streamed (tiled) kernels serve this width, and their block-size and launch constexprs.
+
+    Chosen by compiling every configuration ahead of time (``benchmarks/triton_aot.py``) for sm_90 and
+    sm_80: shared memory within sm_80's 163 KiB per block and no spills for every H <= 512.
+    ``direction`` is ``"fwd"`` or ``"bwd"``.
+    ``num_stages`` bounds the loads prefetched into shared memory across loop iterations (Triton's
+    default, 3, overflows it where the recurrent weights already sit there).
+
+    Returns ``(tiled, constexprs)``; the resident variant takes ``BLOCK_H``, the streamed ``BLOCK_T``.
+    """
     tiled = not kernels.resident(H, 4 if lstm else 3, _ITEMSIZE[compute_dtype])
     block_h = max(16, triton.next_power_of_2(H))  # tl.dot needs every dim >= 16
     if tiled:
-        return True, dict(BLOCK_N=BLOCK_N, BLOCK_T=min(kernels.TILE, block_h), num_warps=4)
-    # resident weights take G * block_h^2 operands in registers: spread them over more threads
-    return False, dict(BLOCK_N=BLOCK_N, BLOCK_H=block_h, num_warps=4 if block_h <= 64 else 8)
+        operands = "bfloat16" if compute_dtype == "bfloat16" else precision
+        warps, stages = _STREAMED_LAUNCH.get(("lstm" if lstm else "gru", direction, operands), (8, 3))
+        return True, dict(BLOCK_N=BLOCK_N, BLOCK_T=min(kernels.TILE, block_h), num_warps=warps, num_stages=stages)
+    # resident weights: G * block_h^2 operands in shared memory (twice that for tf32x3's split operands);
+    # beyond 96 KiB of them, two prefetch stages overflow sm_80: none. 8 warps (4 spill); the GRU
+    # backward at block_h = 128 still spills with 8, so GRU takes 16 there (LSTM spills with 16)
+    weight_bytes = (4 if lstm else 3) * block_h**2 * _ITEMSIZE[compute_dtype]
+    if precision == "tf32x3" and compute_dtype == "float32":
+        weight_bytes *= 2
+    warps = 16 if (not lstm and block_h >= 128) else 8
+    return False, dict(BLOCK_N=BLOCK_N, BLOCK_H=block_h, num_warps=warps, num_stages=1 if weight_bytes > 96 * 1024 else 2)
 
 
 def _input_projection(x: Tensor, w_ih: Tensor, b_ih: Optional[Tensor]) -> Tensor:
@@ -84,6 +117,61 @@ def _fwd_outputs(gx: Tensor, H: int, lstm: bool, save: bool) -> tuple[Tensor, Te
     return hs, cs, gates
 
 
+def fwd_launch(
+    gx: Tensor, w: Tensor, b: Optional[Tensor], h0: Tensor, c0: Optional[Tensor], is_init: Optional[Tensor],
+    rh: Optional[Tensor], rc: Optional[Tensor], hs: Tensor, cs: Tensor, gates: Tensor,
+    lstm: bool, save: bool, compute_dtype: str, precision: str,
+) -> tuple[Callable, tuple, tuple, dict]:
+    """The forward kernel the launcher picks, its grid, positional arguments and constexprs.
+
+    Every tensor is passed with its real strides, except the last dim, made unit-stride here
+    (``gx`` and the outputs are fresh and contiguous). Also used by ``benchmarks/triton_aot.py``
+    to compile exactly what would launch.
+    """
+    E, N, T = gx.shape[:3]
+    H = w.shape[-1]
+    w, b, h0, c0, rh, rc = map(_last_contiguous, (w, b, h0, c0, rh, rc))
+    init = None if is_init is None else is_init.to(torch.int8)
+    tiled, blocks = _blocks(H, lstm, compute_dtype, precision, "fwd")
+    args = (
+        gx, *gx.stride()[:3], w, *w.stride()[:2], *_opt(b, 1, gx), h0, *h0.stride()[:2],
+        *_opt(c0, 2, gx), *_opt(init, 3, gx), *_opt(rh, 3, gx), *_opt(rc, 3, gx),
+        hs, cs if lstm else hs, gates if save else hs, N, T, H,
+    )
+    constexprs = dict(
+        IS_LSTM=lstm, HAS_BIAS=b is not None, HAS_INIT=init is not None, HAS_RESET=rh is not None,
+        SAVE=save, **_kernel_dtypes(gx, compute_dtype, precision), **blocks,
+    )
+    kernel = kernels._rnn_fwd_tiled_kernel if tiled else kernels._rnn_fwd_kernel
+    return kernel, (triton.cdiv(N, BLOCK_N), E), args, constexprs
+
+
+def bwd_launch(
+    gates: Tensor, hs: Tensor, cs: Tensor, w: Tensor, is_init: Optional[Tensor], rh: Optional[Tensor],
+    rc: Optional[Tensor], dhs: Tensor, dcs: Tensor, outs: tuple, lstm: bool, compute_dtype: str, precision: str,
+) -> tuple[Callable, tuple, tuple, dict]:
+    """The backward kernel, grid, arguments and constexprs (``gates``, ``hs``, ``cs``, ``dhs``, ``dcs``
+    and ``outs`` from :func:`_bwd_outputs` are contiguous)."""
+    w, rh, rc = map(_last_contiguous, (w, rh, rc))
+    dgx, dgh, dh0, dc0, drh, drc = outs
+    E, N, T1, H = hs.shape
+    init = None if is_init is None else is_init.to(torch.int8)
+    tiled, blocks = _blocks(H, lstm, compute_dtype, precision, "bwd")
+    # the streamed kernel keeps GRU's direct term dh * z in a scratch row per batch entry
+    scratch = (dh0.new_empty((E, N, H)) if not lstm else dgx,) if tiled else ()
+    args = (
+        gates, hs, cs, w, *w.stride()[:2], *_opt(init, 3, gates), *_opt(rh, 3, gates), *_opt(rc, 3, gates),
+        dhs, dcs, dgx, dgh if not lstm else dgx, dh0, dc0 if lstm else dh0,
+        drh if rh is not None else dgx, drc if (rc is not None and lstm) else dgx, *scratch, N, T1 - 1, H,
+    )
+    constexprs = dict(
+        IS_LSTM=lstm, HAS_INIT=init is not None, HAS_RESET=rh is not None,
+        **_kernel_dtypes(hs, compute_dtype, precision), **blocks,
+    )
+    kernel = kernels._rnn_bwd_tiled_kernel if tiled else kernels._rnn_bwd_kernel
+    return kernel, (triton.cdiv(N, BLOCK_N), E), args, constexprs
+
+
 def _make_fwd(run: Callable) -> Callable:
     def layer_fwd(
         x: Tensor, w_ih: Tensor, b_ih: Optional[Tensor], w: Tensor, b: Optional[Tensor], h0: Tensor,
@@ -98,19 +186,13 @@ def _make_fwd(run: Callable) -> Callable:
                 f"indexing ({MAX_ELEMENTS}); split the batch or the sequence, or use one of reference, scan, pad."
             )
         gx = _input_projection(x, w_ih, b_ih)
-        w, b, h0, c0, rh, rc = map(_last_contiguous, (w, b, h0, c0, rh, rc))
         hs, cs, gates = _fwd_outputs(gx, H, lstm, save)
-        init = None if is_init is None else is_init.to(torch.int8)
-        grid = (triton.cdiv(N, BLOCK_N), E)
-        tiled, blocks = _blocks(H, lstm, compute_dtype)
-        kernels.LAUNCHES["count"] += 1
-        run(kernels._rnn_fwd_tiled_kernel if tiled else kernels._rnn_fwd_kernel)[grid](
-            gx, *gx.stride()[:3], w, *w.stride()[:2], *_opt(b, 1, gx), h0, *h0.stride()[:2],
-            *_opt(c0, 2, gx), *_opt(init, 2, gx), *_opt(rh, 3, gx), *_opt(rc, 3, gx),
-            hs, cs if lstm else hs, gates if save else hs, N, T, H,
-            IS_LSTM=lstm, HAS_BIAS=b is not None, HAS_INIT=init is not None, HAS_RESET=rh is not None,
-            SAVE=save, **_kernel_dtypes(gx, compute_dtype, precision), **blocks,
+        kernel, grid, args, constexprs = fwd_launch(
+            gx, w, b, h0, c0, is_init, rh, rc, hs, cs, gates, lstm, save, compute_dtype, precision
         )
+        with _LAUNCH_LOCK:
+            kernels.LAUNCHES["count"] += 1
+            run(kernel)[grid](*args, **constexprs)
         return hs, cs, gates
 
     return layer_fwd
@@ -139,25 +221,14 @@ def _make_bwd(run: Callable) -> Callable:
         rh: Optional[Tensor], rc: Optional[Tensor], dhs: Tensor, dcs: Tensor,
         lstm: bool, compute_dtype: str, precision: str,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-        w, rh, rc = map(_last_contiguous, (w, rh, rc))
         gates, hs, dhs = gates.contiguous(), hs.contiguous(), dhs.contiguous()
         cs, dcs = (cs.contiguous(), dcs.contiguous()) if lstm else (hs, dhs)
-        E, N, T1, H = hs.shape
         outs = _bwd_outputs(gates, hs, lstm, rh is not None)
-        dgx, dgh, dh0, dc0, drh, drc = outs
-        init = None if is_init is None else is_init.to(torch.int8)
-        grid = (triton.cdiv(N, BLOCK_N), E)
-        tiled, blocks = _blocks(H, lstm, compute_dtype)
-        # the streamed kernel keeps GRU's direct term dh * z in a scratch row per batch entry
-        scratch = (dh0.new_empty((E, N, H)) if not lstm else dgx,) if tiled else ()
-        kernels.LAUNCHES["count"] += 1
-        run(kernels._rnn_bwd_tiled_kernel if tiled else kernels._rnn_bwd_kernel)[grid](
-            gates, hs, cs, w, *w.stride()[:2], *_opt(init, 2, gates), *_opt(rh, 3, gates), *_opt(rc, 3, gates),
-            dhs, dcs, dgx, dgh if not lstm else dgx, dh0, dc0 if lstm else dh0,
-            drh if rh is not None else dgx, drc if (rc is not None and lstm) else dgx, *scratch, N, T1 - 1, H,
-            IS_LSTM=lstm, HAS_INIT=init is not None, HAS_RESET=rh is not None, **_kernel_dtypes(hs, compute_dtype, precision),
-            **blocks,
-        )
+        kernel, grid, args, constexprs = bwd_launch(gates, hs, cs, w, is_init, rh, rc, dhs, dcs, outs, lstm,
+                                                     compute_dtype, precision)
+        with _LAUNCH_LOCK:
+            kernels.LAUNCHES["count"] += 1
+            run(kernel)[grid](*args, **constexprs)
         return outs
 
     return layer_bwd
