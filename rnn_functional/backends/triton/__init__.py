@@ -11,10 +11,14 @@ gates and replays the forward in backward.
 Two kernel variants (:mod:`.kernels`), picked per call by :func:`.kernels.resident`:
 
 * resident: the padded ``[H, H]`` gate blocks of ``W_hh`` are loaded once before the time loop
-  and stay in registers, the state too. Used while ``G * next_pow2(H)^2 * itemsize <= 128 KiB``
-  of the matmul operand dtype: H <= 64 for fp32 (LSTM and GRU) and fp64, H <= 128 for bf16.
-* streamed: beyond that, the state lives in the output buffers (L1/L2) and ``64 x 64`` weight
-  tiles are streamed per step, still one launch for all ``T`` steps; any H.
+  and stay on chip (the compiled kernels hold them in shared memory), the state in registers.
+  Used while ``G * next_pow2(H)^2 * itemsize <= 128 KiB`` of the matmul operand dtype: H <= 64
+  for fp32 (LSTM and GRU) and fp64, H <= 128 for bf16.
+* streamed: beyond that, the state lives in the output buffers (L1/L2) and ``32 x 32`` weight
+  tiles (``kernels.TILE``) are streamed per step, still one launch for all ``T`` steps; any H.
+
+Registers, spills and shared memory of every launchable configuration, compiled ahead of time
+for sm_90 and sm_80, are in ``benchmarks/results/triton_aot_resources.json`` (docs/backends.md).
 
 Serves cells with :class:`~rnn_functional.cells.TritonKernels` (LSTM, GRU; ``is_lstm`` picks the
 kernels' gate and state update). ``triton`` itself is imported only when a kernel runs (:mod:`.ops`).
