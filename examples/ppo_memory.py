@@ -298,6 +298,7 @@ class Rollouts:
         self.is_init = torch.ones(shape, dtype=torch.bool)
         self.greedy = torch.zeros(shape, dtype=torch.bool)
         self.episode_return = torch.zeros(shape)
+        self.reward_scale = RewardScale(shape, cfg.gamma)
 
     @torch.no_grad()
     def collect(self) -> tuple[dict, list[list[float]]]:
@@ -311,6 +312,7 @@ class Rollouts:
             )
             self.is_init = done
             self.episode_return += record["reward"]
+            record["reward"] = self.reward_scale(record["reward"], done)
             for m, n in done.nonzero().tolist():
                 finished[m].append(self.episode_return[m, n].item())
             self.episode_return = self.episode_return * ~done
@@ -324,6 +326,29 @@ class Rollouts:
         rollout["advantage"] = gae(rollout, self.cfg.gamma, self.cfg.lmbda)
         rollout["return"] = rollout["advantage"] + rollout["value"]
         return rollout, finished
+
+
+class RewardScale:
+    """Divides rewards by a running standard deviation of the discounted return, per member, as
+    SB3's ``VecNormalize(norm_reward=True)`` in the RL Zoo's recipe: it keeps the critic's targets
+    near 1 whatever the episode length, so its loss does not swamp the policy's under the shared
+    gradient-norm clip."""
+
+    def __init__(self, shape: tuple[int, int], gamma: float) -> None:
+        self.gamma = gamma
+        self.discounted = torch.zeros(shape)
+        self.mean, self.var, self.count = torch.zeros(shape[0]), torch.ones(shape[0]), 1e-4
+
+    def __call__(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        """``reward [E, N]`` scaled; ``done [E, N]`` ends the discounted sums."""
+        self.discounted = self.discounted * self.gamma + reward
+        batch_mean, batch_var, n = self.discounted.mean(1), self.discounted.var(1, unbiased=False), reward.shape[1]
+        delta, total = batch_mean - self.mean, self.count + n
+        self.mean = self.mean + delta * n / total
+        self.var = (self.var * self.count + batch_var * n + delta.square() * self.count * n / total) / total
+        self.count = total
+        self.discounted = self.discounted * ~done
+        return (reward / (self.var.sqrt().unsqueeze(1) + 1e-8)).clamp(-10, 10)
 
 
 def gae(rollout: dict, gamma: float, lmbda: float) -> torch.Tensor:
