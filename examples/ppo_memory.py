@@ -54,8 +54,8 @@ from pathlib import Path
 import torch
 import torchrl.modules.tensordict_module.rnn  # noqa: F401 - see below
 from tensordict import TensorDict
+from tensordict.nn import TensorDictParams
 from torch import nn
-from torch.func import functional_call
 
 import cartpole
 from rnn_functional import GRUModule, LSTMModule, set_recurrent_mode, stack_params
@@ -150,10 +150,6 @@ class Agent(nn.Module):
         critic, critic_next = self._core(self.critic_core, obs, memory[k:], is_init)
         return actor, critic, actor_next + critic_next
 
-    def forward(self, method: str, *args):
-        """``self.<method>(*args)``: the entry point of ``torch.func.functional_call``."""
-        return getattr(self, method)(*args)
-
     def act(self, obs: torch.Tensor, memory: tuple, is_init: torch.Tensor):
         """One step: ``obs [N, 2]`` -> ``(logits [N, 2], value [N], next memory)``."""
         actor, critic, next_memory = self._features(obs, memory, is_init)
@@ -181,10 +177,12 @@ def observe(state: torch.Tensor) -> torch.Tensor:
 class Ensemble:
     """The members' parameters, stacked, and the compiled functions that run them.
 
-    ``params`` maps ``Agent`` parameter names to leaf tensors ``[E, *shape]``: the members'
-    initial parameters stacked with :func:`rnn_functional.stack_params`. ``step`` runs every
-    member's policy (``torch.vmap`` over ``params``) and steps every environment, ``[E, N]`` at
-    once; ``losses`` is one member's PPO loss over its ``[N, T]`` rollout. Adam works element by
+    ``params`` (a ``TensorDictParams`` ``[E]``, the ``Agent``'s parameter tree with leaves
+    ``[E, *shape]``) holds the members' initial parameters stacked with
+    :func:`rnn_functional.stack_params`; ``members[m]`` are views of member ``m``'s. Each call
+    swaps a member's parameters into ``template`` (``TensorDict.to_module``, outside the
+    compiled graph: Dynamo refuses to touch the ``nn.LSTM`` child the swap writes into) and runs
+    one graph compiled with ``fullgraph=True`` that serves every member. Adam works element by
     element, so one optimizer over the stacked leaves is E independent optimizers.
     """
 
@@ -193,39 +191,46 @@ class Ensemble:
         members = []
         for seed in cfg.seeds:
             torch.manual_seed(seed)
-            members.append(TensorDict(dict(Agent(cfg).named_parameters())).detach())
-        stacked = stack_params(members)
-        self.params = {name: nn.Parameter(value) for name, value in stacked.items()}
-        self.template = Agent(cfg).to("meta")  # code only: calls pass the members' parameters
-        self.optim = torch.optim.Adam(self.params.values(), lr=cfg.lr, foreach=True)
+            members.append(TensorDict.from_module(Agent(cfg)).detach())
+        self.params = TensorDictParams(stack_params(members))
+        self.members = [self.params[m] for m in range(len(cfg.seeds))]
+        self.leaves = list(self.params.values(include_nested=True, leaves_only=True))
+        self.template = Agent(cfg)
+        self.optim = torch.optim.Adam(self.leaves, lr=cfg.lr, foreach=True)
         options = dict(fullgraph=True, dynamic=False)
-        self.step = torch.compile(self._step, **options)
+        self.act = torch.compile(self.template.act, **options)
+        self.value = torch.compile(self.template.value, **options)
+        self.env_step = torch.compile(_env_step, **options)
         self.losses = torch.compile(self._losses, **options)
 
-    def _member_act(self, params, obs, memory, is_init):
-        return functional_call(self.template, params, ("act", obs, memory, is_init))
-
-    def _member_value(self, params, obs, memory):
-        return functional_call(self.template, params, ("value", obs, memory))
-
-    def _step(self, params, state, steps, memory, is_init, greedy):
+    def step(self, state, steps, memory, is_init, greedy, bootstrap: bool):
         """Act and step the environments.
 
         ``state [E, N, 4]``, ``steps [E, N]``, ``memory`` (each ``[E, N, 1, H]``), ``is_init [E, N]``
         (episode starts: their memory is zeroed), ``greedy [E, N]`` (mode instead of a sample).
         Returns the step's record (obs, the memory it read, action, log-prob, value, reward,
-        terminated, truncated, and the value of the next observation for bootstrapping), and the
-        next ``(state, steps, memory, is_init)`` with finished episodes reset.
+        terminated, truncated, and the value of the next observation where an episode was
+        truncated, everywhere if ``bootstrap``, else 0), and the next
+        ``(state, steps, memory, is_init)`` with finished episodes reset.
         """
         memory = tuple(m * ~is_init[..., None, None] for m in memory)
         obs = observe(state)
-        logits, value, next_memory = torch.vmap(self._member_act)(params, obs, memory, is_init)
-        log_probs = logits.log_softmax(-1)
-        sampled = torch.rand_like(value) < log_probs[..., 1].exp()
-        action = torch.where(greedy, logits[..., 1] > logits[..., 0], sampled).long()
-        log_prob = log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
-        next_state, next_steps, reward, terminated, truncated = cartpole.step(state, steps, action)
-        next_value = torch.vmap(self._member_value)(params, observe(next_state), next_memory)
+        outs = []
+        for m, params in enumerate(self.members):
+            with params.to_module(self.template):
+                outs.append(self.act(obs[m], tuple(x[m] for x in memory), is_init[m]))
+        logits = torch.stack([o[0] for o in outs])
+        value = torch.stack([o[1] for o in outs])
+        next_memory = tuple(torch.stack(parts) for parts in zip(*(o[2] for o in outs)))
+        action, log_prob, next_state, next_steps, reward, terminated, truncated = self.env_step(
+            logits, greedy, state, steps
+        )
+        next_value = torch.zeros_like(value)
+        if bootstrap or bool(truncated.any()):
+            next_obs = observe(next_state)
+            for m, params in enumerate(self.members):
+                with params.to_module(self.template):
+                    next_value[m] = self.value(next_obs[m], tuple(x[m] for x in next_memory))
         done = terminated | truncated
         fresh = cartpole.initial_state(tuple(steps.shape))
         state, steps = cartpole.reset_done(next_state, next_steps, done, fresh)
@@ -235,14 +240,11 @@ class Ensemble:
         )
         return record, state, steps, next_memory, done
 
-    def _losses(self, params, member, batch, clip_epsilon):
-        """PPO losses of member ``member`` (index tensor ``[1]``: one graph serves every member) on
-        ``batch`` ([N, T] rollout tensors): (total, stats [4])."""
+    def _losses(self, batch, clip_epsilon):
+        """PPO losses of the member whose parameters are in ``template`` on ``batch`` ([N, T] rollout
+        tensors): (total, stats [4])."""
         cfg = self.cfg
-        own = {name: value.index_select(0, member).squeeze(0) for name, value in params.items()}
-        logits, value = functional_call(
-            self.template, own, ("sequence", batch["obs"], batch["memory"], batch["is_init"])
-        )
+        logits, value = self.template.sequence(batch["obs"], batch["memory"], batch["is_init"])
         log_probs = logits.log_softmax(-1)
         log_prob = log_probs.gather(-1, batch["action"].unsqueeze(-1)).squeeze(-1)
         entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
@@ -263,22 +265,31 @@ class Ensemble:
         for group in self.optim.param_groups:
             group["lr"] = cfg.lr * scale
         clip_epsilon = torch.tensor(cfg.clip_epsilon * scale)
-        members = len(cfg.seeds)
-        stats = torch.zeros(members, 4)
+        stats = torch.zeros(len(self.members), 4)
         for _ in range(cfg.epochs):
             for envs in torch.randperm(cfg.num_envs).chunk(cfg.minibatches):
                 total = 0
-                for m in range(members):
+                for m, params in enumerate(self.members):
                     batch = {k: _index(v, m, envs) for k, v in rollout.items()}
-                    with set_recurrent_mode(True):  # entered outside the compiled graph
-                        loss, member_stats = self.losses(self.params, torch.tensor([m]), batch, clip_epsilon)
+                    with params.to_module(self.template), set_recurrent_mode(True):
+                        loss, member_stats = self.losses(batch, clip_epsilon)
                     total = total + loss
                     stats[m] += member_stats
                 total.backward()
-                clip_grad_norm_per_member(list(self.params.values()), cfg.max_grad_norm)
+                clip_grad_norm_per_member(self.leaves, cfg.max_grad_norm)
                 self.optim.step()
                 self.optim.zero_grad(set_to_none=True)
         return stats / (cfg.epochs * cfg.minibatches)
+
+
+def _env_step(logits, greedy, state, steps):
+    """Pick actions from ``logits [E, N, 2]`` (the mode where ``greedy``, else a sample) and step
+    CartPole: ``(action, log_prob, next_state, next_steps, reward, terminated, truncated)``."""
+    log_probs = logits.log_softmax(-1)
+    sampled = torch.rand_like(log_probs[..., 1]) < log_probs[..., 1].exp()
+    action = torch.where(greedy, logits[..., 1] > logits[..., 0], sampled).long()
+    log_prob = log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+    return action, log_prob, *cartpole.step(state, steps, action)
 
 
 def clip_grad_norm_per_member(leaves: list[torch.Tensor], max_norm: float) -> None:
@@ -313,11 +324,11 @@ class Rollouts:
     def collect(self) -> tuple[dict, list[list[float]]]:
         """One rollout of ``steps_per_env`` steps: tensors ``[E, N, T]`` with GAE advantages and returns,
         and the returns of the episodes that ended, per member."""
-        params = self.ensemble.params
         records, finished = [], [[] for _ in self.cfg.seeds]
-        for _ in range(self.cfg.steps_per_env):
+        for t in range(self.cfg.steps_per_env):
             record, self.state, self.steps, self.memory, done = self.ensemble.step(
-                params, self.state, self.steps, self.memory, self.is_init, self.greedy
+                self.state, self.steps, self.memory, self.is_init, self.greedy,
+                bootstrap=t + 1 == self.cfg.steps_per_env,
             )
             self.is_init = done
             self.episode_return += record["reward"]
@@ -400,7 +411,7 @@ def evaluate(ensemble: Ensemble, episodes: int) -> dict[str, list[float]]:
             total, running = torch.zeros(shape), torch.ones(shape, dtype=torch.bool)
             for _ in range(cartpole.MAX_STEPS):
                 record, state, steps, memory, is_init = ensemble.step(
-                    ensemble.params, state, steps, memory, is_init, greedy
+                    state, steps, memory, is_init, greedy, bootstrap=False
                 )
                 total += record["reward"] * running
                 running &= ~is_init  # is_init: the episode just ended
