@@ -14,12 +14,15 @@ one cannot. The script trains both, three seeds each, and reports what each lear
   of 8: the update's cost grows with the time steps, hardly with the envs, so the same frames
   cost half as much. Truncated episodes are bootstrapped with the critic's value of their last
   observation.
-* The three seeds train side by side as an ensemble: their parameters are stacked and one
-  ``torch.vmap``-ed, ``torch.compile(fullgraph=True)``-ed step runs every member's policy and
-  steps all ``3 x 16`` environments (:mod:`cartpole`, gymnasium's CartPole-v1 written in torch).
-  The PPO update runs one compiled graph (``fullgraph=True``, the LSTM in recurrent mode over
-  ``[envs, time]`` with the episode resets inside) per member: compiled autograd through a
-  vmapped ``scan`` is a torch 2.13 limitation (``docs/ensembles.md``).
+* The three seeds train side by side as an ensemble: their parameters live stacked in one
+  ``TensorDictParams`` (:func:`rnn_functional.stack_params`) under one Adam; each member's
+  parameters are swapped into a template agent (``TensorDict.to_module``) for the calls of the
+  graphs compiled with ``fullgraph=True`` that serve every member: one policy step, and the PPO
+  loss over a member's ``[envs, time]`` rollout with the LSTM in recurrent mode and the episode
+  resets inside. All ``3 x 16`` environments step at once (:mod:`cartpole`, gymnasium's
+  CartPole-v1 written in torch). (Swapping inside a compiled ``torch.vmap`` would touch the
+  modules' ``nn.LSTM`` child, which Dynamo refuses; compiled autograd through a vmapped ``scan``
+  is a torch 2.13 limitation, see ``docs/ensembles.md``.)
 * The memoryless baseline trains in a second process meanwhile (one CPU core each;
   ``--sequential`` trains one after the other).
 * ``evals`` times during training and at the end, each member plays ``eval_episodes`` episodes
