@@ -1,432 +1,661 @@
 """Recurrent PPO on CartPole-v1 with the velocities hidden: a task that needs memory.
 
-The agent sees only the cart position and the pole angle. To balance the pole it has to
-infer both velocities from the recent observations, which a recurrent policy can do and a
-memoryless one cannot. The recurrent core is ``rnn_functional.GRUModule`` (a drop-in
-replacement for ``torchrl.modules.GRUModule``). TorchRL provides the rest: a vectorized
-env, the ``Collector``, ``GAE`` and ``ClipPPOLoss``. The policy is compiled with
-``torch.compile(fullgraph=True)`` twice: one step at a time for collection, and over whole
-``[envs, time]`` rollouts with episode resets inside them for the values and the loss.
+The agent sees only the cart position and the pole angle. To balance the pole it has to infer
+both velocities from the recent observations, which a recurrent policy can do and a memoryless
+one cannot. The script trains both, three seeds each, and reports what each learned.
+
+* Recurrent policy: actor and critic each read the observation through their own
+  ``rnn_functional.LSTMModule`` (the drop-in for ``torchrl.modules.LSTMModule``), then an MLP
+  head. Memoryless baseline: the same heads behind an MLP layer.
+* The recipe is the RL Zoo's RecurrentPPO for CartPoleNoVel-v1 (sb3-contrib: 32 steps per env
+  and update, 20 epochs of one minibatch, lr 1e-3 and clip range 0.2 both decaying linearly to 0,
+  gamma 0.98, GAE lambda 0.8, no entropy bonus, max grad norm 0.5, LSTM 64 and heads [64] with
+  ReLU, rewards scaled as ``VecNormalize`` does, 1e5 frames) with 16 envs per update instead
+  of 8: the update's cost grows with the time steps, hardly with the envs, so the same frames
+  cost half as much. Truncated episodes are bootstrapped with the critic's value of their last
+  observation.
+* The three seeds train side by side as an ensemble: their parameters live stacked in one
+  ``TensorDictParams`` (:func:`rnn_functional.stack_params`) under one Adam; each member's
+  parameters are swapped into a template agent (``TensorDict.to_module``) for the calls of the
+  graphs compiled with ``fullgraph=True`` that serve every member: one policy step, and the PPO
+  loss over a member's ``[envs, time]`` rollout with the LSTM in recurrent mode and the episode
+  resets inside. All ``3 x 16`` environments step at once (:mod:`cartpole`, gymnasium's
+  CartPole-v1 written in torch). (Swapping inside a compiled ``torch.vmap`` would touch the
+  modules' ``nn.LSTM`` child, which Dynamo refuses; compiled autograd through a vmapped ``scan``
+  is a torch 2.13 limitation, see ``docs/ensembles.md``.)
+* The memoryless baseline trains in a second process meanwhile (one CPU core each;
+  ``--sequential`` trains one after the other).
+* ``evals`` times during training and at the end, each member plays ``eval_episodes`` episodes
+  with the greedy action (the mode) and as many with sampled actions.
 
 Run::
 
-    python examples/ppo_memory.py               # recurrent policy, about 3 min on 2 shared CPU cores
-    python examples/ppo_memory.py --memoryless  # same budget, MLP-only policy (the baseline)
-    python examples/ppo_memory.py --quick       # reduced size (the test), under 1 minute
+    python examples/ppo_memory.py           # both policies, 3 seeds each, 1e5 frames per seed
+    python examples/ppo_memory.py --quick   # the CI check: shorter, fails unless memory helps
 
-Each run writes ``<out>/ppo_memory_<kind>.json`` (config, per-iteration log, greedy
-evaluations, final returns) and redraws ``<out>/ppo_memory.png`` with the learning curves of
-both kinds whose JSON is in ``<out>`` (``--quick`` runs use a ``_quick`` suffix). Uses the GPU for the networks when there is
-one (``--device``); the environments always step on the CPU.
+Writes ``<out>/summary.json`` (final returns per seed), ``<out>/log_<policy>.json`` (config and
+per-iteration log), ``<out>/log_memoryless.txt`` (the second process's output) and
+``<out>/ppo_memory.png`` (learning curves of this run), ``<out>`` being ``runs/ppo_memory``
+(``runs/ppo_memory_quick`` with ``--quick``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import math
+import os
 import platform
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-import gymnasium as gym
-import tensordict
 import torch
-import torchrl
-from tensordict import TensorDictBase
-from tensordict.nn import TensorDictModule, TensorDictSequential
+import torchrl.modules.tensordict_module.rnn  # noqa: F401 - see below
+from tensordict import TensorDict
+from tensordict.nn import TensorDictParams
 from torch import nn
-from torchrl.collectors import Collector
-from torchrl.envs import (
-    Compose,
-    GymWrapper,
-    InitTracker,
-    ObservationNorm,
-    RewardSum,
-    StepCounter,
-    Transform,
-    TransformedEnv,
-)
-from torchrl.envs.utils import ExplorationType, set_exploration_type
-from torchrl.modules import MLP, ProbabilisticActor, set_recurrent_mode
-from torchrl.modules.utils import get_primers_from_module
-from torchrl.objectives import ClipPPOLoss
-from torchrl.objectives.value import GAE
 
-from rnn_functional import GRUModule
+import cartpole
+from rnn_functional import GRUModule, LSTMModule, set_recurrent_mode, stack_params
 
-# CartPole's observation is (cart position, cart velocity, pole angle, pole angular velocity);
-# its actions are push left / push right.
-VISIBLE = [0, 2]
-N_ACTIONS = 2
-# Episodes end when |cart position| > 2.4 or |pole angle| > 0.2095 rad: dividing by these
-# puts both inputs in [-1, 1], so the small step-to-step changes the policy must remember
-# are not drowned by the scale difference between the two entries.
-OBS_SCALE = [1 / 2.4, 1 / 0.2095]
+# Our modules read TorchRL's recurrent-mode flag when TorchRL's rnn module is loaded and look it
+# up in sys.modules otherwise; under torch.compile that lookup guards on len(sys.modules), which
+# every Inductor compilation changes, so each compiled graph holding a module would recompile
+# after the next compilation. Loading TorchRL's module first keeps the graphs valid. TorchRL
+# logs at INFO level on stdout: keep its warnings only.
+logging.getLogger("torchrl").setLevel(logging.WARNING)
 
-
-class HideVelocities(Transform):
-    """Keep only the cart position and the pole angle of CartPole's observation: ``[*B, 4] -> [*B, 2]``."""
-
-    def __init__(self) -> None:
-        super().__init__(in_keys=["observation"], out_keys=["observation"])
-
-    def _apply_transform(self, obs: torch.Tensor) -> torch.Tensor:
-        return obs[..., VISIBLE]
-
-    def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
-        return self._call(tensordict_reset)
-
-    def transform_observation_spec(self, observation_spec):
-        spec = observation_spec["observation"]
-        observation_spec["observation"] = type(spec)(
-            low=spec.space.low[..., VISIBLE],
-            high=spec.space.high[..., VISIBLE],
-            shape=(*spec.shape[:-1], len(VISIBLE)),
-            dtype=spec.dtype,
-            device=spec.device,
-        )
-        return observation_spec
+ROOT = Path(__file__).resolve().parents[1]
+# The policy sees (cart position, pole angle), scaled by the termination limits to [-1, 1].
+OBS_SCALE = (1 / cartpole.X_LIMIT, 1 / cartpole.THETA_LIMIT)
+N_ACTIONS = 2  # push left, push right
+_IMPORTED = time.perf_counter()
 
 
 @dataclass
 class Config:
-    """Everything that defines a run (saved in the JSON log)."""
+    """Everything that defines a run of one policy (saved in its log)."""
 
-    memoryless: bool = False
-    iterations: int = 800
-    num_envs: int = 16
-    steps_per_env: int = 32  # rollout length per iteration = truncated-BPTT length
-    epochs: int = 10
+    policy: str = "recurrent"  # or "memoryless"
+    seeds: tuple[int, ...] = (0, 1, 2)
+    frames: int = 100_000  # per seed
+    num_envs: int = 16  # the RL Zoo uses 8: twice the envs per update costs little more (time dominates)
+    steps_per_env: int = 32  # rollout length per update = truncated-BPTT length
+    epochs: int = 20
     minibatches: int = 1  # split along the env dim: a minibatch holds whole rollouts
+    cell: str = "lstm"  # or "gru"
+    shared_core: bool = False  # one recurrent core for actor and critic
     hidden: int = 64
-    lr: float = 1e-3  # decays linearly to 0 over the run
+    lr: float = 1e-3  # decays linearly to 0
+    clip_epsilon: float = 0.2  # decays linearly to 0
     gamma: float = 0.98
     lmbda: float = 0.8
-    clip_epsilon: float = 0.2
-    entropy_coeff: float = 0.01
+    entropy_coeff: float = 0.0
     critic_coeff: float = 0.5
-    max_grad_norm: float = 1.0
-    eval_envs: int = 16
-    evals: int = 10  # greedy evaluations during training (and one at the end)
-    seed: int = 0
-    compile: bool = True
-    device: str = "cpu"
+    max_grad_norm: float = 0.5
+    evals: int = 10  # evaluations during training (the last one is the final evaluation)
+    eval_episodes: int = 16  # per member, greedy and as many sampled
+
+    @property
+    def iterations(self) -> int:
+        return max(1, self.frames // (self.num_envs * self.steps_per_env))
 
 
-QUICK = dict(iterations=40, lr=4e-3, entropy_coeff=0.0, eval_envs=8, evals=4)  # faster, less stable: fine for 40 its
+QUICK = dict(frames=30_000, epochs=10, evals=4)
+QUICK_MARGIN = 50  # greedy return: recurrent minus memoryless, asserted by --quick
 
 
-def make_env(num_envs: int, policy: nn.Module | None = None) -> TransformedEnv:
-    """``num_envs`` CartPole-v1 copies in one process (a gymnasium sync vector env), velocities hidden.
+class Agent(nn.Module):
+    """Actor-critic: recurrent cores (``LSTMModule`` or ``GRUModule``) or memoryless ones (an MLP
+    layer), then an MLP head each for the action logits and the value.
 
-    Adds ``is_init`` (trajectory starts, for the recurrent core), the step count, the running
-    episode return (``episode_reward``) and, when ``policy`` has a recurrent core, the primer
-    that puts its zero initial state into the reset TensorDicts.
+    With ``cfg.shared_core`` actor and critic read the same recurrent core, else each has its
+    own (the RL Zoo's ``enable_critic_lstm``). ``memory`` is the tuple of the cores' recurrent
+    states, each ``[*B, 1, H]`` (actor's then critic's; LSTM: h then c); empty when memoryless.
     """
-    vec = gym.make_vec(
-        "CartPole-v1",
-        num_envs=num_envs,
-        vectorization_mode="sync",
-        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
-    )
-    env = GymWrapper(vec, categorical_action_encoding=True)
-    scale = ObservationNorm(loc=torch.zeros(len(VISIBLE)), scale=torch.tensor(OBS_SCALE), in_keys=["observation"])
-    env = TransformedEnv(env, Compose(HideVelocities(), scale, InitTracker(), StepCounter(), RewardSum()))
-    if policy is not None and (primers := get_primers_from_module(policy, warn=False)) is not None:
-        env.append_transform(primers)
-    return env
+
+    def __init__(self, cfg: Config) -> None:
+        super().__init__()
+        h, obs_dim = cfg.hidden, len(OBS_SCALE)
+        self.recurrent = cfg.policy == "recurrent"
+        if self.recurrent:
+            rnn = {"lstm": LSTMModule, "gru": GRUModule}[cfg.cell]
+            make_core = lambda: rnn(input_size=obs_dim, hidden_size=h, in_key="observation", out_key="features")  # noqa: E731
+        else:
+            make_core = lambda: nn.Sequential(nn.Linear(obs_dim, h), nn.ReLU())  # noqa: E731
+        self.actor_core = make_core()
+        self.critic_core = None if (self.recurrent and cfg.shared_core) else make_core()
+        self.actor_head = nn.Sequential(nn.Linear(h, h), nn.ReLU(), nn.Linear(h, N_ACTIONS))
+        self.critic_head = nn.Sequential(nn.Linear(h, h), nn.ReLU(), nn.Linear(h, 1))
+        self.states_per_core = (2 if cfg.cell == "lstm" else 1) if self.recurrent else 0
+        self.memory_size = self.states_per_core * (1 if self.critic_core is None else 2)
+
+    def _core(self, core: nn.Module, obs: torch.Tensor, memory: tuple, is_init: torch.Tensor):
+        """Features ``[*B, H]`` (``[*B, T, H]`` in recurrent mode) and the core's next states."""
+        if not self.recurrent:
+            return core(obs), ()
+        state_keys = core.in_keys[1:-1]  # between the input and is_init
+        td = TensorDict({"observation": obs, "is_init": is_init, **dict(zip(state_keys, memory))}, obs.shape[:-1])
+        out = core(td)
+        return out["features"], tuple(out[key] for key in core.out_keys[1:])
+
+    def _features(self, obs: torch.Tensor, memory: tuple, is_init: torch.Tensor):
+        """Actor features, critic features and the next memory."""
+        k = self.states_per_core
+        actor, actor_next = self._core(self.actor_core, obs, memory[:k], is_init)
+        if self.critic_core is None:
+            return actor, actor, actor_next
+        critic, critic_next = self._core(self.critic_core, obs, memory[k:], is_init)
+        return actor, critic, actor_next + critic_next
+
+    def act(self, obs: torch.Tensor, memory: tuple, is_init: torch.Tensor):
+        """One step: ``obs [N, 2]`` -> ``(logits [N, 2], value [N], next memory)``."""
+        actor, critic, next_memory = self._features(obs, memory, is_init)
+        return self.actor_head(actor), self.critic_head(critic).squeeze(-1), next_memory
+
+    def value(self, obs: torch.Tensor, memory: tuple) -> torch.Tensor:
+        """The critic's value ``[N]`` of ``obs [N, 2]`` with the state ``memory`` (no reset)."""
+        _, critic, _ = self._features(obs, memory, torch.zeros(obs.shape[:-1], dtype=torch.bool))
+        return self.critic_head(critic).squeeze(-1)
+
+    def sequence(self, obs: torch.Tensor, memory: tuple, is_init: torch.Tensor):
+        """A rollout: ``obs [N, T, 2]``, stored ``memory`` ``[N, T, 1, H]`` each, ``is_init [N, T]``
+        -> ``(logits [N, T, 2], value [N, T])``, restarting from the stored state at ``t = 0`` and at
+        every episode start. Call it inside ``set_recurrent_mode(True)``."""
+        actor, critic, _ = self._features(obs, memory, is_init)
+        return self.actor_head(actor), self.critic_head(critic).squeeze(-1)
 
 
-def make_agent(cfg: Config) -> tuple[ProbabilisticActor, TensorDictSequential]:
-    """Actor and critic sharing one core: a GRU, or a same-width MLP when ``cfg.memoryless``.
+def observe(state: torch.Tensor) -> torch.Tensor:
+    """What the policy sees of CartPole's state ``[*B, 4]`` (float64): ``[*B, 2]`` float32."""
+    obs = state.float()  # gymnasium's float32 observation
+    return obs[..., 0::2] * torch.tensor(OBS_SCALE)
 
-    The recurrent core reads ``observation``, ``recurrent_state`` and ``is_init`` and writes
-    ``features`` and ``("next", "recurrent_state")``.
+
+class Ensemble:
+    """The members' parameters, stacked, and the compiled functions that run them.
+
+    ``params`` (a ``TensorDictParams`` ``[E]``, the ``Agent``'s parameter tree with leaves
+    ``[E, *shape]``) holds the members' initial parameters stacked with
+    :func:`rnn_functional.stack_params`; ``members[m]`` are views of member ``m``'s. Each call
+    swaps a member's parameters into ``template`` (``TensorDict.to_module``, outside the
+    compiled graph: Dynamo refuses to touch the ``nn.LSTM`` child the swap writes into) and runs
+    one graph compiled with ``fullgraph=True`` that serves every member. Adam works element by
+    element, so one optimizer over the stacked leaves is E independent optimizers.
     """
-    obs_dim, n_actions = len(VISIBLE), N_ACTIONS
-    if cfg.memoryless:
-        core = TensorDictModule(
-            MLP(obs_dim, cfg.hidden, num_cells=[cfg.hidden], activation_class=nn.Tanh, activate_last_layer=True),
-            in_keys=["observation"],
-            out_keys=["features"],
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        members = []
+        for seed in cfg.seeds:
+            torch.manual_seed(seed)
+            members.append(TensorDict.from_module(Agent(cfg)).detach())
+        self.params = TensorDictParams(stack_params(members))
+        self.members = [self.params[m] for m in range(len(cfg.seeds))]
+        self.leaves = list(self.params.values(include_nested=True, leaves_only=True))
+        self.template = Agent(cfg)
+        self.optim = torch.optim.Adam(self.leaves, lr=cfg.lr, foreach=True)
+        options = dict(fullgraph=True, dynamic=False)
+        self.act = torch.compile(self.template.act, **options)
+        self.value = torch.compile(self.template.value, **options)
+        self.env_step = torch.compile(_env_step, **options)
+        self.losses = torch.compile(self._losses, **options)
+
+    def step(self, state, steps, memory, is_init, greedy, bootstrap: bool):
+        """Act and step the environments.
+
+        ``state [E, N, 4]``, ``steps [E, N]``, ``memory`` (each ``[E, N, 1, H]``), ``is_init [E, N]``
+        (episode starts: their memory is zeroed), ``greedy [E, N]`` (mode instead of a sample).
+        Returns the step's record (obs, the memory it read, action, log-prob, value, reward,
+        terminated, truncated, and the value of the next observation where an episode was
+        truncated, everywhere if ``bootstrap``, else 0), and the next
+        ``(state, steps, memory, is_init)`` with finished episodes reset.
+        """
+        memory = tuple(m * ~is_init[..., None, None] for m in memory)
+        obs = observe(state)
+        outs = []
+        for m, params in enumerate(self.members):
+            with params.to_module(self.template):
+                outs.append(self.act(obs[m], tuple(x[m] for x in memory), is_init[m]))
+        logits = torch.stack([o[0] for o in outs])
+        value = torch.stack([o[1] for o in outs])
+        next_memory = tuple(torch.stack(parts) for parts in zip(*(o[2] for o in outs)))
+        action, log_prob, next_state, next_steps, reward, terminated, truncated = self.env_step(
+            logits, greedy, state, steps
         )
-    else:
-        core = GRUModule(input_size=obs_dim, hidden_size=cfg.hidden, in_key="observation", out_key="features")
-    actor_head = TensorDictModule(
-        MLP(cfg.hidden, n_actions, num_cells=[cfg.hidden], activation_class=nn.Tanh),
-        in_keys=["features"],
-        out_keys=["logits"],
-    )
-    value_head = TensorDictModule(
-        MLP(cfg.hidden, 1, num_cells=[cfg.hidden], activation_class=nn.Tanh),
-        in_keys=["features"],
-        out_keys=["state_value"],
-    )
-    actor = ProbabilisticActor(
-        TensorDictSequential(core, actor_head),
-        in_keys=["logits"],
-        distribution_class=torch.distributions.Categorical,
-        return_log_prob=True,
-    )
-    critic = TensorDictSequential(core, value_head)
-    return actor.to(cfg.device), critic.to(cfg.device)
-
-
-def make_value_fn(critic: TensorDictSequential):
-    """``values(batch [E, T]) -> (V(s_t), V(s_{t+1}))``, both ``[E, T, 1]``, one recurrent pass each.
-
-    The next-step pass feeds the next observations with the state stored after each step
-    (``("next", "recurrent_state")``). The core starts from that stored state at ``t = 0``
-    and wherever the batch starts a trajectory (``is_init``), and carries its own state
-    elsewhere, so it reproduces the states of the step-by-step collection pass.
-    """
-    in_keys = [k for k in critic.in_keys if k != "is_init"]
-    recurrent = "is_init" in critic.in_keys
-
-    def value(td: TensorDictBase) -> torch.Tensor:
-        return critic(td).get("state_value")
-
-    def values(batch: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
-        now = batch.select(*critic.in_keys)
-        nxt = batch.get("next").select(*in_keys)
-        if recurrent:
-            nxt.set("is_init", batch.get("is_init"))
-        with torch.no_grad(), set_recurrent_mode(True):
-            return value(now), value(nxt)
-
-    return values
-
-
-class Progress:
-    """A one-line text progress bar (``\\r``-updated on a terminal, a line per ~5% otherwise)."""
-
-    def __init__(self, total: int, width: int = 24) -> None:
-        self.total, self.width, self.t0 = total, width, time.time()
-        self.tty = sys.stdout.isatty()
-        self.every = 1 if self.tty else max(1, total // 20)
-
-    def update(self, done: int, text: str) -> None:
-        if not (self.tty or done % self.every == 0 or done == self.total):
-            return
-        elapsed = time.time() - self.t0
-        eta = elapsed / done * (self.total - done)
-        fill = round(self.width * done / self.total)
-        line = (
-            f"[{'#' * fill}{'.' * (self.width - fill)}] {done}/{self.total} it | {text} | "
-            f"{_fmt_s(elapsed)} elapsed, {_fmt_s(eta)} left"
+        next_value = torch.zeros_like(value)
+        if bootstrap or bool(truncated.any()):
+            next_obs = observe(next_state)
+            for m, params in enumerate(self.members):
+                with params.to_module(self.template):
+                    next_value[m] = self.value(next_obs[m], tuple(x[m] for x in next_memory))
+        done = terminated | truncated
+        fresh = cartpole.initial_state(tuple(steps.shape))
+        state, steps = cartpole.reset_done(next_state, next_steps, done, fresh)
+        record = dict(
+            obs=obs, memory=memory, is_init=is_init, action=action, log_prob=log_prob, value=value,
+            reward=reward.float(), terminated=terminated, truncated=truncated, next_value=next_value,
         )
-        print(("\r" + line) if self.tty else line, end="" if self.tty and done < self.total else "\n", flush=True)
+        return record, state, steps, next_memory, done
 
+    def _losses(self, batch, clip_epsilon):
+        """PPO losses of the member whose parameters are in ``template`` on ``batch`` ([N, T] rollout
+        tensors): (total, stats [4])."""
+        cfg = self.cfg
+        logits, value = self.template.sequence(batch["obs"], batch["memory"], batch["is_init"])
+        log_probs = logits.log_softmax(-1)
+        log_prob = log_probs.gather(-1, batch["action"].unsqueeze(-1)).squeeze(-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
+        advantage = batch["advantage"]
+        advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+        ratio = (log_prob - batch["log_prob"]).exp()
+        clipped = ratio.clamp(1 - clip_epsilon, 1 + clip_epsilon)
+        policy_loss = -torch.minimum(ratio * advantage, clipped * advantage).mean()
+        critic_loss = (value - batch["return"]).square().mean()
+        total = policy_loss + cfg.critic_coeff * critic_loss - cfg.entropy_coeff * entropy
+        clip_fraction = ((ratio - 1).abs() > clip_epsilon).float().mean()
+        return total, torch.stack([policy_loss, critic_loss, entropy, clip_fraction]).detach()
 
-def _mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs)
-
-
-def _fmt_s(seconds: float) -> str:
-    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
-
-
-def evaluate(actor: ProbabilisticActor, num_envs: int, seed: int, device: str) -> list[float]:
-    """Return of one greedy (mode of the action distribution) episode in each of ``num_envs`` envs."""
-    env = make_env(num_envs, actor)
-    env.set_seed(seed)
-    max_steps = 500  # CartPole-v1 truncates episodes at 500 steps
-    with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
-        rollout = env.rollout(max_steps, actor, break_when_any_done=False, auto_cast_to_device=True)
-    env.close()
-    done = rollout["next", "done"].squeeze(-1).cpu()
-    ep_return = rollout["next", "episode_reward"].squeeze(-1).cpu()
-    first_done = done.float().argmax(-1)  # every env finishes within max_steps
-    return ep_return[torch.arange(num_envs), first_done].tolist()
-
-
-def train(cfg: Config) -> dict:
-    """Run PPO with ``cfg``; returns the log (also what the JSON file holds)."""
-    torch.manual_seed(cfg.seed)
-    actor, critic = make_agent(cfg)
-    env = make_env(cfg.num_envs, actor)
-    env.set_seed(cfg.seed)
-    loss_module = ClipPPOLoss(
-        actor,
-        critic,
-        clip_epsilon=cfg.clip_epsilon,
-        entropy_coeff=cfg.entropy_coeff,
-        critic_coeff=cfg.critic_coeff,
-        loss_critic_type="smooth_l1",
-        normalize_advantage=True,
-    )
-    gae = GAE(gamma=cfg.gamma, lmbda=cfg.lmbda, value_network=None, average_gae=False)
-    optim = torch.optim.Adam(loss_module.parameters(), lr=cfg.lr)
-    schedule = torch.optim.lr_scheduler.LinearLR(optim, 1.0, 0.0, total_iters=cfg.iterations)  # lr: cfg.lr -> 0
-    frames = cfg.num_envs * cfg.steps_per_env
-    collector = Collector(
-        env,
-        actor,
-        frames_per_batch=frames,
-        total_frames=frames * cfg.iterations,
-        env_device="cpu",
-        policy_device=cfg.device,
-        storing_device=cfg.device,
-        compile_policy={"fullgraph": True} if cfg.compile else False,
-    )
-
-    def loss_fn(batch: TensorDictBase) -> tuple[torch.Tensor, TensorDictBase]:
-        losses = loss_module(batch)
-        total = losses["loss_objective"] + losses["loss_critic"] + losses["loss_entropy"]
-        return total, losses.detach()
-
-    values = make_value_fn(critic)
-    if cfg.compile:
-        loss_fn = torch.compile(loss_fn, fullgraph=True)
-        values = torch.compile(values, fullgraph=True)
-
-    kind = "memoryless" if cfg.memoryless else "recurrent"
-    print(f"PPO, CartPole-v1 with velocities hidden, {kind} policy, {cfg.iterations} iterations x {frames} frames, "
-          f"device {cfg.device}, compile {cfg.compile} (the first iterations include compilation)")
-    progress = Progress(cfg.iterations)
-    rows, returns, last_eval = [], [], float("nan")
-    t0 = t_collect = time.time()
-    for it, batch in enumerate(collector):
-        t_train = time.time()
-        value, next_value = values(batch)  # batch: [num_envs, steps_per_env]
-        batch.set("state_value", value)
-        batch.set(("next", "state_value"), next_value)
-        gae(batch)
+    def update(self, rollout: dict, progress: float) -> torch.Tensor:
+        """``epochs`` PPO epochs on ``rollout`` ([E, N, T] tensors); returns the mean stats ``[E, 4]``."""
+        cfg = self.cfg
+        scale = 1 - progress  # linear decay of lr and clip range, as the RL Zoo's ``lin_`` schedules
+        for group in self.optim.param_groups:
+            group["lr"] = cfg.lr * scale
+        clip_epsilon = torch.tensor(cfg.clip_epsilon * scale)
+        stats = torch.zeros(len(self.members), 4)
         for _ in range(cfg.epochs):
-            for idx in torch.randperm(cfg.num_envs, device=cfg.device).chunk(cfg.minibatches):
-                total, losses = loss_fn(batch[idx])
+            for envs in torch.randperm(cfg.num_envs).chunk(cfg.minibatches):
+                total = 0
+                for m, params in enumerate(self.members):
+                    batch = {k: _index(v, m, envs) for k, v in rollout.items()}
+                    with params.to_module(self.template), set_recurrent_mode(True):
+                        loss, member_stats = self.losses(batch, clip_epsilon)
+                    total = total + loss
+                    stats[m] += member_stats
                 total.backward()
-                nn.utils.clip_grad_norm_(loss_module.parameters(), cfg.max_grad_norm)
-                optim.step()
-                optim.zero_grad(set_to_none=True)
-        schedule.step()
-        collector.update_policy_weights_()
-        done = batch["next", "done"].squeeze(-1)
-        new = batch["next", "episode_reward"].squeeze(-1)[done].cpu().tolist()
-        returns += new
-        recent = returns[-100:]
-        rows.append(
-            {
-                "iteration": it,
-                "frames": (it + 1) * frames,
-                "time_s": round(time.time() - t0, 2),
-                "collect_s": round(t_train - t_collect, 3),
-                "train_s": round(time.time() - t_train, 3),
-                "episodes": len(new),
-                "mean_return": sum(new) / len(new) if new else None,
-                "mean_return_last100": sum(recent) / len(recent) if recent else None,
-                **{k: round(v.item(), 5) for k, v in losses.items() if k.startswith("loss_")},
-            }
-        )
-        if (it + 1) % max(1, cfg.iterations // cfg.evals) == 0 and it + 1 < cfg.iterations:
-            rows[-1]["eval_return"] = _mean(evaluate(actor, cfg.eval_envs, cfg.seed + 10_000, cfg.device))
-            last_eval = rows[-1]["eval_return"]
-        progress.update(
-            it + 1,
-            f"{(it + 1) * frames} frames | return: train (last 100 eps) {rows[-1]['mean_return_last100']:.1f}, "
-            f"greedy {last_eval:.1f}",
-        )
-        t_collect = time.time()
-    collector.shutdown()
-    wall = time.time() - t0
-    eval_returns = evaluate(actor, cfg.eval_envs, cfg.seed + 10_000, cfg.device)
-    rows[-1]["eval_return"] = _mean(eval_returns)
-    tail = [r for row in rows[-max(1, cfg.iterations // 10):] for r in [row["mean_return"]] if r is not None]
-    result = {
-        "kind": kind,
-        "config": asdict(cfg),
-        "final": {
-            "train_return_last100": rows[-1]["mean_return_last100"],
-            "train_return_last10pct_iterations": sum(tail) / len(tail) if tail else None,
-            "eval_return_mean": _mean(eval_returns),
-            "eval_returns": eval_returns,
-            "frames": cfg.iterations * frames,
-            "wall_time_s": round(wall, 1),
-        },
-        "log": rows,
-        "env": {
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "torchrl": torchrl.__version__,
-            "tensordict": tensordict.__version__,
-            "gymnasium": gym.__version__,
-            "cpu_threads": torch.get_num_threads(),
-            "device": cfg.device,
-        },
-    }
-    print(
-        f"done in {_fmt_s(wall)}: training return (last 100 episodes) {result['final']['train_return_last100']:.1f}, "
-        f"greedy eval return {result['final']['eval_return_mean']:.1f} over {cfg.eval_envs} episodes"
-    )
+                clip_grad_norm_per_member(self.leaves, cfg.max_grad_norm)
+                self.optim.step()
+                self.optim.zero_grad(set_to_none=True)
+        return stats / (cfg.epochs * cfg.minibatches)
+
+
+def _env_step(logits, greedy, state, steps):
+    """Pick actions from ``logits [E, N, 2]`` (the mode where ``greedy``, else a sample) and step
+    CartPole: ``(action, log_prob, next_state, next_steps, reward, terminated, truncated)``."""
+    log_probs = logits.log_softmax(-1)
+    sampled = torch.rand_like(log_probs[..., 1]) < log_probs[..., 1].exp()
+    action = torch.where(greedy, logits[..., 1] > logits[..., 0], sampled).long()
+    log_prob = log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+    return action, log_prob, *cartpole.step(state, steps, action)
+
+
+def clip_grad_norm_per_member(leaves: list[torch.Tensor], max_norm: float) -> None:
+    """Scale each member's gradient (row ``e`` of every leaf ``[E, ...]``) to norm <= ``max_norm``."""
+    squares = torch.stack([leaf.grad.flatten(1).square().sum(1) for leaf in leaves]).sum(0)  # [E]
+    scale = (max_norm / (squares.sqrt() + 1e-6)).clamp(max=1.0)
+    for leaf in leaves:
+        leaf.grad.mul_(scale.view(-1, *[1] * (leaf.ndim - 1)))
+
+
+def _index(value, member: int, envs: torch.Tensor):
+    """``value[member, envs]`` for a tensor or each tensor of a tuple."""
+    return tuple(v[member, envs] for v in value) if isinstance(value, tuple) else value[member, envs]
+
+
+class Rollouts:
+    """The ensemble's training environments ``[E, N]`` and the policy memory carried between rollouts."""
+
+    def __init__(self, ensemble: Ensemble) -> None:
+        cfg = ensemble.cfg
+        self.ensemble, self.cfg = ensemble, cfg
+        shape = (len(cfg.seeds), cfg.num_envs)
+        self.state = cartpole.initial_state(shape)
+        self.steps = torch.zeros(shape, dtype=torch.long)
+        self.memory = tuple(torch.zeros(*shape, 1, cfg.hidden) for _ in range(ensemble.template.memory_size))
+        self.is_init = torch.ones(shape, dtype=torch.bool)
+        self.greedy = torch.zeros(shape, dtype=torch.bool)
+        self.episode_return = torch.zeros(shape)
+        self.reward_scale = RewardScale(shape, cfg.gamma)
+
+    @torch.no_grad()
+    def collect(self) -> tuple[dict, list[list[float]]]:
+        """One rollout of ``steps_per_env`` steps: tensors ``[E, N, T]`` with GAE advantages and returns,
+        and the returns of the episodes that ended, per member."""
+        records, finished = [], [[] for _ in self.cfg.seeds]
+        for t in range(self.cfg.steps_per_env):
+            record, self.state, self.steps, self.memory, done = self.ensemble.step(
+                self.state, self.steps, self.memory, self.is_init, self.greedy,
+                bootstrap=t + 1 == self.cfg.steps_per_env,
+            )
+            self.is_init = done
+            self.episode_return += record["reward"]
+            record["reward"] = self.reward_scale(record["reward"], done)
+            for m, n in done.nonzero().tolist():
+                finished[m].append(self.episode_return[m, n].item())
+            self.episode_return = self.episode_return * ~done
+            records.append(record)
+        rollout = {
+            k: tuple(torch.stack(parts, dim=2) for parts in zip(*(r[k] for r in records)))
+            if k == "memory"
+            else torch.stack([r[k] for r in records], dim=2)
+            for k in records[0]
+        }
+        rollout["advantage"] = gae(rollout, self.cfg.gamma, self.cfg.lmbda)
+        rollout["return"] = rollout["advantage"] + rollout["value"]
+        return rollout, finished
+
+
+class RewardScale:
+    """Divides rewards by a running standard deviation of the discounted return, per member, as
+    SB3's ``VecNormalize(norm_reward=True)`` in the RL Zoo's recipe: it keeps the critic's targets
+    near 1 whatever the episode length, so its loss does not swamp the policy's under the shared
+    gradient-norm clip."""
+
+    def __init__(self, shape: tuple[int, int], gamma: float) -> None:
+        self.gamma = gamma
+        self.discounted = torch.zeros(shape)
+        self.mean, self.var, self.count = torch.zeros(shape[0]), torch.ones(shape[0]), 1e-4
+
+    def __call__(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        """``reward [E, N]`` scaled; ``done [E, N]`` ends the discounted sums."""
+        self.discounted = self.discounted * self.gamma + reward
+        batch_mean, batch_var, n = self.discounted.mean(1), self.discounted.var(1, unbiased=False), reward.shape[1]
+        delta, total = batch_mean - self.mean, self.count + n
+        self.mean = self.mean + delta * n / total
+        self.var = (self.var * self.count + batch_var * n + delta.square() * self.count * n / total) / total
+        self.count = total
+        self.discounted = self.discounted * ~done
+        return (reward / (self.var.sqrt().unsqueeze(1) + 1e-8)).clamp(-10, 10)
+
+
+def gae(rollout: dict, gamma: float, lmbda: float) -> torch.Tensor:
+    """Generalised advantage estimates ``[E, N, T]``.
+
+    The value after step ``t`` is the next step's value within an episode, the critic's value of
+    the last observation where the episode was truncated (or the rollout ends), 0 where it
+    terminated.
+    """
+    value, reward = rollout["value"], rollout["reward"]
+    terminated, truncated = rollout["terminated"], rollout["truncated"]
+    done = terminated | truncated
+    advantage = torch.zeros_like(value)
+    last = torch.zeros_like(value[..., 0])
+    for t in reversed(range(value.shape[-1])):
+        following = value[..., t + 1] if t + 1 < value.shape[-1] else rollout["next_value"][..., t]
+        following = torch.where(done[..., t], rollout["next_value"][..., t], following) * ~terminated[..., t]
+        delta = reward[..., t] + gamma * following - value[..., t]
+        last = delta + gamma * lmbda * ~done[..., t] * last
+        advantage[..., t] = last
+    return advantage
+
+
+@torch.no_grad()
+def evaluate(ensemble: Ensemble, episodes: int) -> dict[str, list[float]]:
+    """Mean return per member of ``episodes`` greedy and ``episodes`` sampled-action episodes.
+
+    Runs rounds of ``num_envs`` fresh episodes per member (the training shape: no recompile).
+    """
+    cfg = ensemble.cfg
+    shape = (len(cfg.seeds), cfg.num_envs)
+    result = {}
+    for kind in ("greedy", "sampled"):
+        returns = []
+        for _ in range(math.ceil(episodes / cfg.num_envs)):
+            state, steps = cartpole.initial_state(shape), torch.zeros(shape, dtype=torch.long)
+            memory = tuple(torch.zeros(*shape, 1, cfg.hidden) for _ in range(ensemble.template.memory_size))
+            is_init = torch.ones(shape, dtype=torch.bool)
+            greedy = torch.full(shape, kind == "greedy")
+            total, running = torch.zeros(shape), torch.ones(shape, dtype=torch.bool)
+            for _ in range(cartpole.MAX_STEPS):
+                record, state, steps, memory, is_init = ensemble.step(
+                    state, steps, memory, is_init, greedy, bootstrap=False
+                )
+                total += record["reward"] * running
+                running &= ~is_init  # is_init: the episode just ended
+                if not running.any():
+                    break
+            returns.append(total)
+        result[kind] = torch.cat(returns, dim=1)[:, :episodes].mean(1).tolist()
     return result
 
 
-def plot(out: Path, quick: bool) -> Path | None:
-    """Draw the learning curves of the runs saved in ``out`` into ``ppo_memory[_quick].png``."""
+class Progress:
+    """A progress bar: tqdm on a terminal when installed, else a plain one; plain lines (about
+    every 10%) when the output is not a terminal. Rate and ETA count from ``start()``, after the
+    compile warm-up."""
+
+    def __init__(self, total: int, label: str) -> None:
+        self.total, self.label = total, label
+        self.tty = sys.stdout.isatty()
+        self.every = max(1, total // 10)
+        self.bar = None
+        self.t0 = self.done0 = None
+
+    def start(self, done: int) -> None:
+        self.t0, self.done0 = time.perf_counter(), done
+        if self.tty:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                return
+            self.bar = tqdm(total=self.total, initial=done, desc=self.label, unit="it", dynamic_ncols=True)
+
+    def update(self, done: int, text: str) -> None:
+        if self.bar is not None:
+            self.bar.update(done - self.bar.n)
+            self.bar.set_postfix_str(text, refresh=False)
+            return
+        if not self.tty and done % self.every and done != self.total:
+            return
+        elapsed = time.perf_counter() - self.t0
+        rate = (done - self.done0) / elapsed if elapsed > 0 else float("nan")
+        eta = (self.total - done) / rate if rate > 0 else float("nan")
+        fill = round(24 * done / self.total)
+        line = (f"{self.label} [{'#' * fill}{'.' * (24 - fill)}] {done}/{self.total} it, {rate:.1f} it/s, "
+                f"{_fmt_s(eta)} left | {text}")
+        print("\r" + line if self.tty else line, end="" if self.tty and done < self.total else "\n", flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _fmt_s(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
+def _seconds_since_start() -> float:
+    """Wall time since this Python process started, imports included (Linux); else since import."""
+    try:
+        started = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22, in ticks
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return uptime - started / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - _IMPORTED
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def train(cfg: Config) -> dict:
+    """Train ``cfg.policy`` for every seed at once; returns its log (config, rows, final returns)."""
+    ensemble = Ensemble(cfg)
+    rollouts = Rollouts(ensemble)
+    frames = cfg.num_envs * cfg.steps_per_env
+    eval_every = max(1, cfg.iterations // cfg.evals)
+    print(f"{cfg.policy} policy, seeds {list(cfg.seeds)}: {cfg.iterations} updates x {frames} frames per seed "
+          f"(the first update compiles)", flush=True)
+    progress = Progress(cfg.iterations, cfg.policy)
+    rows, recent = [], [[] for _ in cfg.seeds]
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    for it in range(cfg.iterations):
+        t_collect = time.perf_counter()
+        rollout, finished = rollouts.collect()
+        t_update = time.perf_counter()
+        stats = ensemble.update(rollout, it / cfg.iterations)
+        row = {
+            "iteration": it + 1,
+            "frames": (it + 1) * frames,
+            "time_s": round(time.perf_counter() - t0, 2),
+            "collect_s": round(t_update - t_collect, 3),
+            "update_s": round(time.perf_counter() - t_update, 3),
+            "episodes": [len(f) for f in finished],
+            "train_return": [_mean(f) if f else None for f in finished],
+            **{name: stats[:, i].tolist() for i, name in enumerate(("loss_policy", "loss_critic", "entropy", "clip_fraction"))},
+        }
+        for m, f in enumerate(finished):
+            recent[m] = (recent[m] + f)[-20:]
+        if (it + 1) % eval_every == 0 or it + 1 == cfg.iterations:
+            returns = evaluate(ensemble, cfg.eval_episodes)
+            row["greedy_return"], row["sampled_return"] = returns["greedy"], returns["sampled"]
+        rows.append(row)
+        if it == 0:
+            print(f"compiled and ran the first update in {_fmt_s(time.perf_counter() - t0)}", flush=True)
+            progress.start(1)
+        last = next(r for r in reversed(rows) if "greedy_return" in r) if any("greedy_return" in r for r in rows) else None
+        text = f"train return {_mean([_mean(r) for r in recent]):.0f}"
+        if last is not None:
+            text += f", greedy {_mean(last['greedy_return']):.0f}, sampled {_mean(last['sampled_return']):.0f}"
+        progress.update(it + 1, text)
+    progress.close()
+    wall = time.perf_counter() - t0
+    final = rows[-1]
+    print(f"{cfg.policy}: {_fmt_s(wall)}; final greedy return per seed {[round(x) for x in final['greedy_return']]}, "
+          f"sampled {[round(x) for x in final['sampled_return']]}", flush=True)
+    return {
+        "policy": cfg.policy,
+        "config": {**asdict(cfg), "iterations": cfg.iterations},
+        "seeds": list(cfg.seeds),
+        "greedy_return": final["greedy_return"],
+        "sampled_return": final["sampled_return"],
+        "wall_seconds": round(wall, 1),
+        "cpu_seconds": round(time.process_time() - cpu0, 1),
+        "log": rows,
+    }
+
+
+def plot(runs: dict[str, dict], path: Path) -> bool:
+    """Learning curves of this run: mean over seeds with the min-max band, greedy and sampled."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib is not installed: no plot (pip install matplotlib)")
-        return None
-    suffix = "_quick" if quick else ""
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for kind, color in [("recurrent", "tab:blue"), ("memoryless", "tab:orange")]:
-        path = out / f"ppo_memory_{kind}{suffix}.json"
-        if not path.exists():
-            continue
-        run = json.loads(path.read_text())
-        xs = [row["frames"] for row in run["log"] if row["mean_return_last100"] is not None]
-        ys = [row["mean_return_last100"] for row in run["log"] if row["mean_return_last100"] is not None]
-        label = f"{kind}: greedy policy (final {run['final']['eval_return_mean']:.0f}, run {_fmt_s(run['final']['wall_time_s'])})"
-        ax.plot(xs, ys, color=color, alpha=0.5, label=f"{kind}: sampled actions (last 100 episodes)")
-        evals = [(row["frames"], row["eval_return"]) for row in run["log"] if "eval_return" in row]
-        ax.plot(*zip(*evals), "o-", color=color, label=label)
-    ax.set_xlabel("environment frames")
-    ax.set_ylabel("mean episode return")
+        print("matplotlib is not installed: no plot")
+        return False
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    colors = {"recurrent": "tab:blue", "memoryless": "tab:orange"}
+    for policy, run in runs.items():
+        rows = [r for r in run["log"] if "greedy_return" in r]
+        frames = [r["frames"] for r in rows]
+        for kind, style in (("greedy", "-"), ("sampled", "--")):
+            values = torch.tensor([r[f"{kind}_return"] for r in rows])  # [evals, seeds]
+            mean = values.mean(1)
+            final = run[f"{kind}_return"]
+            label = (f"{policy}, {kind} actions: final {_mean(final):.0f} "
+                     f"(seeds: {min(final):.0f} to {max(final):.0f})")
+            ax.plot(frames, mean, style, marker="o", ms=3, color=colors[policy], label=label)
+            ax.fill_between(frames, values.min(1).values, values.max(1).values, color=colors[policy], alpha=0.15)
+    seeds = len(next(iter(runs.values()))["seeds"])
+    ax.set_xlabel("environment frames per seed")
+    ax.set_ylabel(f"evaluation return (mean of {seeds} seeds, band: min-max)")
     ax.set_title("PPO on CartPole-v1 with the velocities hidden")
-    ax.set_ylim(0, 510)
+    ax.set_ylim(0, 520)
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", fontsize=8)
+    ax.legend(loc="lower right", bbox_to_anchor=(1, 0.14), fontsize=8)  # above the memoryless curves
     fig.tight_layout()
-    png = out / f"ppo_memory{suffix}.png"
-    fig.savefig(png, dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
-    return png
+    return True
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--memoryless", "--baseline", action="store_true", help="MLP-only policy (the baseline)")
-    parser.add_argument("--quick", action="store_true", help="reduced size: under 2 minutes (used by the tests)")
-    parser.add_argument("--iterations", type=int, help="override the number of PPO iterations")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-compile", action="store_true", help="run the policy eagerly (for debugging)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument(
-        "--threads", type=int, default=1, help="CPU threads for torch (the networks are tiny: 1 avoids oversubscription)"
-    )
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    parser.add_argument("--quick", action="store_true", help="the CI check: shorter, asserts memory helps")
+    parser.add_argument("--frames", type=int, help="environment frames per seed (default 100000)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--policies", nargs="+", default=["recurrent", "memoryless"],
+                        choices=["recurrent", "memoryless"])
+    parser.add_argument("--epochs", type=int, help="PPO epochs per update (default 20)")
+    parser.add_argument("--out", type=Path, help="output folder (default runs/ppo_memory[_quick])")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (the networks are tiny)")
+    parser.add_argument("--sequential", action="store_true",
+                        help="train the policies one after the other (default: the memoryless one in a second "
+                             "process, side by side: one core each)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # the second process
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    cfg = Config(memoryless=args.memoryless, seed=args.seed, compile=not args.no_compile, device=args.device)
+    out = args.out or ROOT / "runs" / ("ppo_memory_quick" if args.quick else "ppo_memory")
+    out.mkdir(parents=True, exist_ok=True)
+    base = Config(seeds=tuple(args.seeds))
     if args.quick:
-        cfg = replace(cfg, **QUICK)
-    if args.iterations:
-        cfg = replace(cfg, iterations=args.iterations)
-    result = train(cfg)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"ppo_memory_{result['kind']}{'_quick' if args.quick else ''}.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
-    png = plot(args.out, args.quick)
-    print(f"wrote {path}" + (f" and {png}" if png else ""))
-    return result
+        base = replace(base, **QUICK)
+    if args.frames:
+        base = replace(base, frames=args.frames)
+    if args.epochs:
+        base = replace(base, epochs=args.epochs)
+    policies = list(dict.fromkeys(args.policies))
+    side = None
+    if not (args.sequential or args.worker) and len(policies) > 1:
+        side = policies.pop()  # trained by a second process, its output in <out>/log_<policy>.txt
+        flags = [f"--{k}={getattr(args, k)}" for k in ("frames", "epochs", "threads") if getattr(args, k)]
+        command = [sys.executable, __file__, "--worker", "--policies", side, "--out", str(out),
+                   "--seeds", *map(str, args.seeds), *flags, *(["--quick"] if args.quick else [])]
+        side_log = open(out / f"log_{side}.txt", "w")
+        worker = subprocess.Popen(command, stdout=side_log, stderr=subprocess.STDOUT)
+        print(f"training the {side} policy in a second process (output: {out / f'log_{side}.txt'})", flush=True)
+    runs = {}
+    for policy in policies:
+        runs[policy] = train(replace(base, policy=policy))
+        (out / f"log_{policy}.json").write_text(json.dumps(runs[policy], indent=1) + "\n")
+    if args.worker:
+        return {}
+    if side is not None:
+        if worker.wait() != 0:
+            raise SystemExit(f"the {side} run failed:\n" + (out / f"log_{side}.txt").read_text()[-3000:])
+        side_log.close()
+        runs[side] = json.loads((out / f"log_{side}.json").read_text())
+        print(f"{side}: {_fmt_s(runs[side]['wall_seconds'])}; final greedy return per seed "
+              f"{[round(x) for x in runs[side]['greedy_return']]}, sampled {[round(x) for x in runs[side]['sampled_return']]}")
+    wall = _seconds_since_start()
+    summary = {
+        **{p: {k: run[k] for k in ("seeds", "greedy_return", "sampled_return", "wall_seconds")} for p, run in runs.items()},
+        "frames_per_seed": base.iterations * base.num_envs * base.steps_per_env,
+        "eval_episodes_per_seed": base.eval_episodes,
+        "wall_seconds": round(wall, 1),
+        "env": {
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cpu_threads": torch.get_num_threads(),
+        },
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    png = out / "ppo_memory.png"
+    plotted = plot(runs, png)
+    print(f"wrote {out / 'summary.json'}, {out}/log_*.json" + (f", {png}" if plotted else ""))
+    results = " | ".join(
+        f"{p} greedy {_mean(run['greedy_return']):.0f}, sampled {_mean(run['sampled_return']):.0f}"
+        for p, run in runs.items()
+    )
+    print(f"PPO, CartPole-v1 with velocities hidden, {len(base.seeds)} seeds x {summary['frames_per_seed']} frames: "
+          f"{results} | wall time {_fmt_s(wall)}")
+    if args.quick and len(runs) == 2:
+        gap = _mean(runs["recurrent"]["greedy_return"]) - _mean(runs["memoryless"]["greedy_return"])
+        if gap <= QUICK_MARGIN:
+            raise SystemExit(f"--quick: the recurrent policy's greedy return should beat the memoryless one's by more "
+                             f"than {QUICK_MARGIN}; the gap is {gap:.0f}")
+    return summary
 
 
 if __name__ == "__main__":

@@ -82,7 +82,6 @@ def _has_tf32(device: torch.device | None) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 8
 
 
-@torch.compiler.assume_constant_result
 def resolve_matmul_precision(mode: str | None = None, device: torch.device | None = None) -> str:
     """The concrete mode (``"ieee"``, ``"tf32"`` or ``"tf32x3"``) a kernel on ``device`` uses.
 
@@ -100,3 +99,9 @@ def resolve_matmul_precision(mode: str | None = None, device: torch.device | Non
         chosen = _FROM_TORCH[torch.get_float32_matmul_precision()]
     chosen = PRESETS.get(chosen, chosen)
     return chosen if _has_tf32(device) else "ieee"
+
+
+# What ``torch.compiler.assume_constant_result`` does (torch 2.13: it sets this attribute), without
+# importing ``torch._dynamo`` when the package is imported; tests/test_import_time.py checks that
+# the decorator still sets exactly this.
+resolve_matmul_precision._dynamo_marked_constant = True
