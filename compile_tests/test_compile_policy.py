@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tensordict import TensorDict
+
+import rnn_functional as rf
 
 from compile_helpers import (
     FAST,
@@ -95,3 +98,21 @@ def test_policy_step_reduce_overhead_cuda():
             td["is_init"] = torch.full_like(td["is_init"], t == 2)
             eager_td["is_init"] = td["is_init"].clone()
     assert stats.breaks == 0 and stats.graphs == 1, stats
+
+
+def test_policy_does_not_recompile_when_modules_are_imported():
+    """Reading TorchRL's recurrent-mode flag must not guard on ``sys.modules`` (every import,
+    Inductor's own included, would then force a recompile of the policy)."""
+    import importlib
+    import sys
+
+    import torchrl.modules.tensordict_module.rnn  # noqa: F401 - TorchRL loaded: its flag is read
+
+    module = rf.LSTMModule(input_size=3, hidden_size=4, in_key="obs", out_key="y")
+    td = TensorDict({"obs": torch.randn(5, 3), "is_init": torch.zeros(5, 1, dtype=torch.bool)}, [5])
+    policy = torch.compile(module, fullgraph=True, backend="eager")
+    policy(td.copy())
+    sys.modules.pop("xml.dom.minidom", None)
+    importlib.import_module("xml.dom.minidom")  # a module imported after the first compile
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        policy(td.copy())

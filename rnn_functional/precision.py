@@ -82,6 +82,17 @@ def _has_tf32(device: torch.device | None) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 8
 
 
+def mark_constant_result(fn):
+    """``torch.compiler.assume_constant_result(fn)`` without importing ``torch._dynamo`` (slow) at import.
+
+    Under ``torch.compile`` the function runs once at trace time and its result is a constant of the
+    graph (no guard). torch 2.13's decorator does exactly this: it sets the attribute below
+    (``tests/test_import_time.py`` checks that it still does).
+    """
+    fn._dynamo_marked_constant = True
+    return fn
+
+
 def resolve_matmul_precision(mode: str | None = None, device: torch.device | None = None) -> str:
     """The concrete mode (``"ieee"``, ``"tf32"`` or ``"tf32x3"``) a kernel on ``device`` uses.
 
@@ -101,7 +112,4 @@ def resolve_matmul_precision(mode: str | None = None, device: torch.device | Non
     return chosen if _has_tf32(device) else "ieee"
 
 
-# What ``torch.compiler.assume_constant_result`` does (torch 2.13: it sets this attribute), without
-# importing ``torch._dynamo`` when the package is imported; tests/test_import_time.py checks that
-# the decorator still sets exactly this.
-resolve_matmul_precision._dynamo_marked_constant = True
+mark_constant_result(resolve_matmul_precision)

@@ -25,6 +25,8 @@ from typing import Literal
 import torch
 from torch.utils._contextlib import _DecoratorContextManager
 
+from ..precision import mark_constant_result
+
 __all__ = ["set_recurrent_mode", "recurrent_mode"]
 
 _TORCHRL_RNN = "torchrl.modules.tensordict_module.rnn"
@@ -53,9 +55,24 @@ class _ModeState:
 _STATE = _ModeState()
 
 
+_torchrl_module = None  # TorchRL's rnn module, set by _torchrl_loaded()
+
+
+@mark_constant_result
+def _torchrl_loaded() -> bool:
+    """Whether TorchRL's rnn module is imported (never imports it); caches it in ``_torchrl_module``.
+
+    A constant under ``torch.compile``: reading ``sys.modules`` in traced code would guard on it, and
+    every later import (Inductor imports modules as it compiles) would force a recompile.
+    """
+    global _torchrl_module
+    _torchrl_module = sys.modules.get(_TORCHRL_RNN)
+    return _torchrl_module is not None
+
+
 def _torchrl_rnn():
-    """TorchRL's rnn module if TorchRL is already imported, else ``None`` (never imports it)."""
-    return sys.modules.get(_TORCHRL_RNN)
+    """TorchRL's rnn module if TorchRL is already imported, else ``None``."""
+    return _torchrl_module if _torchrl_loaded() else None
 
 
 def recurrent_mode() -> bool | None:

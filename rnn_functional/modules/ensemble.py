@@ -88,12 +88,14 @@ class EnsembleModule(TensorDictModuleBase):
                 f"ensemble dim E={self.num_members}, got batch_size {list(tensordict.batch_size)}. Expand a "
                 f"shared input with td.expand({self.num_members}, *td.batch_size) (a view) or use shared_input=True."
             )
-        module = self._template
-        module.train(self.training)
+        module, name = self._template, self._name
+        if module.training != self.training:  # train() walks the nn.LSTM child: only when it changes
+            module.train(self.training)
 
         def member(params: TensorDictBase, td: TensorDictBase) -> TensorDictBase:
-            with params.to_module(module):
-                return module(td.copy())  # a shallow copy: the caller's TensorDict stays untouched
+            # explicit weights, never swapped into the nn.LSTM/GRU child (compiles without graph breaks);
+            # a shallow copy keeps the caller's TensorDict untouched
+            return module.forward_with_params(td.copy(), dict(params[name].items()))
 
         in_dims = (0, None if self.shared_input else 0)
         return torch.vmap(member, in_dims=in_dims, randomness=self.randomness)(self.params, tensordict)

@@ -78,12 +78,20 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
 
         See the module docstring for shapes. Returns ``tensordict``, updated in place.
         """
+        return self.forward_with_params(tensordict, self._params())
+
+    def forward_with_params(self, tensordict: TensorDictBase, params) -> TensorDictBase:
+        """:meth:`forward` with explicit weights (``torch.nn`` state-dict names) instead of the child's.
+
+        What :class:`~rnn_functional.EnsembleModule` vmaps over stacked members: it never touches the
+        ``nn.LSTM``/``nn.GRU`` child, so it traces under ``torch.compile`` without graph breaks.
+        """
         cell, recurrent = self._cell, self.recurrent_mode
         x, states, is_init = read_inputs(cell, tensordict, self.in_keys, self._input_size, self._state_shapes, recurrent)
         if recurrent:
             first = None if states is None else tuple(s[..., 0, :, :] for s in states)
             y, out_states = run_sequence(
-                cell, x, first, states, self._params(), is_init,
+                cell, x, first, states, params, is_init,
                 backend=self._sequence_backend(),
                 dropout=self._dropout if self.training else 0.0,
                 training=self.training,
@@ -92,7 +100,7 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
                 matmul_precision=self.recurrent_matmul_precision,
             )
         else:
-            y, out_states = run_step(cell, x, states, self._params(), is_init, dropout=self._dropout,
+            y, out_states = run_step(cell, x, states, params, is_init, dropout=self._dropout,
                                      training=self.training, backend=self._sequence_backend())
         tensordict.set(self.out_keys[0], y)
         for key, value in zip(self.out_keys[1:], out_states):
