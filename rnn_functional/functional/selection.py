@@ -13,6 +13,7 @@ import torch
 
 from ..backends import SEQUENCE, SequenceOptions, available_backends, checkpointed, pad, triton_backend
 from ..cells import Layout, multi_layer_step
+from . import segments
 from .options import CallContext, call_context, check_options
 
 STEP_BACKENDS = ("auto", "reference", "pad", "triton")
@@ -21,19 +22,41 @@ _RECOMPUTE = ("reference", "scan", "triton")  # backends that serve recompute="f
 __all__ = ["resolve_backend", "resolve_step", "STEP_BACKENDS"]
 
 
-def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor | None) -> str:
-    """The fastest exact eager backend able to serve the call.
+def _interior_resets(is_init: torch.Tensor | None) -> bool:
+    return is_init is not None and is_init.numel() > 0 and bool(is_init[:, 1:].any())
 
-    Measured in ``benchmarks/bench_cpu_backends.py`` (CPU, B=32, T=64, H=128): ``pad`` is
-    one fused kernel call and 3x faster than ``reference`` without interior resets; with
-    interior resets its packed-sequence path is 2-4x slower than ``reference`` in
-    forward+backward. ``pad`` cannot serve ``recompute="full"``, nor cells without ATen kernels.
+
+def eager_path(name: str, layout: Layout, opts: SequenceOptions, is_init: torch.Tensor | None) -> Callable:
+    """One exact eager path for a call: ``"reference"`` (the loop over ``T``), ``"pad"`` (one ATen
+    kernel call; with interior resets, the segments packed side by side) or ``"segments"`` (the
+    ``reference`` loop over the right-aligned segments, see :mod:`.segments`)."""
+    loop = checkpointed(SEQUENCE["reference"]) if opts.recompute == "full" else SEQUENCE["reference"]
+    if name == "reference" or (name == "segments" and not _interior_resets(is_init)):
+        return loop
+    if name == "pad":
+        return segments.packed(segments.plan(is_init)) if _interior_resets(is_init) else pad.sequence
+    if name == "segments":
+        return segments.aligned(loop, segments.plan(is_init))
+    raise ValueError(f"eager path: expected 'reference', 'pad' or 'segments', got {name!r}.")
+
+
+def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor | None) -> Callable:
+    """The fastest exact eager path able to serve the call (see ``docs/backends.md``, "auto on flat
+    and ragged batches", for the measurements behind the rule).
+
+    Without interior resets ``pad`` is one fused kernel call. With them, the call is re-batched by
+    its segments (:mod:`.segments`), which turns ``T`` sequential steps of ``N`` rows into ``Lmax``
+    (the longest segment) steps of ``S`` rows (the segments). ``pad`` cannot serve
+    ``recompute="full"``, nor cells without ATen kernels.
     """
-    if opts.recompute == "full" or layout.cell.aten is None:
-        return "reference"
-    if is_init is not None and bool(is_init[:, 1:].any()):
-        return "reference"
-    return "pad"
+    aten = opts.recompute != "full" and layout.cell.aten is not None
+    if not _interior_resets(is_init):
+        return eager_path("pad" if aten else "reference", layout, opts, is_init)
+    p = segments.plan(is_init)
+    t_len = is_init.shape[1]
+    if aten:
+        return segments.packed(p)
+    return segments.aligned(eager_path("reference", layout, opts, None), p) if 2 * p.max_len <= t_len else SEQUENCE["reference"] if opts.recompute != "full" else checkpointed(SEQUENCE["reference"])
 
 
 def _auto(layout: Layout, x: torch.Tensor, opts: SequenceOptions, is_init, ctx: CallContext) -> str:
@@ -47,7 +70,7 @@ def _auto(layout: Layout, x: torch.Tensor, opts: SequenceOptions, is_init, ctx: 
         return "scan"
     if ctx.vmapped or ctx.differentiated:  # reference's checkpointing cannot cross vmap; scan's recompute can
         return "scan" if opts.recompute == "full" and not ctx.differentiated else "reference"
-    return _eager_fastest(layout, opts, is_init)
+    return "eager"
 
 
 def resolve_backend(
@@ -63,10 +86,14 @@ def resolve_backend(
     ctx = call_context()
     if name == "auto":
         name = _auto(layout, x, opts, is_init, ctx)
+        if name == "eager":
+            return _eager_fastest(layout, opts, is_init)
     elif name == "pad":
         pad.aten_kernels(layout)  # raises for a cell without ATen kernels, in every context
         if ctx.traced:  # ATen's kernels have no vmap rule nor functorch autograd, and split on host-side counts
             name = "scan" if ctx.compiling else "reference"
+        else:
+            return eager_path("pad", layout, opts, is_init)
     if name == "scan" and ctx.differentiated:
         raise ValueError(
             "backend 'scan' cannot run under an eager torch.func transform (grad, vjp, jvp, jacrev): torch's "
