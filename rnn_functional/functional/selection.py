@@ -40,26 +40,40 @@ def eager_path(name: str, layout: Layout, opts: SequenceOptions, is_init: torch.
     raise ValueError(f"eager path: expected 'reference', 'pad' or 'segments', got {name!r}.")
 
 
-def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor | None) -> Callable:
-    """The fastest exact eager path able to serve the call (see ``docs/backends.md``, "auto on flat
-    and ragged batches", for the measurements behind the rule).
+# The loop's cost per step grows with its rows as ``rows + _LOOP_ROWS_PER_STEP``: a step of one row
+# costs as much as ~28 extra rows (CPU, H=128, fwd+bwd; docs/backends.md).
+_LOOP_ROWS_PER_STEP = 28
 
-    Without interior resets ``pad`` is one fused kernel call. With them, the call is re-batched by
-    its segments (:mod:`.segments`), which turns ``T`` sequential steps of ``N`` rows into ``Lmax``
-    (the longest segment) steps of ``S`` rows (the segments). ``pad`` cannot serve
-    ``recompute="full"``, nor cells without ATen kernels.
+
+def _loop_cost(steps: int, rows: int) -> int:
+    """Relative cost of the ``reference`` loop: ``steps`` sequential steps of ``rows`` rows."""
+    return steps * (rows + _LOOP_ROWS_PER_STEP)
+
+
+def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor | None, records_grad: bool) -> Callable:
+    """The fastest exact eager path able to serve the call. The rule, measured with
+    ``benchmarks/bench_flat.py`` (``docs/backends.md``, "auto on flat and ragged batches"):
+
+    * no interior reset: ``pad`` (one fused kernel call), or ``reference`` where ``pad`` cannot
+      serve (``recompute="full"``, a cell without ATen kernels);
+    * interior resets, ``pad`` available: its segments packed side by side, except when autograd
+      records the call and the longest segment ``Lmax`` is more than half of ``T`` (a ``[B, T]``
+      batch with scattered resets), where ATen's packed backward on CPU is slower than the loop;
+    * interior resets, no ``pad``: the ``reference`` loop, over the segments (``Lmax`` steps of ``S``
+      rows) where that costs less than over the rows (``T`` steps of ``N`` rows), see :func:`_loop_cost`.
     """
     aten = opts.recompute != "full" and layout.cell.aten is not None
     if not _interior_resets(is_init):
         return eager_path("pad" if aten else "reference", layout, opts, is_init)
     p = segments.plan(is_init)
-    t_len = is_init.shape[1]
-    if aten:
+    n, t_len = is_init.shape
+    if aten and (not records_grad or 2 * p.max_len <= t_len):
         return segments.packed(p)
-    return segments.aligned(eager_path("reference", layout, opts, None), p) if 2 * p.max_len <= t_len else SEQUENCE["reference"] if opts.recompute != "full" else checkpointed(SEQUENCE["reference"])
+    loop = eager_path("reference", layout, opts, None)
+    return segments.aligned(loop, p) if _loop_cost(p.max_len, p.count) < _loop_cost(t_len, n) else loop
 
 
-def _auto(layout: Layout, x: torch.Tensor, opts: SequenceOptions, is_init, ctx: CallContext) -> str:
+def _auto(layout: Layout, x: torch.Tensor, opts: SequenceOptions, ctx: CallContext) -> str:
     """What ``auto`` picks: the fused ``triton`` kernels on CUDA where they serve the call
     (they compile whole and vmap in one launch); else ``scan`` under ``torch.compile``,
     ``reference`` under eager ``torch.func`` transforms (eager scan re-traces its step on
@@ -74,9 +88,15 @@ def _auto(layout: Layout, x: torch.Tensor, opts: SequenceOptions, is_init, ctx: 
 
 
 def resolve_backend(
-    name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, is_init: torch.Tensor | None = None
+    name: str,
+    layout: Layout,
+    x: torch.Tensor,
+    opts: SequenceOptions,
+    is_init: torch.Tensor | None = None,
+    records_grad: bool = True,
 ) -> Callable:
-    """The ``sequence`` implementation serving ``name`` for this call.
+    """The ``sequence`` implementation serving ``name`` for this call (``records_grad``: autograd
+    records it, which changes ``auto``'s eager choice).
 
     ``auto``: see :func:`_auto`. ``pad`` runs ATen's kernels eagerly and computes the same result through
     ``scan`` under ``torch.compile`` and ``reference`` under eager ``torch.func`` transforms,
@@ -85,9 +105,9 @@ def resolve_backend(
     check_options(backend=name)
     ctx = call_context()
     if name == "auto":
-        name = _auto(layout, x, opts, is_init, ctx)
+        name = _auto(layout, x, opts, ctx)
         if name == "eager":
-            return _eager_fastest(layout, opts, is_init)
+            return _eager_fastest(layout, opts, is_init, records_grad)
     elif name == "pad":
         pad.aten_kernels(layout)  # raises for a cell without ATen kernels, in every context
         if ctx.traced:  # ATen's kernels have no vmap rule nor functorch autograd, and split on host-side counts
