@@ -92,8 +92,9 @@ def make_case(spec: dict, g: torch.Generator):
         is_init = torch.rand(b, t, 1, generator=g) < spec["reset_prob"]
         is_init[:, 0] = True
         return (b, t), is_init
-    if kind == "sampler":
-        return (spec["n"],), sampled_is_init(spec["n"], spec["slice_len"], seed=spec["n"]).unsqueeze(-1)
+    if kind == "sampler":  # strict_length=False may return fewer than n steps (short slices dropped)
+        is_init = sampled_is_init(spec["n"], spec["slice_len"], seed=spec["n"])
+        return (is_init.shape[0],), is_init.unsqueeze(-1)
     lengths = flat_lengths(spec["n"], spec["slice_len"], spec["truncated"], g)
     is_init = torch.zeros(spec["n"], 1, dtype=torch.bool)
     is_init[torch.tensor([0] + lengths[:-1]).cumsum(0)] = True
@@ -188,6 +189,26 @@ def segment_stats(is_init: torch.Tensor) -> dict:
     return {"rows": mask.shape[0], "steps": mask.shape[1], "segments": p.count, "longest": p.max_len}
 
 
+def write(out: Path, device: torch.device, rows: list[dict]) -> None:
+    """The report so far (rewritten after every case: a long run that stops keeps its rows)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"environment": environment(device), "F": F_IN, "H": HIDDEN, "rows": rows}, indent=2))
+
+
+def markdown(rows: list[dict]) -> str:
+    """The docs table: per case, ms of our paths and TorchRL's, and auto's speedup over TorchRL's best."""
+    head = ("| case | cell | mode | S | Lmax | ours auto | ours pad | ours segments | ours reference | TorchRL pad "
+            "| TorchRL scan | TorchRL python | auto vs TorchRL best | auto / our best |\n" + "|---" * 14 + "|")
+    cols = ("ours auto", "ours pad", "ours segments", "ours reference", "torchrl pad", "torchrl scan",
+            "torchrl python_based")
+    lines = [head]
+    for r in rows:
+        cells = " | ".join(f"{r['ms'][c]:.1f}" if c in r["ms"] else "-" for c in cols)
+        lines.append(f"| {r['case']} | {r['cell']} | {r['mode']} | {r['segments']} | {r['longest']} | {cells} "
+                     f"| {r['speedup_auto_vs_torchrl_best']:.2f}x | {r['auto_vs_ours_best']:.2f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> Path:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
@@ -196,14 +217,19 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--cells", default="lstm,gru")
     ap.add_argument("--modes", default="fwd+bwd,fwd")
     ap.add_argument("--only", default="", help="run the cases whose name contains this")
+    ap.add_argument("--table", action="store_true", help="print the Markdown table of --out and exit")
+    ap.add_argument("--append", action="store_true", help="keep the rows of --out of other cases")
     ap.add_argument("--out", type=Path, default=RESULTS / "flat_cpu.json")
     args = ap.parse_args(argv)
+    if args.table:
+        print(markdown(json.loads(args.out.read_text())["rows"]))
+        return args.out
     if args.threads:
         torch.set_num_threads(args.threads)
     import torchrl.modules as trm
 
     device = torch.device("cpu")
-    rows = []
+    rows = json.loads(args.out.read_text())["rows"] if args.append and args.out.exists() else []
     for spec in (c for c in cases(args.quick) if args.only in case_name(c)):
         batch, is_init = make_case(spec, torch.Generator().manual_seed(7))
         stats = segment_stats(is_init)
@@ -219,14 +245,12 @@ def main(argv: list[str] | None = None) -> Path:
                        "torchrl_best": min(trl, key=trl.get), "ours_best": min(exact, key=exact.get),
                        "speedup_auto_vs_torchrl_best": min(trl.values()) / ms["ours auto"],
                        "auto_vs_ours_best": ms["ours auto"] / min(exact.values())}
-                rows.append(row)
+                rows = [r for r in rows if (r["case"], r["cell"], r["mode"]) != (row["case"], cell, mode)] + [row]
+                write(args.out, device, rows)
                 print(f"| {row['case']} | {cell} | {mode} | {stats['segments']} | {stats['longest']} | "
                       + " | ".join(f"{n.split(' ', 1)[1]} {t:.2f}" for n, t in ms.items())
                       + f" | x{row['speedup_auto_vs_torchrl_best']:.2f} | auto/best {row['auto_vs_ours_best']:.2f} |",
                       flush=True)
-    report = {"environment": environment(device), "F": F_IN, "H": HIDDEN, "rows": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")
     return args.out
 
