@@ -36,7 +36,7 @@ def eager_path(path: str):
         yield
         return
     real = selection._eager_fastest
-    selection._eager_fastest = lambda layout, opts, is_init, records_grad: selection.eager_path(path, layout, opts, is_init)
+    selection._eager_fastest = lambda layout, opts, is_init, records_grad: path
     try:
         yield
     finally:

@@ -50,8 +50,8 @@ def _loop_cost(steps: int, rows: int) -> int:
     return steps * (rows + _LOOP_ROWS_PER_STEP)
 
 
-def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor | None, records_grad: bool) -> Callable:
-    """The fastest exact eager path able to serve the call. The rule, measured with
+def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor | None, records_grad: bool) -> str:
+    """The fastest exact eager path able to serve the call (a name of :func:`eager_path`). The rule, measured with
     ``benchmarks/bench_flat.py`` (``docs/backends.md``, "auto on flat and ragged batches"):
 
     * no interior reset: ``pad`` (one fused kernel call), or ``reference`` where ``pad`` cannot
@@ -64,16 +64,16 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
     """
     aten = opts.recompute != "full" and layout.cell.aten is not None
     if not _interior_resets(is_init):
-        return eager_path("pad" if aten else "reference", layout, opts, is_init)
+        return "pad" if aten else "reference"
     p = segments.plan(is_init)
     n, t_len = is_init.shape
     if aten and (not records_grad or 2 * p.max_len <= t_len):
-        return segments.packed(p)
-    loop = eager_path("reference", layout, opts, None)
-    return segments.aligned(loop, p) if _loop_cost(p.max_len, p.count) < _loop_cost(t_len, n) else loop
+        return "pad"
+    return "segments" if _loop_cost(p.max_len, p.count) < _loop_cost(t_len, n) else "reference"
 
 
-def _auto(layout: Layout, x: torch.Tensor, opts: SequenceOptions, ctx: CallContext) -> str:
+def _auto(layout: Layout, x: torch.Tensor, opts: SequenceOptions, is_init, ctx: CallContext,
+          records_grad: bool = True) -> str:
     """What ``auto`` picks: the fused ``triton`` kernels on CUDA where they serve the call
     (they compile whole and vmap in one launch); else ``scan`` under ``torch.compile``,
     ``reference`` under eager ``torch.func`` transforms (eager scan re-traces its step on
@@ -84,7 +84,7 @@ def _auto(layout: Layout, x: torch.Tensor, opts: SequenceOptions, ctx: CallConte
         return "scan"
     if ctx.vmapped or ctx.differentiated:  # reference's checkpointing cannot cross vmap; scan's recompute can
         return "scan" if opts.recompute == "full" and not ctx.differentiated else "reference"
-    return "eager"
+    return _eager_fastest(layout, opts, is_init, records_grad)
 
 
 def resolve_backend(
@@ -105,9 +105,9 @@ def resolve_backend(
     check_options(backend=name)
     ctx = call_context()
     if name == "auto":
-        name = _auto(layout, x, opts, ctx)
-        if name == "eager":
-            return _eager_fastest(layout, opts, is_init, records_grad)
+        name = _auto(layout, x, opts, is_init, ctx, records_grad)
+        if name in ("pad", "segments"):  # eager paths (under transforms auto picks reference or scan)
+            return eager_path(name, layout, opts, is_init)
     elif name == "pad":
         pad.aten_kernels(layout)  # raises for a cell without ATen kernels, in every context
         if ctx.traced:  # ATen's kernels have no vmap rule nor functorch autograd, and split on host-side counts
