@@ -1,12 +1,12 @@
 """``pad``: ATen's fused kernels of a cell (cuDNN on CUDA, oneDNN/native on CPU).
 
-Serves cells with :class:`~rnn_functional.cells.AtenKernels` (LSTM, GRU). Without an
-interior reset the whole sequence is one kernel call. With interior resets, every row is
-split into segments at its ``is_init`` positions, the segments are packed
-(``PackedSequence``, so that each segment's final state is its own last step) and run in
-one kernel call starting from their reset states; outputs are scattered back.
+Serves cells with :class:`~rnn_functional.cells.AtenKernels` (LSTM, GRU). :func:`sequence`
+runs a call without interior resets as one kernel call. A call with interior resets is split
+into its segments by the functional layer (:mod:`rnn_functional.functional.segments`), which
+hands the segments, side by side with their lengths, to :func:`ragged_sequence`: one kernel
+call over a ``PackedSequence``, so that each segment's final carry is its own last step.
 
-The split needs host-side counts, so this path is eager-only and has no vmap rule: the
+Both are eager-only (the lengths are host-side counts; ATen's kernels have no vmap rule): the
 dispatcher (:func:`rnn_functional.functional.selection.resolve_backend`) routes ``pad`` to
 ``scan`` under ``torch.compile`` and to ``reference`` under eager ``torch.vmap``.
 """
@@ -38,44 +38,43 @@ def _to_batch_major(carry: Carry) -> Carry:
 def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
     """``x [N, T, F]`` -> ``(y [N, T, P], carry, per-step carries)``; see :mod:`.base`.
 
-    The per-step carries hold, at every step, the final carry of that step's segment.
+    Serves resets at ``t = 0`` only (interior resets go through :func:`ragged_sequence`, split by
+    the functional layer). The per-step carries hold the final carry at every step.
     """
+    if is_init is not None and bool(is_init[:, 1:].any()):
+        raise ValueError(
+            "backends.pad.sequence runs one kernel call and serves no interior reset; call it through "
+            "rnn_functional's public functions (backend='pad'), which split the segments first."
+        )
     run = aten_kernels(layout).sequence
-    dropout, training = float(opts.dropout), bool(opts.training)
     n, t_len = x.shape[0], x.shape[1]
     if is_init is not None:
         carry = apply_reset(carry, is_init[:, 0], None if reset is None else tuple(r[:, 0] for r in reset))
-    if is_init is None or not bool(is_init[:, 1:].any()):
-        y, hx = run(layout, params, x, _to_layer_major(carry), dropout, training, None)
-        final = _to_batch_major(hx)
-        per_step = tuple(s.unsqueeze(1).expand(n, t_len, *s.shape[1:]) for s in final) if opts.segment_states else None
-        return y, final, per_step
-
-    # Split every row into segments that start at t = 0 or at a reset.
-    starts = is_init.clone()
-    starts[:, 0] = True
-    seg_of = starts.reshape(-1).cumsum(0).reshape(n, t_len) - 1  # [N, T] global segment index
-    seg_row, seg_t0 = starts.nonzero(as_tuple=True)  # [S]
-    pos = torch.arange(t_len, device=x.device).expand(n, t_len) - seg_t0[seg_of]  # step within segment
-    lengths_cpu = torch.bincount(seg_of.reshape(-1), minlength=seg_row.shape[0]).cpu()
-    max_len = int(lengths_cpu.max())
-
-    padded = x.new_zeros(seg_row.shape[0], max_len, x.shape[-1])
-    padded = padded.index_put((seg_of.reshape(-1), pos.reshape(-1)), x.reshape(-1, x.shape[-1]))
-    # Initial state of each segment: the incoming carry for segments at t = 0 (already reset
-    # above where is_init[:, 0]), the reset state (or zeros) for segments at a reset.
-    seg_reset = None if reset is None else tuple(r[seg_row, seg_t0] for r in reset)
-    h0 = apply_reset(tuple(s[seg_row] for s in carry), seg_t0 > 0, seg_reset)
-
-    packed = pack_padded_sequence(padded, lengths_cpu, batch_first=True, enforce_sorted=False)
-    sorted_h0 = tuple(s.index_select(1, packed.sorted_indices) for s in _to_layer_major(h0))
-    out_data, hx = run(layout, params, packed.data, sorted_h0, dropout, training, packed.batch_sizes)
-    out, _ = pad_packed_sequence(packed._replace(data=out_data), batch_first=True, total_length=max_len)
-    y = out[seg_of, pos]  # [N, T, P]
-    seg_final = tuple(s.index_select(1, packed.unsorted_indices).transpose(0, 1) for s in hx)  # [S, L, ·]
-    final = tuple(s[seg_of[:, -1]] for s in seg_final)
-    per_step = tuple(s[seg_of] for s in seg_final) if opts.segment_states else None
+    y, hx = run(layout, params, x, _to_layer_major(carry), float(opts.dropout), bool(opts.training), None)
+    final = _to_batch_major(hx)
+    per_step = tuple(s.unsqueeze(1).expand(n, t_len, *s.shape[1:]) for s in final) if opts.segment_states else None
     return y, final, per_step
+
+
+def ragged_sequence(layout: Layout, params, x, lengths: torch.Tensor, carry: Carry, opts: SequenceOptions):
+    """Rows of different lengths, no resets, in one kernel call.
+
+    Args:
+        x: ``[S, Lmax, F]``, row ``s`` holding its steps at ``[0, lengths[s])`` (the rest is ignored).
+        lengths: ``[S]`` int64 on the CPU, every one in ``[1, Lmax]``.
+        carry: tuple of ``[S, L, ·]``, the carry before each row's first step.
+
+    Returns:
+        ``(y [S, Lmax, P], final)``: outputs (zeros past each row's length) and, per row, the carry
+        after its last step (tuple of ``[S, L, ·]``).
+    """
+    run = aten_kernels(layout).sequence
+    packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+    sorted_h0 = tuple(s.index_select(1, packed.sorted_indices) for s in _to_layer_major(carry))
+    out_data, hx = run(layout, params, packed.data, sorted_h0, float(opts.dropout), bool(opts.training),
+                       packed.batch_sizes)
+    y, _ = pad_packed_sequence(packed._replace(data=out_data), batch_first=True, total_length=x.shape[1])
+    return y, tuple(s.index_select(1, packed.unsorted_indices).transpose(0, 1) for s in hx)
 
 
 def step(layout: Layout, params, x: torch.Tensor, carry: Carry) -> tuple[torch.Tensor, Carry]:

@@ -200,7 +200,10 @@ def run_sequence(cell: Cell, x, state, params, is_init, reset_state, backend: st
     check_options(backend=backend, recompute=opts.recompute, dropout=opts.dropout,
                   matmul_precision=opts.matmul_precision, compute_dtype=opts.compute_dtype)
     c = _canonicalize(cell, x, state, params, is_init, reset_state, sequence=True)
-    impl = selection.resolve_backend(backend, c.layout, c.x, opts, c.is_init)
+    records_grad = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (c.x, *c.carry, *(c.reset or ()), *c.params.values())
+    )
+    impl = selection.resolve_backend(backend, c.layout, c.x, opts, c.is_init, records_grad)
     if c.x.shape[0] == 0 or c.x.shape[1] == 0:
         y, carry, seg = _empty_call(c, (c.x.shape[1],))
     else:

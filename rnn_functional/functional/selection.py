@@ -13,6 +13,7 @@ import torch
 
 from ..backends import SEQUENCE, SequenceOptions, available_backends, checkpointed, pad, triton_backend
 from ..cells import Layout, multi_layer_step
+from . import segments
 from .options import CallContext, call_context, check_options
 
 STEP_BACKENDS = ("auto", "reference", "pad", "triton")
@@ -21,22 +22,58 @@ _RECOMPUTE = ("reference", "scan", "triton")  # backends that serve recompute="f
 __all__ = ["resolve_backend", "resolve_step", "STEP_BACKENDS"]
 
 
-def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor | None) -> str:
-    """The fastest exact eager backend able to serve the call.
+def _interior_resets(is_init: torch.Tensor | None) -> bool:
+    return is_init is not None and is_init.numel() > 0 and bool(is_init[:, 1:].any())
 
-    Measured in ``benchmarks/bench_cpu_backends.py`` (CPU, B=32, T=64, H=128): ``pad`` is
-    one fused kernel call and 3x faster than ``reference`` without interior resets; with
-    interior resets its packed-sequence path is 2-4x slower than ``reference`` in
-    forward+backward. ``pad`` cannot serve ``recompute="full"``, nor cells without ATen kernels.
+
+def eager_path(name: str, layout: Layout, opts: SequenceOptions, is_init: torch.Tensor | None) -> Callable:
+    """One exact eager path for a call: ``"reference"`` (the loop over ``T``), ``"pad"`` (one ATen
+    kernel call; with interior resets, the segments packed side by side) or ``"segments"`` (the
+    ``reference`` loop over the right-aligned segments, see :mod:`.segments`)."""
+    loop = checkpointed(SEQUENCE["reference"]) if opts.recompute == "full" else SEQUENCE["reference"]
+    if name == "reference" or (name == "segments" and not _interior_resets(is_init)):
+        return loop
+    if name == "pad":
+        return segments.packed(segments.plan(is_init)) if _interior_resets(is_init) else pad.sequence
+    if name == "segments":
+        return segments.aligned(loop, segments.plan(is_init))
+    raise ValueError(f"eager path: expected 'reference', 'pad' or 'segments', got {name!r}.")
+
+
+# The loop's cost per step grows with its rows as ``rows + _LOOP_ROWS_PER_STEP``: a step of one row
+# costs as much as ~28 extra rows (CPU, H=128, fwd+bwd; docs/backends.md).
+_LOOP_ROWS_PER_STEP = 28
+
+
+def _loop_cost(steps: int, rows: int) -> int:
+    """Relative cost of the ``reference`` loop: ``steps`` sequential steps of ``rows`` rows."""
+    return steps * (rows + _LOOP_ROWS_PER_STEP)
+
+
+def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor | None, records_grad: bool) -> str:
+    """The fastest exact eager path able to serve the call (a name of :func:`eager_path`). The rule, measured with
+    ``benchmarks/bench_flat.py`` (``docs/backends.md``, "auto on flat and ragged batches"):
+
+    * no interior reset: ``pad`` (one fused kernel call), or ``reference`` where ``pad`` cannot
+      serve (``recompute="full"``, a cell without ATen kernels);
+    * interior resets, ``pad`` available: its segments packed side by side, except when autograd
+      records the call and the longest segment ``Lmax`` is more than half of ``T`` (a ``[B, T]``
+      batch with scattered resets), where ATen's packed backward on CPU is slower than the loop;
+    * interior resets, no ``pad``: the ``reference`` loop, over the segments (``Lmax`` steps of ``S``
+      rows) where that costs less than over the rows (``T`` steps of ``N`` rows), see :func:`_loop_cost`.
     """
-    if opts.recompute == "full" or layout.cell.aten is None:
-        return "reference"
-    if is_init is not None and bool(is_init[:, 1:].any()):
-        return "reference"
-    return "pad"
+    aten = opts.recompute != "full" and layout.cell.aten is not None
+    if not _interior_resets(is_init):
+        return "pad" if aten else "reference"
+    p = segments.plan(is_init)
+    n, t_len = is_init.shape
+    if aten and (not records_grad or 2 * p.max_len <= t_len):
+        return "pad"
+    return "segments" if _loop_cost(p.max_len, p.count) < _loop_cost(t_len, n) else "reference"
 
 
-def _auto(layout: Layout, x: torch.Tensor, opts: SequenceOptions, is_init, ctx: CallContext) -> str:
+def _auto(layout: Layout, x: torch.Tensor, opts: SequenceOptions, is_init, ctx: CallContext,
+          records_grad: bool = True) -> str:
     """What ``auto`` picks: the fused ``triton`` kernels on CUDA where they serve the call
     (they compile whole and vmap in one launch); else ``scan`` under ``torch.compile``,
     ``reference`` under eager ``torch.func`` transforms (eager scan re-traces its step on
@@ -47,13 +84,19 @@ def _auto(layout: Layout, x: torch.Tensor, opts: SequenceOptions, is_init, ctx: 
         return "scan"
     if ctx.vmapped or ctx.differentiated:  # reference's checkpointing cannot cross vmap; scan's recompute can
         return "scan" if opts.recompute == "full" and not ctx.differentiated else "reference"
-    return _eager_fastest(layout, opts, is_init)
+    return _eager_fastest(layout, opts, is_init, records_grad)
 
 
 def resolve_backend(
-    name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, is_init: torch.Tensor | None = None
+    name: str,
+    layout: Layout,
+    x: torch.Tensor,
+    opts: SequenceOptions,
+    is_init: torch.Tensor | None = None,
+    records_grad: bool = True,
 ) -> Callable:
-    """The ``sequence`` implementation serving ``name`` for this call.
+    """The ``sequence`` implementation serving ``name`` for this call (``records_grad``: autograd
+    records it, which changes ``auto``'s eager choice).
 
     ``auto``: see :func:`_auto`. ``pad`` runs ATen's kernels eagerly and computes the same result through
     ``scan`` under ``torch.compile`` and ``reference`` under eager ``torch.func`` transforms,
@@ -62,11 +105,15 @@ def resolve_backend(
     check_options(backend=name)
     ctx = call_context()
     if name == "auto":
-        name = _auto(layout, x, opts, is_init, ctx)
+        name = _auto(layout, x, opts, is_init, ctx, records_grad)
+        if name in ("pad", "segments"):  # eager paths (under transforms auto picks reference or scan)
+            return eager_path(name, layout, opts, is_init)
     elif name == "pad":
         pad.aten_kernels(layout)  # raises for a cell without ATen kernels, in every context
         if ctx.traced:  # ATen's kernels have no vmap rule nor functorch autograd, and split on host-side counts
             name = "scan" if ctx.compiling else "reference"
+        else:
+            return eager_path("pad", layout, opts, is_init)
     if name == "scan" and ctx.differentiated:
         raise ValueError(
             "backend 'scan' cannot run under an eager torch.func transform (grad, vjp, jvp, jacrev): torch's "

@@ -1,0 +1,259 @@
+"""Flat ragged SliceSampler batches and [B, T] batches with resets: our modules against TorchRL's.
+
+    python benchmarks/bench_flat.py [--threads N] [--repeats R] [--quick]
+
+Recurrent mode, eager, CPU, H=128, F=64, one layer; every case is timed in one process with
+the contenders interleaved (``_timing.interleaved``) on the same weights and TensorDicts:
+
+* flat ``[N]`` batches of concatenated slices, ``is_init`` True at every slice start, N in
+  {200, 1024, 4096}, slice lengths {8, 20, 64}, either full slices (the last one cut to fit N)
+  or truncated ones (lengths drawn uniformly in ``[1, slice_len]``, as ``strict_length=False``
+  gives near episode ends); plus batches sampled by a real ``SliceSampler`` over a real
+  ``TensorDictReplayBuffer`` of episodes of random lengths;
+* ``[B, T] = [32, 64]`` with ``is_init`` True at t=0 and with probability {0, 1%, 5%, 20%} elsewhere.
+
+Modes: ``fwd`` (forward under ``torch.no_grad``) and ``fwd+bwd`` (forward, ``y.sum().backward()``).
+
+Contenders: our ``LSTMModule``/``GRUModule`` with ``recurrent_backend="auto"``, and with each exact
+eager path forced (``reference``: the loop over T; ``pad``: segments packed into one ATen call;
+``segments``: the reference loop over the right-aligned segments); TorchRL's module with every
+backend it runs on CPU (``pad``, ``scan``, ``python_based=True``). Writes
+``results/flat_cpu.json`` and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import environment, interleaved  # noqa: E402
+
+import rnn_functional as rf  # noqa: E402
+from rnn_functional.functional import selection  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+F_IN, HIDDEN = 64, 128
+BT = (32, 64)
+
+
+def flat_lengths(n: int, slice_len: int, truncated: bool, g: torch.Generator) -> list[int]:
+    """Slice lengths summing to ``n``: full slices (last one cut), or uniform in ``[1, slice_len]``."""
+    lengths: list[int] = []
+    while sum(lengths) < n:
+        step = int(torch.randint(1, slice_len + 1, (), generator=g)) if truncated else slice_len
+        lengths.append(min(step, n - sum(lengths)))
+    return lengths
+
+
+def sampled_is_init(n: int, slice_len: int, seed: int) -> torch.Tensor:
+    """``is_init [n]`` of a batch drawn by ``SliceSampler`` from a replay buffer of episodes.
+
+    The buffer holds 40 episodes of 10 to 300 steps (``is_init`` True at each episode's first
+    step, as ``InitTracker`` writes it). A slice that starts inside an episode starts a new
+    chunk too: its first step is marked where the sampled indices jump.
+    """
+    from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+    from torchrl.data.replay_buffers.samplers import SliceSampler
+
+    g = torch.Generator().manual_seed(seed)
+    eps = torch.randint(10, 301, (40,), generator=g).tolist()
+    total = sum(eps)
+    traj = torch.repeat_interleave(torch.arange(len(eps)), torch.tensor(eps))
+    is_init = torch.zeros(total, dtype=torch.bool)
+    is_init[torch.tensor([0] + eps[:-1]).cumsum(0)] = True
+    done = torch.zeros(total, 1, dtype=torch.bool)
+    done[torch.tensor(eps).cumsum(0) - 1] = True
+    data = TensorDict({"is_init": is_init, "step": torch.arange(total), ("collector", "traj_ids"): traj,
+                       ("next", "done"): done}, [total])
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(total),
+                                sampler=SliceSampler(slice_len=slice_len, strict_length=False), batch_size=n)
+    rb.extend(data)
+    torch.manual_seed(seed)
+    sample = rb.sample()
+    step = sample["step"]
+    starts = sample["is_init"].clone()
+    starts[0] = True
+    starts[1:] |= step[1:] != step[:-1] + 1
+    return starts
+
+
+def make_case(spec: dict, g: torch.Generator):
+    """``(batch_shape, is_init [*batch, 1])`` of one case."""
+    kind = spec["kind"]
+    if kind == "bt":
+        b, t = BT
+        is_init = torch.rand(b, t, 1, generator=g) < spec["reset_prob"]
+        is_init[:, 0] = True
+        return (b, t), is_init
+    if kind == "sampler":  # strict_length=False may return fewer than n steps (short slices dropped)
+        is_init = sampled_is_init(spec["n"], spec["slice_len"], seed=spec["n"])
+        return (is_init.shape[0],), is_init.unsqueeze(-1)
+    lengths = flat_lengths(spec["n"], spec["slice_len"], spec["truncated"], g)
+    is_init = torch.zeros(spec["n"], 1, dtype=torch.bool)
+    is_init[torch.tensor([0] + lengths[:-1]).cumsum(0)] = True
+    return (spec["n"],), is_init
+
+
+def cases(quick: bool) -> list[dict]:
+    ns = (200, 1024) if quick else (200, 1024, 4096)
+    out = [{"kind": "flat", "n": n, "slice_len": s, "truncated": tr} for n in ns for s in (8, 20, 64) for tr in (False, True)]
+    out += [{"kind": "sampler", "n": n, "slice_len": s} for n, s in ((200, 20), (1024, 64))]
+    out += [{"kind": "bt", "reset_prob": p} for p in (0.0, 0.01, 0.05, 0.2)]
+    return out
+
+
+def case_name(spec: dict) -> str:
+    if spec["kind"] == "bt":
+        return f"[32, 64] resets {spec['reset_prob']:.0%}"
+    if spec["kind"] == "sampler":
+        return f"SliceSampler N={spec['n']} slice_len={spec['slice_len']}"
+    return f"flat N={spec['n']} slices {'<=' if spec['truncated'] else '='}{spec['slice_len']}"
+
+
+@contextmanager
+def forced_eager_path(path: str):
+    """``auto``'s eager choice replaced by the exact eager path ``path`` (to time every candidate)."""
+    real = selection._eager_fastest
+    selection._eager_fastest = lambda layout, opts, is_init, records_grad: path
+    try:
+        yield
+    finally:
+        selection._eager_fastest = real
+
+
+def contenders(trm, cell: str, batch: tuple, is_init: torch.Tensor, mode: str) -> dict:
+    lstm = cell == "lstm"
+    keys = (dict(in_keys=["x", "h", "c"], out_keys=["y", ("next", "h"), ("next", "c")]) if lstm
+            else dict(in_keys=["x", "h"], out_keys=["y", ("next", "h")]))
+    ours_cls, theirs_cls = (rf.LSTMModule, trm.LSTMModule) if lstm else (rf.GRUModule, trm.GRUModule)
+    child = "lstm" if lstm else "gru"
+    torch.manual_seed(0)
+    base = theirs_cls(F_IN, HIDDEN, **keys)
+    x = torch.randn(*batch, F_IN)
+    zeros = torch.zeros(*batch, 1, HIDDEN)
+    entries = {"x": x, "h": zeros, "is_init": is_init}
+    if lstm:
+        entries["c"] = zeros.clone()
+    data = TensorDict(entries, list(batch))
+
+    ours = ours_cls(**{child: getattr(base, child)}, recurrent_backend="auto", **keys)
+    modules = {"ours auto": (ours, None)}
+    # Long flat rows (N > 200): the T-step loop over one row and TorchRL's scan (10-100x slower at
+    # N=200) would take minutes per case; they are measured at N=200 and on [B, T] only.
+    long_flat = len(batch) == 1 and batch[0] > 200
+    for path in ("pad", "segments") + (() if long_flat else ("reference",)):
+        modules[f"ours {path}"] = (ours, path)
+    for backend in ("pad",) if long_flat else ("pad", "scan"):
+        modules[f"torchrl {backend}"] = (theirs_cls(**{child: getattr(base, child)}, recurrent_backend=backend, **keys), None)
+    py = theirs_cls(F_IN, HIDDEN, python_based=True, **keys)
+    getattr(py, child).load_state_dict(getattr(base, child).state_dict())
+    modules["torchrl python_based"] = (py, None)
+
+    with torch.no_grad(), trm.set_recurrent_mode(True):  # same outputs before timing
+        want = base(data.clone(False))["y"]
+        torch.testing.assert_close(ours(data.clone(False))["y"], want, atol=1e-5, rtol=1e-4)
+
+    def call(module, path):
+        def run():
+            with forced_eager_path(path) if path else _null():
+                if mode == "fwd":
+                    with torch.no_grad(), trm.set_recurrent_mode(True):
+                        module(data.clone(False))
+                    return
+                module.zero_grad(set_to_none=True)
+                with trm.set_recurrent_mode(True):
+                    out = module(data.clone(False))
+                out["y"].sum().backward()
+        return run
+
+    return {name: call(m, path) for name, (m, path) in modules.items()}
+
+
+@contextmanager
+def _null():
+    yield
+
+
+def segment_stats(is_init: torch.Tensor) -> dict:
+    """Rows, steps, segments and longest segment of a case, as the core sees it."""
+    mask = is_init.squeeze(-1)
+    mask = mask.unsqueeze(0) if mask.ndim == 1 else mask
+    p = selection.segments.plan(mask)
+    return {"rows": mask.shape[0], "steps": mask.shape[1], "segments": p.count, "longest": p.max_len}
+
+
+def write(out: Path, device: torch.device, rows: list[dict]) -> None:
+    """The report so far (rewritten after every case: a long run that stops keeps its rows)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"environment": environment(device), "F": F_IN, "H": HIDDEN, "rows": rows}, indent=2))
+
+
+def markdown(rows: list[dict]) -> str:
+    """The docs table: per case, ms of our paths and TorchRL's, and auto's speedup over TorchRL's best."""
+    head = ("| case | cell | mode | S | Lmax | ours auto | ours pad | ours segments | ours reference | TorchRL pad "
+            "| TorchRL scan | TorchRL python | auto vs TorchRL best | auto / our best |\n" + "|---" * 14 + "|")
+    cols = ("ours auto", "ours pad", "ours segments", "ours reference", "torchrl pad", "torchrl scan",
+            "torchrl python_based")
+    lines = [head]
+    for r in rows:
+        cells = " | ".join(f"{r['ms'][c]:.1f}" if c in r["ms"] else "-" for c in cols)
+        lines.append(f"| {r['case']} | {r['cell']} | {r['mode']} | {r['segments']} | {r['longest']} | {cells} "
+                     f"| {r['speedup_auto_vs_torchrl_best']:.2f}x | {r['auto_vs_ours_best']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--quick", action="store_true", help="N in {200, 1024} only")
+    ap.add_argument("--cells", default="lstm,gru")
+    ap.add_argument("--modes", default="fwd+bwd,fwd")
+    ap.add_argument("--only", default="", help="run the cases whose name contains this")
+    ap.add_argument("--table", action="store_true", help="print the Markdown table of --out and exit")
+    ap.add_argument("--append", action="store_true", help="keep the rows of --out of other cases")
+    ap.add_argument("--out", type=Path, default=RESULTS / "flat_cpu.json")
+    args = ap.parse_args(argv)
+    if args.table:
+        print(markdown(json.loads(args.out.read_text())["rows"]))
+        return args.out
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    import torchrl.modules as trm
+
+    device = torch.device("cpu")
+    rows = json.loads(args.out.read_text())["rows"] if args.append and args.out.exists() else []
+    for spec in (c for c in cases(args.quick) if args.only in case_name(c)):
+        batch, is_init = make_case(spec, torch.Generator().manual_seed(7))
+        stats = segment_stats(is_init)
+        for cell in args.cells.split(","):
+            for mode in args.modes.split(","):
+                res = interleaved(contenders(trm, cell, batch, is_init, mode), device, repeats=args.repeats,
+                                  max_seconds=4.0)
+                ms = {n: r["median_s"] * 1e3 for n, r in res.items() if "median_s" in r}
+                trl = {n: t for n, t in ms.items() if n.startswith("torchrl")}
+                exact = {n: t for n, t in ms.items() if n.startswith("ours ") and n != "ours auto"}
+                row = {"case": case_name(spec), **spec, **stats, "cell": cell, "mode": mode, "ms": ms,
+                       "errors": {n: r["error"] for n, r in res.items() if "error" in r},
+                       "torchrl_best": min(trl, key=trl.get), "ours_best": min(exact, key=exact.get),
+                       "speedup_auto_vs_torchrl_best": min(trl.values()) / ms["ours auto"],
+                       "auto_vs_ours_best": ms["ours auto"] / min(exact.values())}
+                rows = [r for r in rows if (r["case"], r["cell"], r["mode"]) != (row["case"], cell, mode)] + [row]
+                write(args.out, device, rows)
+                print(f"| {row['case']} | {cell} | {mode} | {stats['segments']} | {stats['longest']} | "
+                      + " | ".join(f"{n.split(' ', 1)[1]} {t:.2f}" for n, t in ms.items())
+                      + f" | x{row['speedup_auto_vs_torchrl_best']:.2f} | auto/best {row['auto_vs_ours_best']:.2f} |",
+                      flush=True)
+    print(f"wrote {args.out}")
+    return args.out
+
+
+if __name__ == "__main__":
+    main()

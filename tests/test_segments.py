@@ -1,0 +1,182 @@
+"""Segment-aware execution (``rnn_functional.functional.segments``) against ``reference``.
+
+Every path that re-batches a call by its segments (``pad``: packed by lengths; ``segments``: the
+reference loop, plain or checkpointed, over the right-aligned segments; and whatever ``auto``
+picks) is compared with the ``reference`` loop over the rows: outputs, final carries, segment-end
+states and the gradients of ``x``, the state, ``reset_state`` and every parameter (fp64,
+``assert_close`` defaults), over random segment structures drawn by hypothesis.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+
+import pytest
+import torch
+from helpers import pack_state, state_sizes
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import rnn_functional as rf
+from rnn_functional.functional import segments, selection
+
+SEQUENCES = {
+    "lstm": (rf.init_lstm_params, rf.lstm_sequence),
+    "gru": (rf.init_gru_params, rf.gru_sequence),
+    "norm_gru": (rf.init_norm_gru_params, rf.norm_gru_sequence),
+}
+ATEN_CELLS = ("lstm", "gru")
+
+
+@contextmanager
+def eager_path(path: str):
+    """``auto``'s eager choice forced to ``path`` (``"pad"``, ``"segments"``), or left as is (``"auto"``)."""
+    if path == "auto":
+        yield
+        return
+    real = selection._eager_fastest
+    selection._eager_fastest = lambda layout, opts, is_init, records_grad: path
+    try:
+        yield
+    finally:
+        selection._eager_fastest = real
+
+
+@st.composite
+def structures(draw):
+    """``(batch_shape, T, is_init [*B, T])``: random rows, from one segment to a segment per step."""
+    batch_shape = tuple(draw(st.lists(st.integers(0, 3), min_size=0, max_size=2)))
+    t_len = draw(st.integers(1, 7))
+    n = math.prod(batch_shape)
+    kind = draw(st.sampled_from(["random", "every_step", "one_segment", "first_only", "sparse"]))
+    if kind == "every_step":
+        flags = [True] * (n * t_len)
+    elif kind in ("one_segment", "first_only"):
+        flags = [kind == "first_only" and i % t_len == 0 for i in range(n * t_len)]
+    else:  # "random": about half the steps reset; "sparse": about one in seven
+        flag = st.booleans() if kind == "random" else st.sampled_from([False] * 6 + [True])
+        flags = draw(st.lists(flag, min_size=n * t_len, max_size=n * t_len))
+    is_init = torch.tensor(flags, dtype=torch.bool).reshape(*batch_shape, t_len)
+    return batch_shape, t_len, is_init
+
+
+def _problem(cell: str, batch_shape, t_len: int, is_init, layers: int, with_reset: bool, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    init, _ = SEQUENCES[cell]
+    params = init(3, 4, layers, dtype=torch.float64, generator=g)
+    sizes = state_sizes("gru" if cell == "norm_gru" else cell, 4, 0)
+    x = torch.randn(*batch_shape, t_len, 3, generator=g, dtype=torch.float64)
+    state = [torch.randn(*batch_shape, layers, s, generator=g, dtype=torch.float64) for s in sizes]
+    reset = [torch.randn(*batch_shape, t_len, layers, s, generator=g, dtype=torch.float64) for s in sizes] if with_reset else []
+    leaves = [x, *state, *reset, *params.values()]
+    for t in leaves:
+        t.requires_grad_(True)
+    kind = "lstm" if cell == "lstm" else "gru"
+    return params, x, pack_state(kind, state), is_init, pack_state(kind, reset) if with_reset else None, leaves
+
+
+def _outputs_and_grads(cell, problem, backend, path="auto", recompute="none"):
+    params, x, state, is_init, reset, leaves = problem
+    with eager_path(path):
+        y, final, seg = SEQUENCES[cell][1](x, state, params, is_init=is_init, reset_state=reset, backend=backend,
+                                           recompute=recompute, return_segment_states=True)
+    outs = [y, *(final if isinstance(final, tuple) else (final,)), *(seg if isinstance(seg, tuple) else (seg,))]
+    grads = torch.autograd.grad(weighted_sum(outs), leaves, allow_unused=True)
+    return outs, [torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads)]
+
+
+def _check(cell, problem, path, recompute="none"):
+    want_outs, want_grads = _outputs_and_grads(cell, problem, "reference")
+    outs, grads = _outputs_and_grads(cell, problem, "auto", path, recompute)
+    assert len(outs) == len(want_outs)
+    for a, b in zip(outs, want_outs):
+        torch.testing.assert_close(a, b)
+    for a, b in zip(grads, want_grads):
+        torch.testing.assert_close(a, b)
+
+
+def weighted_sum(tensors, seed=123):
+    """A scalar loss touching every output with random weights."""
+    g = torch.Generator().manual_seed(seed)
+    return sum((t * torch.randn(t.shape, generator=g, dtype=t.dtype)).sum() for t in tensors)
+
+
+FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FAST
+@given(structure=structures(), cell=st.sampled_from(ATEN_CELLS), path=st.sampled_from(["pad", "segments", "auto"]),
+       layers=st.sampled_from([1, 2]), with_reset=st.booleans(), seed=st.integers(0, 2**16))
+def test_rebatched_paths_equal_reference(structure, cell, path, layers, with_reset, seed):
+    batch_shape, t_len, is_init = structure
+    _check(cell, _problem(cell, batch_shape, t_len, is_init, layers, with_reset, seed), path)
+
+
+@settings(max_examples=10, deadline=None)
+@given(structure=structures(), recompute=st.sampled_from(["none", "full"]), layers=st.sampled_from([1, 2]),
+       seed=st.integers(0, 2**16))
+def test_segments_loop_serves_any_cell_and_recompute(structure, recompute, layers, seed):
+    """The aligned loop runs cells without ATen kernels and the checkpointed loop (recompute='full')."""
+    batch_shape, t_len, is_init = structure
+    _check("norm_gru", _problem("norm_gru", batch_shape, t_len, is_init, layers, True, seed), "segments", recompute)
+
+
+def test_explicit_pad_backend_with_interior_resets_equals_reference():
+    """backend='pad' (not only auto) re-batches: a flat row of slices, LSTM with two layers."""
+    is_init = torch.zeros(1, 12, dtype=torch.bool)
+    is_init[0, [0, 3, 4, 9]] = True
+    problem = _problem("lstm", (1,), 12, is_init, 2, True, 0)
+    want_outs, want_grads = _outputs_and_grads("lstm", problem, "reference")
+    outs, grads = _outputs_and_grads("lstm", problem, "pad")
+    for a, b in zip([*outs, *grads], [*want_outs, *want_grads]):
+        torch.testing.assert_close(a, b)
+
+
+def test_plan_of_a_flat_row():
+    """Segments, their rows, first steps, lengths and each step's place within its segment."""
+    is_init = torch.tensor([[False, False, True, True, False, False, False], [True, False, False, True, False, False, True]])
+    p = segments.plan(is_init)
+    assert p.count == 6 and p.max_len == 4
+    assert p.row.tolist() == [0, 0, 0, 1, 1, 1]
+    assert p.start.tolist() == [0, 2, 3, 0, 3, 6]
+    assert p.lengths_cpu.tolist() == [2, 1, 4, 3, 3, 1]
+    assert p.pos[0].tolist() == [0, 1, 0, 0, 1, 2, 3] and p.seg_of[1].tolist() == [3, 3, 3, 4, 4, 4, 5]
+
+
+def test_pad_sequence_refuses_interior_resets():
+    """The kernel-level pad.sequence runs one call; interior resets must come through the functional layer."""
+    from rnn_functional.backends import SequenceOptions, pad
+    from rnn_functional.functional._core import read_layout
+
+    params = rf.init_lstm_params(3, 4)
+    is_init = torch.tensor([[False, True]])
+    carry = (torch.zeros(1, 1, 4), torch.zeros(1, 1, 4))
+    with pytest.raises(ValueError, match="interior reset.*backend='pad'"):
+        pad.sequence(read_layout(params, "lstm"), dict(params.items()), torch.zeros(1, 2, 3), carry, is_init, None,
+                     SequenceOptions())
+
+
+def _auto_choice(cell, is_init, records_grad, recompute="none"):
+    params = SEQUENCES[cell][0](3, 4)
+    from rnn_functional.backends import SequenceOptions
+    from rnn_functional.functional._core import read_layout
+
+    impl = selection.resolve_backend("auto", read_layout(params, cell), torch.zeros(1, 1, 3),
+                                     SequenceOptions(recompute=recompute), is_init, records_grad)
+    return impl.__qualname__
+
+
+def test_auto_rule():
+    """auto: packed segments for flat slices; the loop for [B, T] with scattered resets under autograd."""
+    flat = torch.zeros(1, 200, dtype=torch.bool)
+    flat[0, ::20] = True
+    scattered = torch.zeros(32, 64, dtype=torch.bool)
+    scattered[torch.arange(32), torch.arange(32) + 2] = True  # [B, T] = [32, 64], longest segment 62 > T / 2
+    assert _auto_choice("lstm", flat, True) == "packed.<locals>.sequence"
+    assert _auto_choice("lstm", scattered, False) == "packed.<locals>.sequence"
+    assert _auto_choice("lstm", scattered, True) == "sequence"  # reference.sequence
+    assert _auto_choice("lstm", torch.zeros(32, 64, dtype=torch.bool), True) == "sequence"  # pad.sequence, one call
+    assert _auto_choice("norm_gru", flat, True).startswith("aligned(")
+    assert _auto_choice("lstm", flat, True, recompute="full").startswith("aligned(")
+    assert _auto_choice("norm_gru", scattered, True) == "sequence"
