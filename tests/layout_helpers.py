@@ -12,8 +12,6 @@ from helpers import CELLS, flat, pack_state
 from modules.module_helpers import weighted_sum
 from tensordict import TensorDict
 
-import rnn_functional as rf
-
 KINDS = ("transposed", "strided", "expanded")
 
 
