@@ -17,7 +17,6 @@ from . import segments
 from .options import CallContext, call_context, check_options
 
 STEP_BACKENDS = ("auto", "reference", "pad", "triton")
-_RECOMPUTE = ("reference", "scan", "triton")  # backends that serve recompute="full"
 
 __all__ = ["resolve_backend", "resolve_step", "STEP_BACKENDS"]
 
