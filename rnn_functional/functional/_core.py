@@ -16,7 +16,7 @@ import torch
 
 from ..backends import SequenceOptions
 from ..cells import Carry, Cell, Layout, apply_reset, keep_segment_ends
-from . import selection
+from . import selection, slices
 from .options import check_options
 
 CELLS: dict[str, Cell] = {}  # every cell with public functions, by name (filled by public_functions)
@@ -194,20 +194,31 @@ def run_step(cell: Cell, x, state, params, is_init, backend: str) -> tuple[torch
     return y, _from_carry(cell, tuple(carry))
 
 
-def run_sequence(cell: Cell, x, state, params, is_init, reset_state, backend: str, opts: SequenceOptions):
+def run_sequence(cell: Cell, x, state, params, is_init, reset_state, backend: str, opts: SequenceOptions,
+                 slice_len: int | None = None):
     """Validate, pick the backend, run the sequence. Returns ``(y, state_T)`` or, with
-    ``opts.segment_states``, ``(y, state_T, segment states)`` in the public state format."""
+    ``opts.segment_states``, ``(y, state_T, segment states)`` in the public state format.
+    ``slice_len``: the call is whole slices of that many steps (see :mod:`.slices`)."""
     check_options(backend=backend, recompute=opts.recompute, dropout=opts.dropout,
                   matmul_precision=opts.matmul_precision, compute_dtype=opts.compute_dtype)
     c = _canonicalize(cell, x, state, params, is_init, reset_state, sequence=True)
+    n, t_len = c.x.shape[:2]
+    if slice_len is not None:
+        slices.check_slice_len(slice_len, t_len, c.is_init, torch.compiler.is_compiling())
     records_grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (c.x, *c.carry, *(c.reset or ()), *c.params.values())
     )
-    impl = selection.resolve_backend(backend, c.layout, c.x, opts, c.is_init, records_grad)
-    if c.x.shape[0] == 0 or c.x.shape[1] == 0:
-        y, carry, seg = _empty_call(c, (c.x.shape[1],))
+    empty = n == 0 or t_len == 0
+    call = (c.x, c.carry, c.is_init, c.reset)
+    if slice_len is not None and not empty:  # whole slices side by side: [N * T / slice_len, slice_len]
+        call = slices.split(slice_len, *call)
+    impl = selection.resolve_backend(backend, c.layout, call[0], opts, call[2], records_grad)
+    if empty:
+        y, carry, seg = _empty_call(c, (t_len,))
     else:
-        y, carry, per_step = impl(c.layout, c.params, c.x, c.carry, c.is_init, c.reset, opts)
+        y, carry, per_step = impl(c.layout, c.params, *call, opts)
+        if slice_len is not None:
+            y, carry, per_step = slices.merge(n, t_len, y, carry, per_step)
         seg = keep_segment_ends(per_step, c.is_init) if opts.segment_states else None
     (y,) = _restore(c.batch_shape, (y,))
     out = (y, _from_carry(cell, _restore(c.batch_shape, carry)))
@@ -254,6 +265,11 @@ _SEQUENCE_DOC = """A multi-layer {title} over a sequence, with resets.
         return_segment_states: also return the per-step states ``[*B, T, L, ·]`` that hold the
             carry after every step that ends a segment (before a reset, and the last step) and
             zeros elsewhere: TorchRL's ``("next", hidden)`` layout in recurrent mode.
+        slice_len: declares the time axis whole slices of exactly this many steps, ``is_init``
+            True at every slice start (a flat batch from ``SliceSampler(slice_len=...,
+            strict_length=True)``): they run side by side as ``[*B * T / slice_len, slice_len]``,
+            with static shapes under ``torch.compile``. ``T`` must be a multiple of it; ``is_init``
+            is checked (``ValueError`` eagerly, ``RuntimeError`` from the compiled call).
 
     Returns:
         ``(y [*B, T, {out}], state_T)``: top-layer outputs and the carry after the last step
@@ -283,9 +299,10 @@ def public_functions(cell: Cell) -> tuple[Callable, Callable]:
         compute_dtype: torch.dtype | None = None,
         matmul_precision: str | None = None,
         return_segment_states: bool = False,
+        slice_len: int | None = None,
     ):
         opts = SequenceOptions(dropout, training, recompute, compute_dtype, matmul_precision, return_segment_states)
-        return run_sequence(cell, x, state, params, is_init, reset_state, backend, opts)
+        return run_sequence(cell, x, state, params, is_init, reset_state, backend, opts, slice_len)
 
     for fn, kind, doc in ((step, "step", _STEP_DOC), (sequence, "sequence", _SEQUENCE_DOC)):
         fn.__name__ = fn.__qualname__ = f"{cell.name}_{kind}"

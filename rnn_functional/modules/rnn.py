@@ -39,6 +39,7 @@ from tensordict.utils import NestedKey
 from torch import nn
 
 from ..functional.options import check_options
+from ..functional.slices import check_value
 from ._cells import GRU_CELL, LSTM_CELL
 from ._compat import TorchRLCompat
 from ._forward import read_inputs, run_sequence, run_step
@@ -53,11 +54,13 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
 
     def _setup(self, rnn: nn.RNNBase | None, given: dict, *, batch_first, bidirectional, python_based,
                recurrent_backend, recurrent_compute_dtype, recurrent_recompute, recurrent_matmul_precision,
-               in_key, in_keys, out_key, out_keys, device, default_recurrent_mode) -> None:
+               in_key, in_keys, out_key, out_keys, device, default_recurrent_mode,
+               recurrent_slice_len=None) -> None:
         cell = self._cell
         check_options(backend=recurrent_backend, recompute=recurrent_recompute, dropout=given["dropout"],
                       matmul_precision=recurrent_matmul_precision, compute_dtype=recurrent_compute_dtype,
                       owner=f"{cell.module_name}: ")
+        check_value(recurrent_slice_len, f"{cell.module_name}: recurrent_slice_len")
         if not isinstance(python_based, bool):
             raise TypeError(f"{cell.module_name}: python_based must be a bool, got {type(python_based).__name__}.")
         rnn = build_rnn(cell, rnn, given, batch_first=batch_first, bidirectional=bidirectional, device=device)
@@ -70,6 +73,7 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
         self.recurrent_compute_dtype = recurrent_compute_dtype
         self.recurrent_recompute = recurrent_recompute
         self.recurrent_matmul_precision = recurrent_matmul_precision
+        self.recurrent_slice_len = recurrent_slice_len
         self._recurrent_mode = default_recurrent_mode
 
     @dispatch
@@ -98,6 +102,7 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
                 recompute=self.recurrent_recompute,
                 compute_dtype=self.recurrent_compute_dtype,
                 matmul_precision=self.recurrent_matmul_precision,
+                slice_len=self.recurrent_slice_len,
             )
         else:
             y, out_states = run_step(cell, x, states, params, is_init, dropout=self._dropout,
@@ -136,6 +141,12 @@ class LSTMModule(_RecurrentModule):
         device: device of new parameters.
         lstm: an ``nn.LSTM`` (``batch_first=True``) kept as ``self.lstm``: its parameters are the module's.
         default_recurrent_mode: mode when no ``set_recurrent_mode`` context is active (False).
+        recurrent_slice_len: ``None`` (default), or ``L`` when recurrent-mode batches are whole
+            slices of exactly ``L`` steps along time, ``is_init`` True at each slice start (what
+            ``SliceSampler(slice_len=L, strict_length=True)`` returns): they then run side by side
+            with static shapes, which makes a flat ``[N]`` batch fast under ``torch.compile``
+            (see ``docs/compile.md``). Passed to the core as ``slice_len``; a batch that is not
+            whole slices raises. Not a TorchRL argument.
 
     ``self.lstm`` is a real ``torch.nn.LSTM`` (``batch_first=True``) holding the module's
     parameters: callable, state dicts read ``lstm.weight_ih_l0``, ... as TorchRL's.
@@ -168,6 +179,7 @@ class LSTMModule(_RecurrentModule):
         device: torch.device | str | None = None,
         lstm: nn.LSTM | None = None,
         default_recurrent_mode: bool | None = None,
+        recurrent_slice_len: int | None = None,
     ) -> None:
         super().__init__()
         given = dict(input_size=input_size, hidden_size=hidden_size, num_layers=num_layers, bias=bias,
@@ -176,7 +188,7 @@ class LSTMModule(_RecurrentModule):
                     recurrent_backend=recurrent_backend, recurrent_compute_dtype=recurrent_compute_dtype,
                     recurrent_recompute=recurrent_recompute, recurrent_matmul_precision=recurrent_matmul_precision,
                     in_key=in_key, in_keys=in_keys, out_key=out_key, out_keys=out_keys, device=device,
-                    default_recurrent_mode=default_recurrent_mode)
+                    default_recurrent_mode=default_recurrent_mode, recurrent_slice_len=recurrent_slice_len)
 
 
 class GRUModule(_RecurrentModule):
@@ -214,6 +226,7 @@ class GRUModule(_RecurrentModule):
         device: torch.device | str | None = None,
         gru: nn.GRU | None = None,
         default_recurrent_mode: bool | None = None,
+        recurrent_slice_len: int | None = None,
     ) -> None:
         super().__init__()
         given = dict(input_size=input_size, hidden_size=hidden_size, num_layers=num_layers, bias=bias,
@@ -222,4 +235,4 @@ class GRUModule(_RecurrentModule):
                     recurrent_backend=recurrent_backend, recurrent_compute_dtype=recurrent_compute_dtype,
                     recurrent_recompute=recurrent_recompute, recurrent_matmul_precision=recurrent_matmul_precision,
                     in_key=in_key, in_keys=in_keys, out_key=out_key, out_keys=out_keys, device=device,
-                    default_recurrent_mode=default_recurrent_mode)
+                    default_recurrent_mode=default_recurrent_mode, recurrent_slice_len=recurrent_slice_len)
