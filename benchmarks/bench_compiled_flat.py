@@ -14,6 +14,9 @@ LSTM and GRU. Contenders, interleaved in one process on the same weights and bat
 * ``eager auto + slice_len``: the same with ``recurrent_slice_len=L`` (a rectangular batch);
 * ``compiled + slice_len``: ``torch.compile(module, fullgraph=True)`` (Inductor) with
   ``recurrent_slice_len=L``: ``[N / L, L]`` through ``scan``;
+* ``compiled + slice_len, cpp_wrapper``: the same with Inductor's ``cpp_wrapper`` option (the
+  compiled graph's host code in C++ instead of Python: less per-step overhead in ``scan``'s
+  loop, a longer compile);
 * ``compiled, no hint``: the same module compiled without the hint: one row of ``N`` steps.
 
 Writes ``results/compiled_flat_cpu.json`` and prints a Markdown table with each contender's
@@ -75,11 +78,13 @@ def run_case(cell: str, n: int, slice_len: int, repeats: int) -> dict:
     eager = make_module(cell, None)
     eager_hint = make_module(cell, slice_len)
     compiled_hint = torch.compile(make_module(cell, slice_len), fullgraph=True)
+    compiled_cpp = torch.compile(make_module(cell, slice_len), fullgraph=True, options={"cpp_wrapper": True})
     compiled_plain = torch.compile(make_module(cell, None), fullgraph=True)
     contenders = {
         "eager auto": fwd_bwd(eager, td, weights),
         "eager auto + slice_len": fwd_bwd(eager_hint, td, weights),
         "compiled + slice_len": fwd_bwd(compiled_hint, td, weights),
+        "compiled + slice_len, cpp_wrapper": fwd_bwd(compiled_cpp, td, weights),
         "compiled, no hint": fwd_bwd(compiled_plain, td, weights),
     }
     timing = interleaved(contenders, torch.device("cpu"), warmup=2, repeats=repeats, max_seconds=15.0)
