@@ -83,7 +83,7 @@ def test_slice_len_errors_name_the_hint_expected_and_actual():
         rf.gru_sequence(*args, **kwargs, slice_len=5)
     bad = slice_starts((), 12, 4)
     bad[8] = False
-    with pytest.raises(ValueError, match=r"slice_len=4: expected is_init True at every slice start.*is_init\[0, 8\] is False"):
+    with pytest.raises(ValueError, match=r"slice_len=4: is_init must be True at every slice start.*is_init\[0, 8\] is False"):
         rf.gru_sequence(*args, **{**kwargs, "is_init": bad}, slice_len=4)
     with pytest.raises(ValueError, match="slice_len=4: is_init is required"):
         rf.gru_sequence(*args, slice_len=4)
@@ -92,6 +92,50 @@ def test_slice_len_errors_name_the_hint_expected_and_actual():
             rf.gru_sequence(*args, **kwargs, slice_len=value)
     with pytest.raises(ValueError, match="GRUModule: recurrent_slice_len: expected None or a positive int"):
         rf.GRUModule(F_IN, HIDDEN, recurrent_slice_len=0)
+    with pytest.raises(ValueError, match="LSTMModule: recurrent_num_slices: expected None or a positive int"):
+        rf.LSTMModule(F_IN, HIDDEN, recurrent_slice_len=4, recurrent_num_slices=-1)
+
+
+def test_num_slices_errors_name_the_bounds_and_the_batch():
+    """Ragged slices (strict_length=False): at most num_slices segments of at most slice_len steps."""
+    is_init = slice_starts((), 13, 4, interior=(6,))  # segments 4, 2, 2, 4, 1: five, the longest 4
+    leaves, args, kwargs = make_call("lstm", (), 13, is_init)
+    with pytest.raises(ValueError, match=r"slice_len=4, num_slices=4: expected at most 4 segments .* of at most 4 "
+                                         r"steps, got 5 segments, the longest 4 steps"):
+        rf.lstm_sequence(*args, **kwargs, slice_len=4, num_slices=4)
+    with pytest.raises(ValueError, match="the longest 4 steps"):
+        rf.lstm_sequence(*args, **kwargs, slice_len=3, num_slices=8)
+    with pytest.raises(ValueError, match="num_slices=5 needs slice_len"):
+        rf.lstm_sequence(*args, **kwargs, num_slices=5)
+    got = outputs_and_grads("lstm", args, kwargs, leaves, slice_len=4, num_slices=5)  # eager: the usual path
+    want = outputs_and_grads("lstm", args, kwargs, leaves, backend="reference")
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_padded_block_matches_reference(cell):
+    """The ``[num_slices, slice_len]`` block compiled calls use, run eagerly over the reference loop:
+    ragged segments over two rows, bounds not tight (padding segments and columns)."""
+    from rnn_functional.backends import SEQUENCE, SequenceOptions
+    from rnn_functional.cells import keep_segment_ends
+    from rnn_functional.functional import slices
+    from rnn_functional.functional._core import read_layout
+
+    is_init = torch.zeros(2, 13, dtype=torch.bool)
+    is_init[0, [0, 3, 4, 9]] = True
+    is_init[1, [5, 8]] = True  # row 1 starts from the incoming carry
+    leaves, (x, state, params), kwargs = make_call(cell, (2,), 13, is_init)
+    carry, reset = ((tuple(s) if cell == "lstm" else (s,)) for s in (state, kwargs["reset_state"]))
+    layout, p = read_layout(params, cell), dict(params.items())
+    opts = SequenceOptions(segment_states=True)
+    runs = [slices.padded(SEQUENCE["reference"], is_init, 5, 9), SEQUENCE["reference"]]
+    results = []
+    for run in runs:
+        y, final, per_step = run(layout, p, x, carry, is_init, reset, opts)
+        outs = [y, *final, *keep_segment_ends(per_step, is_init)]
+        loss = sum((o * (i + 1)).sum() for i, o in enumerate(outs))
+        results.append(([o.detach() for o in outs], torch.autograd.grad(loss, leaves)))
+    torch.testing.assert_close(results[0], results[1])
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru"])

@@ -195,29 +195,33 @@ def run_step(cell: Cell, x, state, params, is_init, backend: str) -> tuple[torch
 
 
 def run_sequence(cell: Cell, x, state, params, is_init, reset_state, backend: str, opts: SequenceOptions,
-                 slice_len: int | None = None):
+                 slice_len: int | None = None, num_slices: int | None = None):
     """Validate, pick the backend, run the sequence. Returns ``(y, state_T)`` or, with
     ``opts.segment_states``, ``(y, state_T, segment states)`` in the public state format.
-    ``slice_len``: the call is whole slices of that many steps (see :mod:`.slices`)."""
+    ``slice_len`` / ``num_slices``: the static layout hint of :mod:`.slices`."""
     check_options(backend=backend, recompute=opts.recompute, dropout=opts.dropout,
                   matmul_precision=opts.matmul_precision, compute_dtype=opts.compute_dtype)
     c = _canonicalize(cell, x, state, params, is_init, reset_state, sequence=True)
     n, t_len = c.x.shape[:2]
-    if slice_len is not None:
-        slices.check_slice_len(slice_len, t_len, c.is_init, torch.compiler.is_compiling())
+    compiling = torch.compiler.is_compiling()
+    if slice_len is not None or num_slices is not None:
+        slices.check_hint(slice_len, num_slices, t_len, c.is_init, compiling)
     records_grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (c.x, *c.carry, *(c.reset or ()), *c.params.values())
     )
     empty = n == 0 or t_len == 0
+    reshaped = slice_len is not None and num_slices is None and not empty
     call = (c.x, c.carry, c.is_init, c.reset)
-    if slice_len is not None and not empty:  # whole slices side by side: [N * T / slice_len, slice_len]
+    if reshaped:  # whole slices side by side: [N * T / slice_len, slice_len]
         call = slices.split(slice_len, *call)
     impl = selection.resolve_backend(backend, c.layout, call[0], opts, call[2], records_grad)
+    if num_slices is not None and compiling and not empty:  # the segments in a [num_slices, slice_len] block
+        impl = slices.padded(impl, c.is_init, slice_len, num_slices)
     if empty:
         y, carry, seg = _empty_call(c, (t_len,))
     else:
         y, carry, per_step = impl(c.layout, c.params, *call, opts)
-        if slice_len is not None:
+        if reshaped:
             y, carry, per_step = slices.merge(n, t_len, y, carry, per_step)
         seg = keep_segment_ends(per_step, c.is_init) if opts.segment_states else None
     (y,) = _restore(c.batch_shape, (y,))
@@ -268,8 +272,12 @@ _SEQUENCE_DOC = """A multi-layer {title} over a sequence, with resets.
         slice_len: declares the time axis whole slices of exactly this many steps, ``is_init``
             True at every slice start (a flat batch from ``SliceSampler(slice_len=...,
             strict_length=True)``): they run side by side as ``[*B * T / slice_len, slice_len]``,
-            with static shapes under ``torch.compile``. ``T`` must be a multiple of it; ``is_init``
-            is checked (``ValueError`` eagerly, ``RuntimeError`` from the compiled call).
+            with static shapes under ``torch.compile``. ``T`` must be a multiple of it.
+        num_slices: with ``slice_len``, declares instead at most ``num_slices`` segments (runs
+            between resets) of at most ``slice_len`` steps (``strict_length=False``); under
+            ``torch.compile`` they run in a zero-padded ``[num_slices, slice_len]`` block.
+            A hint that does not match the batch raises (``ValueError`` eagerly, ``RuntimeError``
+            from the compiled call); see ``docs/compile.md``.
 
     Returns:
         ``(y [*B, T, {out}], state_T)``: top-layer outputs and the carry after the last step
@@ -300,9 +308,10 @@ def public_functions(cell: Cell) -> tuple[Callable, Callable]:
         matmul_precision: str | None = None,
         return_segment_states: bool = False,
         slice_len: int | None = None,
+        num_slices: int | None = None,
     ):
         opts = SequenceOptions(dropout, training, recompute, compute_dtype, matmul_precision, return_segment_states)
-        return run_sequence(cell, x, state, params, is_init, reset_state, backend, opts, slice_len)
+        return run_sequence(cell, x, state, params, is_init, reset_state, backend, opts, slice_len, num_slices)
 
     for fn, kind, doc in ((step, "step", _STEP_DOC), (sequence, "sequence", _SEQUENCE_DOC)):
         fn.__name__ = fn.__qualname__ = f"{cell.name}_{kind}"

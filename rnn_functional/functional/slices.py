@@ -1,65 +1,104 @@
-"""Fixed-length slices: a flat batch of whole slices re-batched with static shapes (``slice_len``).
+"""Trajectory slices with static shapes under ``torch.compile``: ``slice_len`` (and ``num_slices``).
 
-``SliceSampler(slice_len=L, strict_length=True)`` returns a flat batch ``[N]`` of ``N / L`` whole
-trajectory slices of exactly ``L`` steps, each starting with ``is_init`` True. Declared with
-``slice_len=L``, a call ``[N, T]`` (``T`` a multiple of ``L``; a flat batch is ``N = 1``) runs as
-``[N * T / L, L]``: the slices side by side, with no data-dependent shape, so it compiles with
-``fullgraph=True`` and no dynamo flag, and eagerly it runs as a rectangular batch.
+A flat ``SliceSampler`` batch ``[N]`` holds trajectory slices, ``is_init`` True at each slice start.
+Segment-aware execution (:mod:`.segments`) runs them side by side, but its segment count and
+longest segment are data-dependent host values; under ``torch.compile`` the call would run as one
+row of ``N`` steps. A static hint from the sampler's own settings gives every shape in advance:
 
-The row of slice ``(n, k)`` starts from the call's carry for ``k = 0`` (reset there if
-``is_init[n, 0]``) and is reset at its first step for ``k > 0`` (to ``reset_state`` there, or
-zeros): exactly the call's semantics when ``is_init`` is True at every multiple of ``L``, which is
-checked (eagerly a ``ValueError``; under ``torch.compile`` a ``torch._assert_async`` in the graph,
-a ``RuntimeError`` when the compiled call runs). Resets inside a slice stay ordinary resets.
+* ``slice_len=L`` (``SliceSampler(slice_len=L, strict_length=True)``: whole slices of exactly
+  ``L`` steps): a call ``[N, T]`` (``T`` a multiple of ``L``; a flat batch is ``N = 1``) runs as
+  ``[N * T / L, L]``, a reshape (:func:`split`, :func:`merge`), eagerly and compiled. The row of
+  slice ``(n, k)`` starts from the call's carry for ``k = 0`` (reset there if ``is_init[n, 0]``) and
+  is reset at its first step for ``k > 0``: exactly the call's semantics when ``is_init`` is True at
+  every multiple of ``L``, which is checked.
+* ``slice_len=L, num_slices=K`` (``strict_length=False``: at most ``K`` slices of at most ``L``
+  steps, ``N`` varying between batches): under ``torch.compile`` the segments run right-aligned in
+  a zero-padded ``[K, L]`` block (:func:`padded`, the scheme of :func:`.segments.aligned` with a
+  plan built from static shapes only); eagerly the call takes the usual segment-aware path.
+
+Resets inside a slice stay ordinary resets. The checks raise a ``ValueError`` eagerly; under
+``torch.compile`` they are ``torch._assert_async`` ops in the graph (a ``RuntimeError`` from the
+compiled call, no host synchronisation on CUDA).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ..cells import Carry
+from . import segments
 
-__all__ = ["check_value", "check_slice_len", "split", "merge"]
+__all__ = ["check_value", "check_hint", "split", "merge", "padded"]
 
-
-def check_value(slice_len, arg: str = "slice_len") -> None:
-    """Raise unless ``slice_len`` is None or a positive int (``arg`` names it in the message)."""
-    if slice_len is not None and (isinstance(slice_len, bool) or not isinstance(slice_len, int) or slice_len < 1):
-        raise ValueError(
-            f"{arg}: expected None or a positive int (the length of every slice, SliceSampler's slice_len), "
-            f"got {slice_len!r}."
-        )
+_RAGGED = "Pass slice_len=None (and num_slices=None) for batches of other shapes."
 
 
-def check_slice_len(slice_len: int, t_len: int, is_init: torch.Tensor | None, compiling: bool) -> None:
-    """Raise when ``slice_len`` does not describe a call of ``T = t_len`` steps with resets ``is_init [N, T]``."""
+def check_value(value, arg: str = "slice_len") -> None:
+    """Raise unless ``value`` is None or a positive int (``arg`` names it in the message)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        what = "the most slices in a batch" if arg.endswith("num_slices") else "the length of every slice"
+        raise ValueError(f"{arg}: expected None or a positive int ({what}, as given to SliceSampler), got {value!r}.")
+
+
+def _check(ok: torch.Tensor, compiling: bool, message: Callable[[], str]) -> None:
+    """Raise ``message()`` unless ``ok``: a ``ValueError`` eagerly, an in-graph async assert compiled."""
+    if compiling:
+        torch._assert_async(ok, message())
+    elif not bool(ok):
+        raise ValueError(message())
+
+
+def check_hint(slice_len, num_slices, t_len: int, is_init: torch.Tensor | None, compiling: bool) -> None:
+    """Raise when the hint does not describe a call of ``T = t_len`` steps with resets ``is_init [N, T]``."""
     check_value(slice_len)
+    check_value(num_slices, "num_slices")
+    if slice_len is None:
+        raise ValueError(f"num_slices={num_slices} needs slice_len (the longest slice); got slice_len=None.")
+    if is_init is None:
+        raise ValueError(f"slice_len={slice_len}: is_init is required (True at the first step of every slice); got None.")
+    if num_slices is not None:
+        seg_of = _segment_index(is_init)
+        count, lengths = seg_of[-1] + 1, _lengths(seg_of, num_slices)
+        _check((count <= num_slices) & (lengths <= slice_len).all(), compiling, lambda: (
+            f"slice_len={slice_len}, num_slices={num_slices}: expected at most {num_slices} segments (runs between "
+            f"resets) of at most {slice_len} steps"
+            + ("" if compiling else f", got {int(count)} segments, the longest {int(_lengths(seg_of, int(count)).max())} steps")
+            + f". Pass SliceSampler's slice_len and num_slices (batch_size // slice_len). {_RAGGED}"))
+        return
     if t_len % slice_len:
         raise ValueError(
             f"slice_len={slice_len}: the time dim (T={t_len}, the flat batch's length) must be a multiple of it "
             f"(whole slices of exactly {slice_len} steps, as SliceSampler(slice_len={slice_len}, strict_length=True) "
-            f"returns). Pass slice_len=None for ragged slices (strict_length=False)."
-        )
-    if is_init is None:
-        raise ValueError(
-            f"slice_len={slice_len}: is_init is required (True at the first step of every slice); got None."
+            f"returns). For truncated slices (strict_length=False) pass num_slices too. {_RAGGED}"
         )
     starts = is_init[:, slice_len::slice_len]
-    if compiling:
-        torch._assert_async(
-            starts.all(),
-            f"slice_len={slice_len}: is_init must be True at every slice start (every multiple of {slice_len} "
-            f"along T); this batch is not whole slices of {slice_len} steps. Pass slice_len=None for ragged slices.",
-        )
-        return
-    if starts.numel() and not bool(starts.all()):
-        row, k = (~starts).nonzero()[0].tolist()
-        raise ValueError(
-            f"slice_len={slice_len}: expected is_init True at every slice start (every multiple of {slice_len} "
-            f"along T={t_len}), but is_init[{row}, {(k + 1) * slice_len}] is False ({int((~starts).sum())} of "
-            f"{starts.numel()} slice starts are False): the batch is not whole slices of {slice_len} steps. Pass "
-            f"the sampler's slice_len with strict_length=True, or slice_len=None for ragged slices."
-        )
+
+    def message() -> str:
+        where = ""
+        if not compiling:
+            row, k = (~starts).nonzero()[0].tolist()
+            where = (f", but is_init[{row}, {(k + 1) * slice_len}] is False ({int((~starts).sum())} of "
+                     f"{starts.numel()} slice starts are False)")
+        return (f"slice_len={slice_len}: is_init must be True at every slice start (every multiple of {slice_len} "
+                f"along T={t_len}){where}: the batch is not whole slices of {slice_len} steps. {_RAGGED}")
+
+    if starts.numel():
+        _check(starts.all(), compiling, message)
+
+
+def _segment_index(is_init: torch.Tensor) -> torch.Tensor:
+    """``[N * T]`` int64: each step's segment of ``is_init [N, T]`` (row-major; a row's first step starts one)."""
+    starts = is_init.clone()
+    starts[:, 0] = True
+    return starts.reshape(-1).cumsum(0) - 1
+
+
+def _lengths(seg_of: torch.Tensor, bound: int) -> torch.Tensor:
+    """``[bound]``: the step counts of the first ``bound`` segments, zeros past the last (static shapes)."""
+    seg_of = seg_of.clamp(max=bound - 1)
+    return seg_of.new_zeros(bound).scatter_add(0, seg_of, torch.ones_like(seg_of))
 
 
 def split(slice_len: int, x: torch.Tensor, carry: Carry, is_init: torch.Tensor, reset: Carry | None):
@@ -89,3 +128,23 @@ def merge(n: int, t_len: int, y: torch.Tensor, final: Carry, per_step: Carry | N
     if per_step is not None:
         per_step = tuple(s.reshape(n, t_len, *s.shape[2:]) for s in per_step)
     return y, final, per_step
+
+
+def padded(impl: Callable, is_init: torch.Tensor, slice_len: int, num_slices: int) -> Callable:
+    """``impl`` (a backend's canonical ``sequence``) over the segments of ``is_init [N, T]`` right-aligned
+    in a ``[num_slices, slice_len]`` block: :func:`.segments.aligned` with a plan of static shapes.
+
+    Padding segments (past the last one) have no steps: they run one step of zeros whose results no
+    step reads. Indices are clamped into the block, so a batch beyond the bounds (which
+    :func:`check_hint` rejects) never indexes out of it.
+    """
+    n, t_len = is_init.shape
+    seg_of = _segment_index(is_init)
+    lengths = _lengths(seg_of, num_slices).clamp(1, slice_len)
+    seg_of = seg_of.clamp(max=num_slices - 1)
+    step = torch.arange(n * t_len, device=is_init.device)
+    first = step.new_zeros(num_slices).scatter_reduce(0, seg_of, step, "amin", include_self=False)
+    pos = (step - first[seg_of]).clamp(max=slice_len - 1).reshape(n, t_len)
+    plan = segments.SegmentPlan(seg_of.reshape(n, t_len), pos, first // t_len, first % t_len, lengths, lengths,
+                                slice_len)
+    return segments.aligned(impl, plan)

@@ -55,12 +55,13 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
     def _setup(self, rnn: nn.RNNBase | None, given: dict, *, batch_first, bidirectional, python_based,
                recurrent_backend, recurrent_compute_dtype, recurrent_recompute, recurrent_matmul_precision,
                in_key, in_keys, out_key, out_keys, device, default_recurrent_mode,
-               recurrent_slice_len=None) -> None:
+               recurrent_slice_len=None, recurrent_num_slices=None) -> None:
         cell = self._cell
         check_options(backend=recurrent_backend, recompute=recurrent_recompute, dropout=given["dropout"],
                       matmul_precision=recurrent_matmul_precision, compute_dtype=recurrent_compute_dtype,
                       owner=f"{cell.module_name}: ")
         check_value(recurrent_slice_len, f"{cell.module_name}: recurrent_slice_len")
+        check_value(recurrent_num_slices, f"{cell.module_name}: recurrent_num_slices")
         if not isinstance(python_based, bool):
             raise TypeError(f"{cell.module_name}: python_based must be a bool, got {type(python_based).__name__}.")
         rnn = build_rnn(cell, rnn, given, batch_first=batch_first, bidirectional=bidirectional, device=device)
@@ -74,6 +75,7 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
         self.recurrent_recompute = recurrent_recompute
         self.recurrent_matmul_precision = recurrent_matmul_precision
         self.recurrent_slice_len = recurrent_slice_len
+        self.recurrent_num_slices = recurrent_num_slices
         self._recurrent_mode = default_recurrent_mode
 
     @dispatch
@@ -103,6 +105,7 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
                 compute_dtype=self.recurrent_compute_dtype,
                 matmul_precision=self.recurrent_matmul_precision,
                 slice_len=self.recurrent_slice_len,
+                num_slices=self.recurrent_num_slices,
             )
         else:
             y, out_states = run_step(cell, x, states, params, is_init, dropout=self._dropout,
@@ -147,6 +150,10 @@ class LSTMModule(_RecurrentModule):
             with static shapes, which makes a flat ``[N]`` batch fast under ``torch.compile``
             (see ``docs/compile.md``). Passed to the core as ``slice_len``; a batch that is not
             whole slices raises. Not a TorchRL argument.
+        recurrent_num_slices: ``None`` (default), or ``K`` with ``recurrent_slice_len=L`` when
+            batches hold at most ``K`` slices of at most ``L`` steps (``SliceSampler(slice_len=L,
+            strict_length=False)`` with ``batch_size = K * L``): compiled, they run in a padded
+            ``[K, L]`` block. Passed to the core as ``num_slices``.
 
     ``self.lstm`` is a real ``torch.nn.LSTM`` (``batch_first=True``) holding the module's
     parameters: callable, state dicts read ``lstm.weight_ih_l0``, ... as TorchRL's.
@@ -180,6 +187,7 @@ class LSTMModule(_RecurrentModule):
         lstm: nn.LSTM | None = None,
         default_recurrent_mode: bool | None = None,
         recurrent_slice_len: int | None = None,
+        recurrent_num_slices: int | None = None,
     ) -> None:
         super().__init__()
         given = dict(input_size=input_size, hidden_size=hidden_size, num_layers=num_layers, bias=bias,
@@ -188,7 +196,8 @@ class LSTMModule(_RecurrentModule):
                     recurrent_backend=recurrent_backend, recurrent_compute_dtype=recurrent_compute_dtype,
                     recurrent_recompute=recurrent_recompute, recurrent_matmul_precision=recurrent_matmul_precision,
                     in_key=in_key, in_keys=in_keys, out_key=out_key, out_keys=out_keys, device=device,
-                    default_recurrent_mode=default_recurrent_mode, recurrent_slice_len=recurrent_slice_len)
+                    default_recurrent_mode=default_recurrent_mode, recurrent_slice_len=recurrent_slice_len,
+                    recurrent_num_slices=recurrent_num_slices)
 
 
 class GRUModule(_RecurrentModule):
@@ -227,6 +236,7 @@ class GRUModule(_RecurrentModule):
         gru: nn.GRU | None = None,
         default_recurrent_mode: bool | None = None,
         recurrent_slice_len: int | None = None,
+        recurrent_num_slices: int | None = None,
     ) -> None:
         super().__init__()
         given = dict(input_size=input_size, hidden_size=hidden_size, num_layers=num_layers, bias=bias,
@@ -235,4 +245,5 @@ class GRUModule(_RecurrentModule):
                     recurrent_backend=recurrent_backend, recurrent_compute_dtype=recurrent_compute_dtype,
                     recurrent_recompute=recurrent_recompute, recurrent_matmul_precision=recurrent_matmul_precision,
                     in_key=in_key, in_keys=in_keys, out_key=out_key, out_keys=out_keys, device=device,
-                    default_recurrent_mode=default_recurrent_mode, recurrent_slice_len=recurrent_slice_len)
+                    default_recurrent_mode=default_recurrent_mode, recurrent_slice_len=recurrent_slice_len,
+                    recurrent_num_slices=recurrent_num_slices)
