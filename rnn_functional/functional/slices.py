@@ -63,9 +63,11 @@ def check_hint(slice_len, num_slices, t_len: int, is_init: torch.Tensor | None, 
         count, lengths = seg_of[-1] + 1, _lengths(seg_of, num_slices)
         _check((count <= num_slices) & (lengths <= slice_len).all(), compiling, lambda: (
             f"slice_len={slice_len}, num_slices={num_slices}: expected at most {num_slices} segments (runs between "
-            f"resets) of at most {slice_len} steps"
-            + ("" if compiling else f", got {int(count)} segments, the longest {int(_lengths(seg_of, int(count)).max())} steps")
-            + f". Pass SliceSampler's slice_len and num_slices (batch_size // slice_len). {_RAGGED}"))
+            f"resets) of at most {slice_len} steps, got {int(count)} segments, the longest "
+            f"{int(_lengths(seg_of, int(count)).max())} steps" if not compiling else
+            "slice_len, num_slices: expected at most num_slices segments (runs between resets) of at most slice_len "
+            "steps, the batch has more or longer ones") + f". Pass SliceSampler's slice_len and num_slices (its "
+            f"batch_size // slice_len). {_RAGGED}")
         return
     if t_len % slice_len:
         raise ValueError(
@@ -76,13 +78,14 @@ def check_hint(slice_len, num_slices, t_len: int, is_init: torch.Tensor | None, 
     starts = is_init[:, slice_len::slice_len]
 
     def message() -> str:
-        where = ""
-        if not compiling:
-            row, k = (~starts).nonzero()[0].tolist()
-            where = (f", but is_init[{row}, {(k + 1) * slice_len}] is False ({int((~starts).sum())} of "
-                     f"{starts.numel()} slice starts are False)")
+        if compiling:  # the numbers may be symbolic (dynamic=True): a graph cannot format them
+            return ("slice_len: is_init must be True at every slice start (every multiple of slice_len along T): the "
+                    f"batch is not whole slices of slice_len steps. {_RAGGED}")
+        row, k = (~starts).nonzero()[0].tolist()
         return (f"slice_len={slice_len}: is_init must be True at every slice start (every multiple of {slice_len} "
-                f"along T={t_len}){where}: the batch is not whole slices of {slice_len} steps. {_RAGGED}")
+                f"along T={t_len}), but is_init[{row}, {(k + 1) * slice_len}] is False ({int((~starts).sum())} of "
+                f"{starts.numel()} slice starts are False): the batch is not whole slices of {slice_len} steps. "
+                f"{_RAGGED}")
 
     if starts.numel():
         _check(starts.all(), compiling, message)
