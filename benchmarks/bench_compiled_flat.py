@@ -1,7 +1,7 @@
 """Compiled flat SliceSampler batches: ``torch.compile`` with ``recurrent_slice_len`` against eager ``auto``.
 
     python benchmarks/bench_compiled_flat.py [--cells lstm gru] [--layouts strict ragged] [--threads N]
-                                             [--repeats R] [--quick]
+                                             [--repeats R] [--quick] [--table]
 
 Recurrent mode, CPU, H=128, F=64, one layer, forward+backward (``(y * w).sum().backward()``).
 A flat ``[N]`` TensorDict of trajectory slices, ``is_init`` True at every slice start, stored
@@ -133,7 +133,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=11)
     parser.add_argument("--quick", action="store_true", help="one case (LSTM, 10 x 20 strict), 3 repeats; no JSON")
+    parser.add_argument("--table", action="store_true", help="print the table of the stored JSON and exit")
     args = parser.parse_args()
+    path = RESULTS / "compiled_flat_cpu.json"
+    if args.table:
+        rows = json.loads(path.read_text())["results"]
+        print(table(sorted(rows, key=lambda r: (r["cell"], r["layout"] != "strict", -r["num_slices"] * r["slice_len"]))))
+        return
     torch.set_num_threads(args.threads)
     torch._dynamo.config.recompile_limit = 64  # many modules share tensordict's forward wrapper
     if args.quick:
@@ -148,7 +154,6 @@ def main() -> None:
     if args.quick:
         return
     RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / "compiled_flat_cpu.json"
     stored = json.loads(path.read_text())["results"] if path.exists() else []
     key = ("cell", "layout", "num_slices", "slice_len")
     ran = {tuple(r[k] for k in key) for r in rows}

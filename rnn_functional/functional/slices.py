@@ -137,9 +137,9 @@ def padded(impl: Callable, is_init: torch.Tensor, slice_len: int, num_slices: in
     """``impl`` (a backend's canonical ``sequence``) over the segments of ``is_init [N, T]`` right-aligned
     in a ``[num_slices, slice_len]`` block: :func:`.segments.aligned` with a plan of static shapes.
 
-    Padding segments (past the last one) have no steps: they run one step of zeros whose results no
-    step reads. Indices are clamped into the block, so a batch beyond the bounds (which
-    :func:`check_hint` rejects) never indexes out of it.
+    Rows of the block past the last segment hold no step: they compute values that no step reads.
+    Indices are clamped into the block, so a batch beyond the bounds (which :func:`check_hint`
+    rejects) never indexes out of it.
     """
     n, t_len = is_init.shape
     seg_of = _segment_index(is_init)
