@@ -107,6 +107,8 @@ def test_num_slices_errors_name_the_bounds_and_the_batch():
         rf.lstm_sequence(*args, **kwargs, slice_len=3, num_slices=8)
     with pytest.raises(ValueError, match="num_slices=5 needs slice_len"):
         rf.lstm_sequence(*args, **kwargs, num_slices=5)
+    empty = rf.lstm_sequence(args[0][:0], None, args[2], is_init=is_init[:0], slice_len=4, num_slices=5)[0]
+    assert empty.shape == (0, HIDDEN)  # T = 0: no segment, nothing to check
     got = outputs_and_grads("lstm", args, kwargs, leaves, slice_len=4, num_slices=5)  # eager: the usual path
     want = outputs_and_grads("lstm", args, kwargs, leaves, backend="reference")
     torch.testing.assert_close(got, want)

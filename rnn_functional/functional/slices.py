@@ -59,6 +59,8 @@ def check_hint(slice_len, num_slices, t_len: int, is_init: torch.Tensor | None, 
     if is_init is None:
         raise ValueError(f"slice_len={slice_len}: is_init is required (True at the first step of every slice); got None.")
     if num_slices is not None:
+        if is_init.numel() == 0:  # an empty call: no segment
+            return
         seg_of = _segment_index(is_init)
         count, lengths = seg_of[-1] + 1, _lengths(seg_of, num_slices)
         _check((count <= num_slices) & (lengths <= slice_len).all(), compiling, lambda: (
