@@ -80,18 +80,21 @@ def _time_loop(step, init, xs, reads=(), reverse: bool = False):
         if reverse:
             xs = pytree.tree_map(lambda t: t.flip(0), xs)
         return _scan(step, _batched_like_step(init, *reads), xs)
-    leaves, spec = pytree.tree_flatten(xs)
-    t_len = leaves[0].shape[0]
+    t_len = pytree.tree_leaves(xs)[0].shape[0]
     carry, outs = init, []
     for t in (range(t_len - 1, -1, -1) if reverse else range(t_len)):
-        carry, out = step(carry, pytree.tree_unflatten([leaf[t] for leaf in leaves], spec))
+        carry, out = step(carry, _at(xs, t))
         outs.append(out)
     return carry, pytree.tree_map(lambda *per_step: torch.stack(per_step), *outs)
 
 
-def _own(t: torch.Tensor) -> torch.Tensor:
-    """A step output that aliases nothing under ``torch.compile`` (scan's rule); as is eagerly."""
-    return _contiguous_copy(t) if torch.compiler.is_compiling() else t
+def _at(xs, t: int):
+    """Step ``t`` of ``xs`` (tensors in dicts and tuples): cheaper per step than pytree's unflatten."""
+    if isinstance(xs, dict):
+        return {k: _at(v, t) for k, v in xs.items()}
+    if isinstance(xs, tuple):
+        return tuple(_at(v, t) for v in xs)
+    return xs[t]
 
 
 def _scan_states(cell: Cell, w: LayerWeights, carry: Carry, gi: torch.Tensor, mask, reset, keep: str):
@@ -107,13 +110,14 @@ def _scan_states(cell: Cell, w: LayerWeights, carry: Carry, gi: torch.Tensor, ma
         xs["mask"] = mask
         if reset is not None:
             xs["reset"] = reset
+    # under compile, outputs that alias nothing (scan's rule); eagerly the loop stacks them anyway
+    own = _contiguous_copy if torch.compiler.is_compiling() else (lambda t: t)
 
     def step(layer_carry, xs_t):
         layer_carry = apply_reset(layer_carry, xs_t.get("mask"), xs_t.get("reset"))
         new, saved = cell.layer_step_saving(xs_t["gi"], layer_carry, w)
-        new = tuple(_own(s) for s in new)
         out = {"h": new[0], "states": new, "saved": (*new, *saved)}[keep]
-        return new, (tuple(_own(s) for s in out) if keep != "h" else _own(new[0]))
+        return tuple(own(s) for s in new), (own(out) if keep == "h" else tuple(own(s) for s in out))
 
     return _time_loop(step, carry, xs, reads=(gi, *w.tensors()[2:], mask, *(reset or ())))
 
@@ -181,8 +185,8 @@ class _HandWrittenLayer(torch.autograd.Function):
             tuple(torch.cat([c0.unsqueeze(0), s[:-1]]) for c0, s in zip(carry0, states)), mask, reset or None
         )
         xs = {"pre": pre, "g": tuple(grad_states)}
-        if saved:
-            xs["saved"] = saved
+        if saved:  # what each step's backward reads, computed for all steps at once
+            xs["factors"] = cell.backward_factors(saved, pre, w)
         else:
             xs["x"] = inp.transpose(0, 1)
         if mask is not None:
@@ -191,7 +195,7 @@ class _HandWrittenLayer(torch.autograd.Function):
         def back_step(acc, xs_t):
             d_new = tuple(a + b for a, b in zip(acc["d_carry"], xs_t["g"]))
             if saved:
-                d_pre, d_gi, d_gh, d_extra = cell.step_backward_saved(xs_t["saved"], xs_t["pre"], w, d_new)
+                d_pre, d_gi, d_gh, d_extra = cell.step_backward_saved(xs_t["factors"], xs_t["pre"], w, d_new)
             else:
                 gi = F.linear(xs_t["x"], w.weight_ih, w.bias_ih)
                 d_pre, d_gi, d_gh, d_extra = cell.step_backward(gi, xs_t["pre"], w, d_new)

@@ -133,9 +133,15 @@ class Cell(abc.ABC):
         projection), carry of ``[N, S]`` -> ``(carry', saved)``, ``saved`` a tuple of ``[N, ·]``
         tensors (the step's activations) that :meth:`step_backward_saved` consumes."""
 
+    def backward_factors(self, saved: Saved, carry: Carry, w: LayerWeights) -> Saved:
+        """What :meth:`step_backward_saved` reads, from a step's ``saved`` activations and the carry before
+        it: elementwise only, so it also runs on whole sequences at once (``[T, N, ·]`` tensors; the
+        reverse scan calls it once per layer before its loop). Default: ``saved`` unchanged."""
+        return saved
+
     @abc.abstractmethod
-    def step_backward_saved(self, saved: Saved, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
-        """Backward of one step from its ``saved`` activations (no recurrent matmul of the forward is
+    def step_backward_saved(self, factors: Saved, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
+        """Backward of one step from its :meth:`backward_factors` (no recurrent matmul of the forward is
         redone): ``carry`` is the carry before the step, ``d_new`` the cotangent of the carry after it."""
 
     def layer_step(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> Carry:
@@ -145,7 +151,8 @@ class Cell(abc.ABC):
     def step_backward(self, gi: torch.Tensor, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
         """Backward of :meth:`layer_step`, recomputing its activations from ``gi`` and the carry before
         the step; ``d_new`` is the cotangent of the carry after it."""
-        return self.step_backward_saved(self.layer_step_saving(gi, carry, w)[1], carry, w, d_new)
+        factors = self.backward_factors(self.layer_step_saving(gi, carry, w)[1], carry, w)
+        return self.step_backward_saved(factors, carry, w, d_new)
 
     def __repr__(self) -> str:
         return f"<{self.title} cell>"

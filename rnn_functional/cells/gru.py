@@ -74,15 +74,20 @@ class GRUCell(Cell):
         n = torch.tanh(gi[..., 2 * hidden :] + r * h_n)
         return (n + z * (h - n),), (r, z, n, h_n)
 
-    def step_backward_saved(self, saved: Saved, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
+    def backward_factors(self, saved: Saved, carry: Carry, w: LayerWeights) -> Saved:
+        """``(k_gi [.., 3H], k_gh [.., 3H], z [.., H])``: ``d_gi = cat([dh, dh, dh]) * k_gi``, likewise ``d_gh``."""
+        (r, z, n, h_n), (h,) = saved, carry
+        f_n = (1 - z) * (1 - n * n)
+        f_r = f_n * h_n * r * (1 - r)
+        f_z = (h - n) * z * (1 - z)
+        return torch.cat([f_r, f_z, f_n], dim=-1), torch.cat([f_r, f_z, f_n * r], dim=-1), z
+
+    def step_backward_saved(self, factors: Saved, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
         """``d_gh [N, 3H]`` differs from ``d_gi`` in its ``n`` block (``r`` scales ``h_n``)."""
-        (r, z, n, h_n), (h,), (dh_new,) = saved, carry, d_new
-        d_n = dh_new * (1 - z) * (1 - n * n)
-        d_r = d_n * h_n * r * (1 - r)
-        d_z = dh_new * (h - n) * z * (1 - z)
-        d_gi = torch.cat([d_r, d_z, d_n], dim=-1)
-        d_gh = torch.cat([d_r, d_z, d_n * r], dim=-1)
-        return StepGrads((dh_new * z + d_gh @ w.weight_hh,), d_gi, d_gh, ())
+        (k_gi, k_gh, z), (dh_new,) = factors, d_new
+        dh3 = torch.cat([dh_new, dh_new, dh_new], dim=-1)
+        d_gh = dh3 * k_gh
+        return StepGrads((torch.addmm(dh_new * z, d_gh, w.weight_hh),), dh3 * k_gi, d_gh, ())
 
 
 GRU = GRUCell()

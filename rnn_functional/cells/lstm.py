@@ -80,18 +80,24 @@ class LSTMCell(Cell):
             h_next = F.linear(h_next, weight_hr)
         return (h_next, c_next), (i, f, g, o, tanh_c)
 
-    def step_backward_saved(self, saved: Saved, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
+    def backward_factors(self, saved: Saved, carry: Carry, w: LayerWeights) -> Saved:
+        """``(k [.., 4H], a [.., H], f [.., H])`` (and ``o * tanh(c')`` with ``weight_hr``): the gate
+        cotangents are ``cat([dc, dc, dc, dh]) * k``, and ``dc = dc' + dh * a``."""
+        (i, f, g, o, tanh_c), c = saved, carry[1]
+        k = torch.cat([g * i * (1 - i), c * f * (1 - f), i * (1 - g * g), tanh_c * o * (1 - o)], dim=-1)
+        projected = () if w.extra[0] is None else (o * tanh_c,)
+        return (k, o * (1 - tanh_c * tanh_c), f, *projected)
+
+    def step_backward_saved(self, factors: Saved, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
         """``d_gh`` equals ``d_gi`` (gates sum both projections); ``d_extra = (d_weight_hr [P, H] | None,)``."""
-        (i, f, g, o, tanh_c), (_, c), (dh_new, dc_new) = saved, carry, d_new
+        (k, a, f, *unprojected), (dh_new, dc_new) = factors, d_new
         (weight_hr,) = w.extra
         d_hr = None
         if weight_hr is not None:
-            d_hr = dh_new.transpose(0, 1) @ (o * tanh_c)
+            d_hr = dh_new.transpose(0, 1) @ unprojected[0]
             dh_new = dh_new @ weight_hr
-        dc = dc_new + dh_new * o * (1 - tanh_c * tanh_c)
-        d_gates = torch.cat(
-            [dc * g * i * (1 - i), dc * c * f * (1 - f), dc * i * (1 - g * g), dh_new * tanh_c * o * (1 - o)], dim=-1
-        )
+        dc = torch.addcmul(dc_new, dh_new, a)
+        d_gates = torch.cat([dc, dc, dc, dh_new], dim=-1) * k
         return StepGrads((d_gates @ w.weight_hh, dc * f), d_gates, None, (d_hr,))
 
 

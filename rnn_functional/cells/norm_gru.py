@@ -108,10 +108,10 @@ class NormGRUCell(Cell):
         u = torch.sigmoid(u - 1)
         return (u * c + (1 - u) * h,), (z_hat, inv_std)
 
-    def step_backward_saved(self, saved: Saved, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
+    def step_backward_saved(self, factors: Saved, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
         """``d_gh`` equals ``d_gi`` (both feed ``z``); ``d_extra = (d_norm_weight, d_norm_bias)``, each ``[3H]``.
-        The gates are recomputed elementwise from ``z_hat`` (no matmul)."""
-        (z_hat, inv_std), (h,), (dh_new,) = saved, carry, d_new
+        ``factors`` are the saved ``(z_hat, inv_std)``; the gates are recomputed elementwise (no matmul)."""
+        (z_hat, inv_std), (h,), (dh_new,) = factors, carry, d_new
         norm_weight, norm_bias = w.extra
         r_in, c_in, u_in = (z_hat * norm_weight + norm_bias).chunk(3, dim=-1)
         r, u = torch.sigmoid(r_in), torch.sigmoid(u_in - 1)
