@@ -146,8 +146,9 @@ class _HandWrittenLayer(torch.autograd.Function):
     (:meth:`~rnn_functional.cells.Cell.step_backward_saved`) or recomputing them from ``inp`` and
     the saved carry before the step, after its reset (:meth:`~rnn_functional.cells.Cell.step_backward`).
     It emits the cotangents of the input and recurrent projections, from which the weight and input
-    gradients are a few whole-sequence GEMMs after the loop, and sums the gradients of the cell's
-    ``extra`` weights in its carry. (Hand-written rather than ``torch.func.vjp``, which refuses to run
+    gradients are a few whole-sequence GEMMs after the loop, and each step's share of the gradients
+    of the cell's ``extra`` weights, summed after the loop (summed in the scan's carry instead, two
+    chained layers under Inductor gave wrong norm-GRU layer-norm gradients on torch 2.13). (Hand-written rather than ``torch.func.vjp``, which refuses to run
     while saved-tensor hooks are active, e.g. under ``torch.autograd.graph.save_on_cpu`` or when
     ``torch.compile`` traces this backward there.)
     """
@@ -179,7 +180,7 @@ class _HandWrittenLayer(torch.autograd.Function):
         reset = tuple(rest[len(rest) - ctx.n_reset :])
         states, saved, grad_states = outputs[:n], tuple(outputs[n:]), grad_outputs[:n]
         w = LayerWeights.from_tensors(weights)
-        extra = [t for t in w.extra if t is not None]  # their gradients are summed in the loop's carry
+        extra = [t for t in w.extra if t is not None]
         # the carry each step starts from: the state after the previous step (carry0 at step 0), reset where mask
         pre = apply_reset(
             tuple(torch.cat([c0.unsqueeze(0), s[:-1]]) for c0, s in zip(carry0, states)), mask, reset or None
@@ -205,14 +206,11 @@ class _HandWrittenLayer(torch.autograd.Function):
                 if reset:
                     out["d_reset"] = tuple(torch.where(broadcast_mask(m, d), d, 0.0) for d in d_pre)
                 d_pre = tuple(torch.where(broadcast_mask(m, d), 0.0, d) for d in d_pre)
-            new_acc = {"d_carry": tuple(d_pre)}  # same keys in the same order as init
             if extra:
-                new_acc["d_extra"] = tuple(a + d for a, d in zip(acc["d_extra"], (d for d in d_extra if d is not None)))
-            return new_acc, out
+                out["d_extra"] = tuple(d for d in d_extra if d is not None)
+            return {"d_carry": tuple(d_pre)}, out
 
         init = {"d_carry": tuple(torch.zeros_like(c) for c in carry0)}
-        if extra:
-            init["d_extra"] = tuple(torch.zeros_like(t) for t in extra)
         reads = (inp, mask, *pre, *grad_states, *reset, *saved, *(wt for wt in weights if wt is not None))
         # Reversed time: the outputs come back with index 0 = step T - 1 (under compile the scan then
         # needs no ``reverse``, whose flips of its outputs would copy the [T, N, G*H] gate cotangents);
@@ -220,7 +218,7 @@ class _HandWrittenLayer(torch.autograd.Function):
         acc, outs = _time_loop(back_step, init, xs, reads, reverse=True)
         d_gi = outs["d_gi"]  # [T, N, G*H], reversed time
         d_gh = outs.get("d_gh", d_gi)
-        d_extra = iter(acc.get("d_extra", ()))
+        d_extra = iter(d.sum(0) for d in outs.get("d_extra", ()))
         d_weights = (
             _outer_sum(d_gi, inp.transpose(0, 1).flip(0)),
             _sum_rows(d_gi) if w.bias_ih is not None else None,
