@@ -12,6 +12,14 @@ One process, contenders interleaved (``_timing.interleaved``). Sections of the J
 * ``speed``: compiled (Inductor) vs eager, median seconds per call: the step functions, the
   sequence functions (forward and forward+backward of ``y.sum()``, with resets), and a whole
   sequential-mode policy step ``TensorDictSequential(LSTMModule | GRUModule, MLP)``.
+* ``kernel_floor``: how close the compiled sequence's forward+backward comes to the fused kernels:
+  ``lstm_sequence`` / ``gru_sequence`` (B=32, T=64, F=64, H=128, 5% resets) compiled with the
+  default ``recompute="none"`` (the backward consumes the gates saved by the forward),
+  ``recompute="full"`` (the backward recomputes them) and ``"none"`` with Inductor's C++ wrapper
+  (``options={"cpp_wrapper": True}``), next to ``torch.nn.LSTM`` / ``nn.GRU`` forward+backward
+  on the same sizes without resets; plus the eager paths (``scan``'s Python time loop with its
+  hand-written backward, ``reference``, ``auto``) on the same batch and on a flat re-batched case
+  (64 rows of 64 steps, resets only at ``t = 0``). Ratios are to ``torch.nn`` in the same process.
 * ``reduce_overhead``: per-step latency of that policy step compiled with
   ``mode="reduce-overhead"`` (CUDA graphs) next to the default mode and eager; CUDA only, else
   the reason it was skipped.
@@ -216,6 +224,58 @@ def speed(cells, B, T, F, H, device, repeats) -> dict:
     return {"B": B, "T": T, "F": F, "H": H, "reset_prob": 0.05, "results": out}
 
 
+FLOOR_CONTENDERS = ("compiled", "compiled_recompute_full", "compiled_cpp_wrapper", "eager_scan", "eager_reference",
+                    "eager_auto")
+
+
+def kernel_floor(cell: str, B: int, T: int, F: int, H: int, device, repeats: int, contenders=FLOOR_CONTENDERS) -> dict:
+    """Sequence fwd+bwd of ``y.sum()`` (5% resets; compiled and eager paths) next to ``torch.nn``'s
+    fused fwd+bwd without resets, on ``[B, T]`` and on a flat re-batched ``[2B, T]`` (resets at ``t = 0``)."""
+    torch.manual_seed(0)
+    module = (torch.nn.LSTM if cell == "lstm" else torch.nn.GRU)(F, H, batch_first=True).to(device)
+    params = rf.params_from_module(module)  # shares the module's storage
+    gen = torch.Generator().manual_seed(2)
+    cases = {
+        f"batch_{B}x{T}_resets5pct": (B, _is_init(B, T, 0.05, device, gen)),
+        f"flat_{2 * B}x{T}_rebatched": (2 * B, _is_init(2 * B, T, 0.0, device, gen)),
+    }
+    out = {"cell": cell, "B": B, "T": T, "F": F, "H": H, "cases": {}}
+    for case, (rows, is_init) in cases.items():
+        x = torch.randn(rows, T, F, generator=gen).to(device).requires_grad_()
+
+        def seq(backend="auto", recompute="none"):
+            def fn(x, is_init):
+                return SEQUENCE[cell](x, None, params, is_init=is_init, backend=backend, recompute=recompute)[0]
+            return fn
+
+        def torch_nn():
+            module(x)[0].sum().backward()
+
+        compiled = {
+            "compiled": lambda: torch.compile(seq(), fullgraph=True),
+            "compiled_recompute_full": lambda: torch.compile(seq(recompute="full"), fullgraph=True),
+            "compiled_cpp_wrapper": lambda: torch.compile(seq(), fullgraph=True, options={"cpp_wrapper": True}),
+        }
+        eager = {"eager_scan": seq("scan"), "eager_reference": seq("reference"), "eager_auto": seq("auto")}
+        runs = {"torch_nn": torch_nn}
+        for name in contenders:
+            fn = compiled[name]() if name in compiled else eager[name]
+            runs[name] = (lambda fn=fn: _fwd_bwd(fn, x, is_init))
+        torch._dynamo.reset()
+        with torch._inductor.config.patch(fx_graph_cache=False, autotune_local_cache=False), \
+                torch._functorch.config.patch(enable_autograd_cache=False):
+            res = _timed(runs, device, repeats, INNER["sequence_fwd_bwd"])
+        base = res["torch_nn"].get("median_s")
+        for name, stats in res.items():
+            if base and "median_s" in stats:
+                stats["ratio_to_torch_nn"] = stats["median_s"] / base
+        out["cases"][case] = res
+        print(f"floor {cell} {case}: " + ", ".join(
+            f"{k} {v['median_s'] * 1e3:.2f} ms ({v['ratio_to_torch_nn']:.2f}x)" for k, v in res.items()
+            if "median_s" in v), flush=True)
+    return out
+
+
 def reduce_overhead(cells, B, F, H, device, repeats) -> dict:
     """Sequential-mode policy step latency with CUDA graphs (CUDA only)."""
     if device.type != "cuda":
@@ -272,7 +332,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="LSTM only, fewer lengths and repeats")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--sections", default="compile_time,speed,reduce_overhead,graph_breaks")
+    parser.add_argument("--sections", default="compile_time,speed,kernel_floor,reduce_overhead,graph_breaks")
+    parser.add_argument("--cells", default=None, help="comma-separated cells (default: lstm,gru; lstm with --quick)")
+    parser.add_argument("--floor-contenders", default=",".join(FLOOR_CONTENDERS),
+                        help="kernel_floor section: which of our paths to time next to torch.nn")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: 1 on CPU: on a loaded shared machine multi-threaded "
                              "kernels of sub-millisecond calls wait on busy cores and the timings become erratic)")
@@ -281,7 +344,7 @@ def main() -> None:
     threads = args.threads or (1 if device.type == "cpu" else None)
     if threads:
         torch.set_num_threads(threads)
-    cells = ["lstm"] if args.quick else ["lstm", "gru"]
+    cells = args.cells.split(",") if args.cells else (["lstm"] if args.quick else ["lstm", "gru"])
     sections = set(args.sections.split(","))
     B, F, H = (16, 32, 64) if device.type == "cpu" else (64, 64, 256)
     RESULTS.mkdir(exist_ok=True)
@@ -295,6 +358,12 @@ def main() -> None:
         result["compile_time"] = compile_time(cells, lengths, 4, F, H, device)
     if "speed" in sections:
         result["speed"] = speed(cells, B, 32, F, H, device, repeats=5 if args.quick else 9)
+    if "kernel_floor" in sections:
+        floor = result.setdefault("kernel_floor", {})  # per cell: a run for one cell keeps the other's
+        for cell in cells:
+            floor[cell] = kernel_floor(cell, 32, 64, 64, 128, device, repeats=5 if args.quick else 9,
+                                       contenders=tuple(args.floor_contenders.split(",")))
+            path.write_text(json.dumps(result, indent=1))
     if "reduce_overhead" in sections:
         result["reduce_overhead"] = reduce_overhead(cells, B, F, H, device, repeats=9)
     path.write_text(json.dumps(result, indent=1))

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 
 from . import _torch_rnn
-from .base import AtenKernels, Carry, Cell, LayerWeights, Layout, StepGrads, TritonKernels
+from .base import AtenKernels, Carry, Cell, LayerWeights, Layout, Saved, StepGrads, TritonKernels
 
 __all__ = ["GRU", "init_gru_params"]
 
@@ -63,29 +63,31 @@ class GRUCell(Cell):
     def layer_weights(self, params: Mapping[str, torch.Tensor], layout: Layout, k: int) -> LayerWeights:
         return _torch_rnn.layer_weights(params, layout, k, projection=False)
 
-    def layer_step(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> Carry:
-        """``gi [N, 3H]``, carry ``(h [N, H],)`` -> ``(h',)``."""
+    def layer_step_saving(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> tuple[Carry, Saved]:
+        """``gi [N, 3H]``, carry ``(h [N, H],)`` -> ``((h',), saved)``; ``saved = (r, z, n, h_n)``, the gates
+        and the recurrent projection's candidate block, each ``[N, H]``."""
         (h,) = carry
-        i_r, i_z, i_n = gi.chunk(3, dim=-1)
-        h_r, h_z, h_n = F.linear(h, w.weight_hh, w.bias_hh).chunk(3, dim=-1)
-        r = torch.sigmoid(i_r + h_r)
-        z = torch.sigmoid(i_z + h_z)
-        n = torch.tanh(i_n + r * h_n)
-        return (n + z * (h - n),)
+        gh = F.linear(h, w.weight_hh, w.bias_hh)
+        hidden = gh.shape[-1] // 3
+        r, z = torch.sigmoid(gi[..., : 2 * hidden] + gh[..., : 2 * hidden]).chunk(2, dim=-1)
+        h_n = gh[..., 2 * hidden :]
+        n = torch.tanh(gi[..., 2 * hidden :] + r * h_n)
+        return (n + z * (h - n),), (r, z, n, h_n)
 
-    def step_backward(self, gi: torch.Tensor, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
+    def backward_factors(self, saved: Saved, carry: Carry, w: LayerWeights) -> Saved:
+        """``(k_gi [.., 3H], k_gh [.., 3H], z [.., H])``: ``d_gi = cat([dh, dh, dh]) * k_gi``, likewise ``d_gh``."""
+        (r, z, n, h_n), (h,) = saved, carry
+        f_n = (1 - z) * (1 - n * n)
+        f_r = f_n * h_n * r * (1 - r)
+        f_z = (h - n) * z * (1 - z)
+        return torch.cat([f_r, f_z, f_n], dim=-1), torch.cat([f_r, f_z, f_n * r], dim=-1), z
+
+    def step_backward_saved(self, factors: Saved, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
         """``d_gh [N, 3H]`` differs from ``d_gi`` in its ``n`` block (``r`` scales ``h_n``)."""
-        (h,), (dh_new,) = carry, d_new
-        i_r, i_z, i_n = gi.chunk(3, dim=-1)
-        h_r, h_z, h_n = F.linear(h, w.weight_hh, w.bias_hh).chunk(3, dim=-1)
-        r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
-        n = torch.tanh(i_n + r * h_n)
-        d_n = dh_new * (1 - z) * (1 - n * n)
-        d_r = d_n * h_n * r * (1 - r)
-        d_z = dh_new * (h - n) * z * (1 - z)
-        d_gi = torch.cat([d_r, d_z, d_n], dim=-1)
-        d_gh = torch.cat([d_r, d_z, d_n * r], dim=-1)
-        return StepGrads((dh_new * z + d_gh @ w.weight_hh,), d_gi, d_gh, ())
+        (k_gi, k_gh, z), (dh_new,) = factors, d_new
+        dh3 = torch.cat([dh_new, dh_new, dh_new], dim=-1)
+        d_gh = dh3 * k_gh
+        return StepGrads((torch.addmm(dh_new * z, d_gh, w.weight_hh),), dh3 * k_gi, d_gh, ())
 
 
 GRU = GRUCell()

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 
 from . import _torch_rnn
-from .base import AtenKernels, Carry, Cell, LayerWeights, Layout, StepGrads, TritonKernels
+from .base import AtenKernels, Carry, Cell, LayerWeights, Layout, Saved, StepGrads, TritonKernels
 
 __all__ = ["LSTM", "init_lstm_params"]
 
@@ -66,32 +66,38 @@ class LSTMCell(Cell):
     def layer_weights(self, params: Mapping[str, torch.Tensor], layout: Layout, k: int) -> LayerWeights:
         return _torch_rnn.layer_weights(params, layout, k, projection=True)
 
-    def layer_step(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> Carry:
-        """``gi [N, 4H]``, carry ``(h [N, P], c [N, H])`` -> ``(h', c')``; ``extra = (weight_hr,)``."""
+    def layer_step_saving(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> tuple[Carry, Saved]:
+        """``gi [N, 4H]``, carry ``(h [N, P], c [N, H])`` -> ``((h', c'), saved)``; ``extra = (weight_hr,)``.
+        ``saved = (i, f, g, o, tanh(c'))``, the activated gates and the cell's output nonlinearity, each ``[N, H]``."""
         h, c = carry
         i, f, g, o = (gi + F.linear(h, w.weight_hh, w.bias_hh)).chunk(4, dim=-1)
-        c_next = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-        h_next = torch.sigmoid(o) * torch.tanh(c_next)
+        i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
+        c_next = f * c + i * g
+        tanh_c = torch.tanh(c_next)
+        h_next = o * tanh_c
         (weight_hr,) = w.extra
         if weight_hr is not None:
             h_next = F.linear(h_next, weight_hr)
-        return h_next, c_next
+        return (h_next, c_next), (i, f, g, o, tanh_c)
 
-    def step_backward(self, gi: torch.Tensor, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
+    def backward_factors(self, saved: Saved, carry: Carry, w: LayerWeights) -> Saved:
+        """``(k [.., 4H], a [.., H], f [.., H])`` (and ``o * tanh(c')`` with ``weight_hr``): the gate
+        cotangents are ``cat([dc, dc, dc, dh]) * k``, and ``dc = dc' + dh * a``."""
+        (i, f, g, o, tanh_c), c = saved, carry[1]
+        k = torch.cat([g * i * (1 - i), c * f * (1 - f), i * (1 - g * g), tanh_c * o * (1 - o)], dim=-1)
+        projected = () if w.extra[0] is None else (o * tanh_c,)
+        return (k, o * (1 - tanh_c * tanh_c), f, *projected)
+
+    def step_backward_saved(self, factors: Saved, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
         """``d_gh`` equals ``d_gi`` (gates sum both projections); ``d_extra = (d_weight_hr [P, H] | None,)``."""
-        (h, c), (dh_new, dc_new) = carry, d_new
-        i, f, g, o = (gi + F.linear(h, w.weight_hh, w.bias_hh)).chunk(4, dim=-1)
-        i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
-        tanh_c = torch.tanh(f * c + i * g)
+        (k, a, f, *unprojected), (dh_new, dc_new) = factors, d_new
         (weight_hr,) = w.extra
         d_hr = None
         if weight_hr is not None:
-            d_hr = dh_new.transpose(0, 1) @ (o * tanh_c)
+            d_hr = dh_new.transpose(0, 1) @ unprojected[0]
             dh_new = dh_new @ weight_hr
-        dc = dc_new + dh_new * o * (1 - tanh_c * tanh_c)
-        d_gates = torch.cat(
-            [dc * g * i * (1 - i), dc * c * f * (1 - f), dc * i * (1 - g * g), dh_new * tanh_c * o * (1 - o)], dim=-1
-        )
+        dc = torch.addcmul(dc_new, dh_new, a)
+        d_gates = torch.cat([dc, dc, dc, dh_new], dim=-1) * k
         return StepGrads((d_gates @ w.weight_hh, dc * f), d_gates, None, (d_hr,))
 
 
