@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDictBase, is_tensorclass
 from tensordict.nn import TensorDictModuleBase, dispatch
 from tensordict.utils import NestedKey
 from torch import nn
@@ -46,6 +46,12 @@ from ._keys import resolve_keys
 from ._weights import RNNChild, build_rnn
 
 __all__ = ["LSTMModule", "GRUModule"]
+
+# tensordict memoises "is this type a tensorclass?" in eager code only. A forward compiled before any
+# eager TensorDict write misses torch.Tensor in that memo and guards on the whole memo, so the first
+# eager write afterwards (an env step, a replay buffer) forces a recompile. Asking once here makes the
+# compiled forward guard on that one entry instead.
+is_tensorclass(torch.Tensor)
 
 
 class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
