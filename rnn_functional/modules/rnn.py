@@ -78,12 +78,23 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
         self.recurrent_matmul_precision = recurrent_matmul_precision
         self._recurrent_mode = default_recurrent_mode
 
-    @dispatch
-    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+    def forward(self, *args, **kwargs) -> TensorDictBase:
         """Read the input, hidden and ``is_init`` keys, run one step or a sequence, write outputs.
 
-        See the module docstring for shapes. Returns ``tensordict``, updated in place.
+        ``module(tensordict)``: see the module docstring for shapes; returns ``tensordict``, updated
+        in place. ``module(input=..., is_init=..., ...)`` (tensors named by the ``in_keys``, as
+        tensordict's ``dispatch``) returns the output tensors instead.
+
+        The TensorDict call does not go through ``dispatch``'s wrapper: under ``torch.compile``
+        that extra traced frame cost ~15 us per call of a compiled policy step on CPU
+        (``benchmarks/bench_policy_step.py``).
         """
+        if len(args) == 1 and not kwargs and isinstance(args[0], TensorDictBase):
+            return self.forward_with_params(args[0], self._params())
+        return self._forward_from_tensors(*args, **kwargs)
+
+    @dispatch
+    def _forward_from_tensors(self, tensordict: TensorDictBase) -> TensorDictBase:
         return self.forward_with_params(tensordict, self._params())
 
     def forward_with_params(self, tensordict: TensorDictBase, params) -> TensorDictBase:
