@@ -78,6 +78,25 @@ def test_policy_mode_switch_recompiles_once_per_mode():
     assert stats.breaks == 0 and stats.graphs == 2, stats
 
 
+def test_mode_context_inside_compiled_code_is_restored():
+    """``set_recurrent_mode(True)`` entered and exited inside compiled code around a recurrent-mode
+    (``scan``) call leaves no mode behind: a policy compiled afterwards runs in sequential mode."""
+    policy = make_policy("lstm")
+
+    def train_forward(td):
+        with rf.set_recurrent_mode(True):
+            return policy(td)
+
+    batch_td, step_td = policy_input("lstm", "batch"), policy_input("lstm", "step")
+    want_batch = call_policy(policy, batch_td, "batch")["logits"]
+    want_step = call_policy(policy, step_td, "step")["logits"]
+    # no eager set_recurrent_mode from here on: an eager context would reset the flag and hide a leak
+    got = torch.compile(train_forward, fullgraph=True, backend=FAST)(batch_td.clone())
+    out = torch.compile(policy, fullgraph=True, backend=FAST)(step_td.clone())  # no context: sequential mode
+    torch.testing.assert_close(got["logits"], want_batch, **FP32_TOL)
+    torch.testing.assert_close(out["logits"], want_step, **FP32_TOL)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: mode='reduce-overhead' records CUDA graphs")
 def test_policy_step_reduce_overhead_cuda():

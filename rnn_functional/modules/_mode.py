@@ -33,21 +33,27 @@ _TORCHRL_RNN = "torchrl.modules.tensordict_module.rnn"
 
 
 class _ModeState:
-    """Context-local flag in eager mode, mirrored in a plain attribute for ``torch.compile``."""
+    """Context-local flag in eager mode, mirrored in a plain dict entry for ``torch.compile``.
+
+    The mirror is a dict entry, not an attribute: on torch 2.13 Dynamo drops attribute writes to
+    an existing object made after a higher-order op (our ``scan``) in the same graph, so a
+    ``set_recurrent_mode`` exited after a compiled sequence left the flag set. Dict writes are
+    replayed correctly.
+    """
 
     def __init__(self) -> None:
         self._var: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
             "rnn_functional_recurrent_mode", default=None
         )
-        self._traced: bool | None = None
+        self._traced: dict[str, bool | None] = {"mode": None}
 
     def get(self) -> bool | None:
         if torch.compiler.is_compiling():
-            return self._traced
+            return self._traced["mode"]
         return self._var.get()
 
     def set(self, mode: bool | None) -> None:
-        self._traced = mode
+        self._traced["mode"] = mode
         if not torch.compiler.is_compiling():
             self._var.set(mode)
 
@@ -78,9 +84,13 @@ def _torchrl_rnn():
 def recurrent_mode() -> bool | None:
     """The recurrent mode set by the innermost active context, or ``None`` outside any.
 
-    Reads TorchRL's ``set_recurrent_mode`` flag too when TorchRL is loaded.
+    Reads TorchRL's ``set_recurrent_mode`` flag too when TorchRL is loaded. Under ``torch.compile``
+    our flag is read first (see :class:`set_recurrent_mode`), then TorchRL's.
     """
     trl = _torchrl_rnn()
+    if torch.compiler.is_compiling():
+        mode = _STATE.get()
+        return trl.recurrent_mode() if mode is None and trl is not None else mode
     if trl is not None:
         mode = trl.recurrent_mode()
         if mode is not None:
@@ -97,7 +107,10 @@ class set_recurrent_mode(_DecoratorContextManager):
             ``None``: each module's ``default_recurrent_mode``. Default ``True``.
 
     Same signature and meaning as ``torchrl.modules.set_recurrent_mode``, usable without
-    TorchRL. When TorchRL is loaded it also sets TorchRL's flag for the same scope.
+    TorchRL. When TorchRL is loaded it also sets TorchRL's flag for the same scope, except when
+    entered inside ``torch.compile``d code: torch 2.13's Dynamo drops attribute writes made after a
+    ``scan`` in the same graph, so TorchRL's flag (an attribute) would stay set after the compiled
+    call; there our flag alone drives our modules (TorchRL's modules in that region don't see it).
     """
 
     def __init__(self, mode: bool | Literal["recurrent", "sequential"] | None = True) -> None:
@@ -125,7 +138,7 @@ class set_recurrent_mode(_DecoratorContextManager):
         self._prev = _STATE.get()
         _STATE.set(self.mode)
         trl = _torchrl_rnn()
-        if trl is not None:
+        if trl is not None and not torch.compiler.is_compiling():
             self._torchrl_ctx = trl.set_recurrent_mode(self.mode)
             self._torchrl_ctx.__enter__()
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDictBase, is_tensorclass
 from tensordict.nn import TensorDictModuleBase, dispatch
 from tensordict.utils import NestedKey
 from torch import nn
@@ -47,6 +47,12 @@ from ._keys import resolve_keys
 from ._weights import RNNChild, build_rnn
 
 __all__ = ["LSTMModule", "GRUModule"]
+
+# tensordict memoises "is this type a tensorclass?" in eager code only. A forward compiled before any
+# eager TensorDict write misses torch.Tensor in that memo and guards on the whole memo, so the first
+# eager write afterwards (an env step, a replay buffer) forces a recompile. Asking once here makes the
+# compiled forward guard on that one entry instead.
+is_tensorclass(torch.Tensor)
 
 
 class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
@@ -78,12 +84,23 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
         self.recurrent_num_slices = recurrent_num_slices
         self._recurrent_mode = default_recurrent_mode
 
-    @dispatch
-    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+    def forward(self, *args, **kwargs) -> TensorDictBase:
         """Read the input, hidden and ``is_init`` keys, run one step or a sequence, write outputs.
 
-        See the module docstring for shapes. Returns ``tensordict``, updated in place.
+        ``module(tensordict)``: see the module docstring for shapes; returns ``tensordict``, updated
+        in place. ``module(input=..., is_init=..., ...)`` (tensors named by the ``in_keys``, as
+        tensordict's ``dispatch``) returns the output tensors instead.
+
+        The TensorDict call does not go through ``dispatch``'s wrapper: under ``torch.compile``
+        that extra traced frame cost ~15 us per call of a compiled policy step on CPU
+        (``benchmarks/bench_policy_step.py``).
         """
+        if len(args) == 1 and not kwargs and isinstance(args[0], TensorDictBase):
+            return self.forward_with_params(args[0], self._params())
+        return self._forward_from_tensors(*args, **kwargs)
+
+    @dispatch
+    def _forward_from_tensors(self, tensordict: TensorDictBase) -> TensorDictBase:
         return self.forward_with_params(tensordict, self._params())
 
     def forward_with_params(self, tensordict: TensorDictBase, params) -> TensorDictBase:

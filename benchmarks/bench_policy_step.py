@@ -1,0 +1,144 @@
+"""The acting step of a recurrent policy: ``torch.compile(module, fullgraph=True)`` vs eager vs a bare cell.
+
+    python benchmarks/bench_policy_step.py [--threads 1] [--repeats 40] [--inner 100]
+
+What a collector pays per environment step: one call of our ``LSTMModule`` / ``GRUModule`` in
+sequential mode on a fresh ``[B]`` TensorDict (input, hidden state ``[B, L, H]``, ``is_init``
+``[B, 1]`` True for ~5% of rows), under ``torch.no_grad``. B=32, F=64, H=128, L=1 (the step shape
+of ``bench_modules.py``). Contenders, all sharing the same weights and inputs, timed in one
+process, interleaved in rotating rounds (``_timing.interleaved``); each sample is ``--inner``
+calls and the per-call time is reported (median over rounds, and the minimum):
+
+* ``eager module``: ``module(td)``.
+* ``compiled module``: ``policy = torch.compile(module, fullgraph=True); policy(td)`` (Inductor):
+  what the user writes.
+* ``compiled module, skip_guard_eval_unsafe``: the same compiled module called inside
+  ``torch.compiler.set_stance(skip_guard_eval_unsafe=True)`` (guards are not re-checked: unsafe
+  if anything they check changes; see docs/compile.md, "Policy step").
+* ``compiled step function (tensors)``: ``torch.compile(lstm_step, fullgraph=True)`` on the
+  tensors, no TensorDict and no module: what TensorDict and the module add on top of the math.
+* ``TensorDict construction``: building the fresh input TensorDict alone (part of both module rows).
+* ``nn.LSTMCell`` / ``nn.GRUCell``: the bare ``torch.nn`` cell on tensors, no reset, no TensorDict
+  (the floor).
+
+Writes ``results/policy_step_cpu.json`` and prints a Markdown table (ratios to the eager module
+and to the bare cell).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import environment, interleaved  # noqa: E402
+
+import rnn_functional as rf  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SHAPE = {"B": 32, "F": 64, "H": 128, "L": 1, "reset_prob": 0.05}
+MODULES = {"lstm": (rf.LSTMModule, nn.LSTMCell, rf.lstm_step), "gru": (rf.GRUModule, nn.GRUCell, rf.gru_step)}
+
+
+def contenders(cell: str, inner: int) -> dict:
+    """name -> zero-argument callable running ``inner`` calls of that contender."""
+    module_cls, cell_cls, step_fn = MODULES[cell]
+    B, F, H, L = (SHAPE[k] for k in ("B", "F", "H", "L"))
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    module = module_cls(F, H, L, in_key="x", out_key="y")
+    hidden_keys = module.in_keys[1:-1]
+    x = torch.randn(B, F, generator=g)
+    states = [torch.randn(B, L, H, generator=g) for _ in hidden_keys]
+    is_init = torch.rand(B, 1, generator=g) < SHAPE["reset_prob"]
+    bare = cell_cls(F, H)
+    with torch.no_grad():
+        for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+            getattr(bare, name).copy_(module._weights[f"{name}_l0"])
+    bare_state = tuple(s[:, 0] for s in states)
+    bare_state = bare_state if cell == "lstm" else bare_state[0]
+    core_state = tuple(states) if cell == "lstm" else states[0]
+    params = dict(module._weights)
+
+    def make_td() -> TensorDict:
+        return TensorDict({"x": x, **dict(zip(hidden_keys, states)), "is_init": is_init}, [B])
+
+    def step(x, state, params, is_init):
+        return step_fn(x, state, params, is_init=is_init)
+
+    compiled_module = torch.compile(module, fullgraph=True)
+    compiled_step = torch.compile(step, fullgraph=True)
+    with torch.no_grad():  # same results before timing
+        want = module(make_td())["y"]
+        torch.testing.assert_close(compiled_module(make_td())["y"], want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(compiled_step(x, core_state, params, is_init)[0], want, rtol=1e-5, atol=1e-6)
+
+    def repeat(fn, stance: dict | None = None):
+        def run():
+            with torch.no_grad(), torch.compiler.set_stance(**(stance or {"stance": "default"})):
+                for _ in range(inner):
+                    fn()
+        return run
+
+    return {
+        "eager module": repeat(lambda: module(make_td())),
+        "compiled module": repeat(lambda: compiled_module(make_td())),
+        "compiled module, skip_guard_eval_unsafe": repeat(lambda: compiled_module(make_td()),
+                                                          {"skip_guard_eval_unsafe": True}),
+        "compiled step function (tensors)": repeat(lambda: compiled_step(x, core_state, params, is_init)),
+        "TensorDict construction": repeat(make_td),
+        f"nn.{cell_cls.__name__} (tensors, no reset)": repeat(lambda: bare(x, bare_state)),
+    }
+
+
+def main(argv: list[str] | None = None) -> Path:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    ap.add_argument("--repeats", type=int, default=40, help="timed rounds")
+    ap.add_argument("--inner", type=int, default=100, help="calls per timed sample")
+    ap.add_argument("--cells", nargs="+", default=["lstm", "gru"], choices=list(MODULES))
+    ap.add_argument("--out", type=Path, default=RESULTS / "policy_step_cpu.json")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = torch.device("cpu")
+    report = {"environment": environment(device), "shape": SHAPE, "inner_calls": args.inner, "cells": {}}
+    for cell in args.cells:
+        res = interleaved(contenders(cell, args.inner), device, repeats=args.repeats, max_seconds=120)
+        for r in res.values():
+            for k in ("median_s", "min_s"):
+                if k in r:
+                    r[k.replace("_s", "_us_per_call")] = r.pop(k) / args.inner * 1e6
+            r.pop("first_call_s", None)
+        eager = res["eager module"]["median_us_per_call"]
+        floor = next(r for n, r in res.items() if n.startswith("nn."))["median_us_per_call"]
+        for r in res.values():
+            if "median_us_per_call" in r:
+                r["x_eager_module"] = r["median_us_per_call"] / eager
+                r["x_bare_cell"] = r["median_us_per_call"] / floor
+        report["cells"][cell] = res
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+
+    env = report["environment"]
+    print(f"policy step, {SHAPE}, no grad, {env['torch_threads']} thread(s), load {env['load_average_1m']:.1f}; "
+          f"us per call: median (min)")
+    print("| cell | contender | us/call | x eager module | x bare cell |\n|---|---|---:|---:|---:|")
+    for cell, res in report["cells"].items():
+        for n, r in res.items():
+            if "median_us_per_call" in r:
+                print(f"| {cell.upper()} | {n} | {r['median_us_per_call']:.1f} ({r['min_us_per_call']:.1f}) | "
+                      f"{r['x_eager_module']:.2f} | {r['x_bare_cell']:.2f} |")
+            else:
+                print(f"| {cell.upper()} | {n} | {r['error']} | | |")
+    print(f"wrote {args.out}")
+    return args.out
+
+
+if __name__ == "__main__":
+    main()
