@@ -15,8 +15,9 @@ the contenders interleaved (``_timing.interleaved``) on the same weights and Ten
 Modes: ``fwd`` (forward under ``torch.no_grad``) and ``fwd+bwd`` (forward, ``y.sum().backward()``).
 
 Contenders: our ``LSTMModule``/``GRUModule`` with ``recurrent_backend="auto"``, and with each exact
-eager path forced (``reference``: the loop over T; ``pad``: segments packed into one ATen call;
-``segments``: the reference loop over the right-aligned segments); TorchRL's module with every
+eager path forced (``reference``: the loop over T; ``pad``: segments in length buckets, one unpacked
+ATen call each; ``packed``: segments packed into one ATen call; ``segments``: the reference loop over
+the right-aligned segments); TorchRL's module with every
 backend it runs on CPU (``pad``, ``scan``, ``python_based=True``). Writes
 ``results/flat_cpu.json`` and prints a Markdown table.
 """
@@ -33,6 +34,7 @@ import torch
 from tensordict import TensorDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rnn_functional, not an installed one
 from _timing import environment, interleaved  # noqa: E402
 
 import rnn_functional as rf  # noqa: E402
@@ -148,7 +150,7 @@ def contenders(trm, cell: str, batch: tuple, is_init: torch.Tensor, mode: str) -
     # Long flat rows (N > 200): the T-step loop over one row and TorchRL's scan (10-100x slower at
     # N=200) would take minutes per case; they are measured at N=200 and on [B, T] only.
     long_flat = len(batch) == 1 and batch[0] > 200
-    for path in ("pad", "segments") + (() if long_flat else ("reference",)):
+    for path in ("pad", "packed", "segments") + (() if long_flat else ("reference",)):
         modules[f"ours {path}"] = (ours, path)
     for backend in ("pad",) if long_flat else ("pad", "scan"):
         modules[f"torchrl {backend}"] = (theirs_cls(**{child: getattr(base, child)}, recurrent_backend=backend, **keys), None)
@@ -197,9 +199,9 @@ def write(out: Path, device: torch.device, rows: list[dict]) -> None:
 
 def markdown(rows: list[dict]) -> str:
     """The docs table: per case, ms of our paths and TorchRL's, and auto's speedup over TorchRL's best."""
-    head = ("| case | cell | mode | S | Lmax | ours auto | ours pad | ours segments | ours reference | TorchRL pad "
-            "| TorchRL scan | TorchRL python | auto vs TorchRL best | auto / our best |\n" + "|---" * 14 + "|")
-    cols = ("ours auto", "ours pad", "ours segments", "ours reference", "torchrl pad", "torchrl scan",
+    head = ("| case | cell | mode | S | Lmax | ours auto | ours pad | ours packed | ours segments | ours reference "
+            "| TorchRL pad | TorchRL scan | TorchRL python | auto vs TorchRL best | auto / our best |\n" + "|---" * 15 + "|")
+    cols = ("ours auto", "ours pad", "ours packed", "ours segments", "ours reference", "torchrl pad", "torchrl scan",
             "torchrl python_based")
     lines = [head]
     for r in rows:
@@ -238,9 +240,10 @@ def main(argv: list[str] | None = None) -> Path:
                 res = interleaved(contenders(trm, cell, batch, is_init, mode), device, repeats=args.repeats,
                                   max_seconds=4.0)
                 ms = {n: r["median_s"] * 1e3 for n, r in res.items() if "median_s" in r}
+                ms_min = {n: r["min_s"] * 1e3 for n, r in res.items() if "min_s" in r}
                 trl = {n: t for n, t in ms.items() if n.startswith("torchrl")}
                 exact = {n: t for n, t in ms.items() if n.startswith("ours ") and n != "ours auto"}
-                row = {"case": case_name(spec), **spec, **stats, "cell": cell, "mode": mode, "ms": ms,
+                row = {"case": case_name(spec), **spec, **stats, "cell": cell, "mode": mode, "ms": ms, "ms_min": ms_min,
                        "errors": {n: r["error"] for n, r in res.items() if "error" in r},
                        "torchrl_best": min(trl, key=trl.get), "ours_best": min(exact, key=exact.get),
                        "speedup_auto_vs_torchrl_best": min(trl.values()) / ms["ours auto"],

@@ -25,18 +25,29 @@ def _interior_resets(is_init: torch.Tensor | None) -> bool:
     return is_init is not None and is_init.numel() > 0 and bool(is_init[:, 1:].any())
 
 
-def eager_path(name: str, layout: Layout, opts: SequenceOptions, is_init: torch.Tensor | None) -> Callable:
-    """One exact eager path for a call: ``"reference"`` (the loop over ``T``), ``"pad"`` (one ATen
-    kernel call; with interior resets, the segments packed side by side) or ``"segments"`` (the
-    ``reference`` loop over the right-aligned segments, see :mod:`.segments`)."""
+EAGER_PATHS = ("reference", "pad", "packed", "segments")
+
+
+def eager_path(name: str, layout: Layout, opts: SequenceOptions, is_init: torch.Tensor | None,
+               plan: segments.SegmentPlan | None = None) -> Callable:
+    """One exact eager path for a call (a name of ``EAGER_PATHS``): ``"reference"`` (the loop over
+    ``T``); ``"pad"`` (one ATen kernel call; with interior resets, the segments in length buckets of
+    unpacked calls, or packed for more than one layer); ``"packed"`` (ATen's kernels on the segments
+    packed side by side); ``"segments"`` (the ``reference`` loop over the right-aligned segments).
+    See :mod:`.segments`; ``plan``: the call's segments, when already known."""
+    if name not in EAGER_PATHS:
+        raise ValueError(f"eager path: expected one of {list(EAGER_PATHS)}, got {name!r}.")
     loop = checkpointed(SEQUENCE["reference"]) if opts.recompute == "full" else SEQUENCE["reference"]
-    if name == "reference" or (name == "segments" and not _interior_resets(is_init)):
+    if not _interior_resets(is_init):
+        return pad.sequence if name in ("pad", "packed") else loop
+    if name == "reference":
         return loop
-    if name == "pad":
-        return segments.packed(segments.plan(is_init)) if _interior_resets(is_init) else pad.sequence
+    plan = segments.plan(is_init) if plan is None else plan
     if name == "segments":
-        return segments.aligned(loop, segments.plan(is_init))
-    raise ValueError(f"eager path: expected 'reference', 'pad' or 'segments', got {name!r}.")
+        return segments.aligned(loop, plan)
+    if name == "pad" and layout.num_layers == 1:
+        return segments.bucketed(plan)
+    return segments.packed(plan)
 
 
 # The loop's cost per step grows with its rows as ``rows + _LOOP_ROWS_PER_STEP``: a step of one row
@@ -55,9 +66,11 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
 
     * no interior reset: ``pad`` (one fused kernel call), or ``reference`` where ``pad`` cannot
       serve (``recompute="full"``, a cell without ATen kernels);
-    * interior resets, ``pad`` available: its segments packed side by side, except when autograd
-      records the call and the longest segment ``Lmax`` is more than half of ``T`` (a ``[B, T]``
-      batch with scattered resets), where ATen's packed backward on CPU is slower than the loop;
+    * interior resets, ``pad`` available: its segments side by side (in length buckets of unpacked
+      calls for one layer, packed for more), except when autograd records the call and the longest
+      segment ``Lmax`` is more than half of ``T`` (a ``[B, T]`` batch with scattered resets), where
+      the loop over ``T`` is faster on CPU (the buckets' calls add up to more steps than ``T``, and
+      a packed backward on CPU zero-fills its input-projection gradient at every step);
     * interior resets, no ``pad``: the ``reference`` loop, over the segments (``Lmax`` steps of ``S``
       rows) where that costs less than over the rows (``T`` steps of ``N`` rows), see :func:`_loop_cost`.
     """
@@ -105,7 +118,7 @@ def resolve_backend(
     ctx = call_context()
     if name == "auto":
         name = _auto(layout, x, opts, is_init, ctx, records_grad)
-        if name in ("pad", "segments"):  # eager paths (under transforms auto picks reference or scan)
+        if name in EAGER_PATHS[1:]:  # eager paths (under transforms auto picks reference or scan)
             return eager_path(name, layout, opts, is_init)
     elif name == "pad":
         pad.aten_kernels(layout)  # raises for a cell without ATen kernels, in every context
