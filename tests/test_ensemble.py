@@ -199,7 +199,7 @@ FUNC_BACKENDS = [
             reason="torch.library custom-op autograd (register_autograd) does not support torch.func.grad/vjp",
         ),
     ) if b == "triton" else b
-    for b in SEQ_BACKENDS if b != "scan"
+    for b in SEQ_BACKENDS
 ]
 
 
@@ -232,12 +232,31 @@ def test_func_grad_and_vjp_inside_vmap(backend: str) -> None:
         torch.testing.assert_close(vjp_x[e], expected[-1])
 
 
-def test_scan_under_eager_func_grad_raises_a_clear_error() -> None:
-    """Eager ``scan`` compiles its step per call and dynamo cannot trace grad-tracking tensors."""
-    params = rf.init_gru_params(F, H, dtype=torch.float64)
-    x = torch.randn(B, T, F, dtype=torch.float64)
-    with pytest.raises(ValueError, match="backend 'scan' cannot run under an eager torch.func transform.*'reference'"):
-        torch.func.grad(lambda p: rf.gru_sequence(x, None, p, backend="scan")[0].sum())(params)
+@pytest.mark.parametrize("cell", ["lstm", "gru", "norm_gru"])
+def test_scan_under_eager_func_grad_of_vmap_equals_loop(cell: str) -> None:
+    """``torch.func.grad`` of a vmapped ensemble loss with eager ``scan`` (its Python time loop and
+    hand-written backward) == autograd through a loop over the members on ``reference``."""
+    g = torch.Generator().manual_seed(7)
+    init, seq = {
+        "lstm": (rf.init_lstm_params, rf.lstm_sequence),
+        "gru": (rf.init_gru_params, rf.gru_sequence),
+        "norm_gru": (rf.init_norm_gru_params, rf.norm_gru_sequence),
+    }[cell]
+    members = [init(F, H, L, dtype=torch.float64, generator=g) for _ in range(2)]
+    stacked = stack_params(members)
+    x = torch.randn(B, T, F, dtype=torch.float64, generator=g)
+    is_init = torch.rand(B, T, generator=g) < 0.3
+
+    def loss(p, backend):
+        return seq(x, None, p, is_init=is_init, backend=backend)[0].sin().sum()
+
+    grads = torch.func.grad(lambda p: torch.vmap(lambda q: loss(q, "scan"))(p).sum())(stacked)
+    for e, member in enumerate(members):
+        member = member.clone().requires_grad_(True)
+        keys = list(member.keys())
+        expected = torch.autograd.grad(loss(member, "reference"), [member[k] for k in keys])
+        for key, want in zip(keys, expected):
+            torch.testing.assert_close(grads[key][e], want)
 
 
 # ----------------------------------------------------------------------------- dropout under vmap

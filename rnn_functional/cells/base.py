@@ -3,7 +3,8 @@
 A cell (:class:`Cell`) owns everything about one recurrent cell kind: its parameter names,
 shapes and validation (:meth:`Cell.read_layout`), how a layer's weights split into an input
 projection and the rest (:meth:`Cell.layer_weights`), its state (:attr:`Cell.state_names`),
-its per-layer step and that step's hand-written backward, and optional hooks for fused
+its per-layer step (returning the activations its backward needs) and that step's
+hand-written backward (from those activations, or recomputing them), and optional hooks for fused
 kernels (:class:`AtenKernels`, :class:`TritonKernels`). Backends only ever talk to this
 interface; nothing outside ``cells/`` compares cell names.
 
@@ -23,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 Carry = tuple[torch.Tensor, ...]
+Saved = tuple[torch.Tensor, ...]  # a step's activations kept for its backward (see Cell.layer_step_saving)
 
 
 @dataclass(frozen=True)
@@ -126,13 +128,24 @@ class Cell(abc.ABC):
         """Weights of layer ``k``."""
 
     @abc.abstractmethod
-    def layer_step(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> Carry:
-        """One layer, one step: ``gi [N, G]`` (the input projection), carry of ``[N, S]`` -> carry'."""
+    def layer_step_saving(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> tuple[Carry, Saved]:
+        """One layer, one step, also returning what its backward needs: ``gi [N, G]`` (the input
+        projection), carry of ``[N, S]`` -> ``(carry', saved)``, ``saved`` a tuple of ``[N, ·]``
+        tensors (the step's activations) that :meth:`step_backward_saved` consumes."""
 
     @abc.abstractmethod
+    def step_backward_saved(self, saved: Saved, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
+        """Backward of one step from its ``saved`` activations (no recurrent matmul of the forward is
+        redone): ``carry`` is the carry before the step, ``d_new`` the cotangent of the carry after it."""
+
+    def layer_step(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> Carry:
+        """One layer, one step: ``gi [N, G]`` (the input projection), carry of ``[N, S]`` -> carry'."""
+        return self.layer_step_saving(gi, carry, w)[0]
+
     def step_backward(self, gi: torch.Tensor, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
-        """Backward of :meth:`layer_step`, recomputing its gates from ``gi`` and the carry before
+        """Backward of :meth:`layer_step`, recomputing its activations from ``gi`` and the carry before
         the step; ``d_new`` is the cotangent of the carry after it."""
+        return self.step_backward_saved(self.layer_step_saving(gi, carry, w)[1], carry, w, d_new)
 
     def __repr__(self) -> str:
         return f"<{self.title} cell>"

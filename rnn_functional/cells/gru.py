@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 
 from . import _torch_rnn
-from .base import AtenKernels, Carry, Cell, LayerWeights, Layout, StepGrads, TritonKernels
+from .base import AtenKernels, Carry, Cell, LayerWeights, Layout, Saved, StepGrads, TritonKernels
 
 __all__ = ["GRU", "init_gru_params"]
 
@@ -63,23 +63,20 @@ class GRUCell(Cell):
     def layer_weights(self, params: Mapping[str, torch.Tensor], layout: Layout, k: int) -> LayerWeights:
         return _torch_rnn.layer_weights(params, layout, k, projection=False)
 
-    def layer_step(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> Carry:
-        """``gi [N, 3H]``, carry ``(h [N, H],)`` -> ``(h',)``."""
+    def layer_step_saving(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> tuple[Carry, Saved]:
+        """``gi [N, 3H]``, carry ``(h [N, H],)`` -> ``((h',), saved)``; ``saved = (r, z, n, h_n)``, the gates
+        and the recurrent projection's candidate block, each ``[N, H]``."""
         (h,) = carry
-        i_r, i_z, i_n = gi.chunk(3, dim=-1)
-        h_r, h_z, h_n = F.linear(h, w.weight_hh, w.bias_hh).chunk(3, dim=-1)
-        r = torch.sigmoid(i_r + h_r)
-        z = torch.sigmoid(i_z + h_z)
-        n = torch.tanh(i_n + r * h_n)
-        return (n + z * (h - n),)
+        gh = F.linear(h, w.weight_hh, w.bias_hh)
+        hidden = gh.shape[-1] // 3
+        r, z = torch.sigmoid(gi[..., : 2 * hidden] + gh[..., : 2 * hidden]).chunk(2, dim=-1)
+        h_n = gh[..., 2 * hidden :]
+        n = torch.tanh(gi[..., 2 * hidden :] + r * h_n)
+        return (n + z * (h - n),), (r, z, n, h_n)
 
-    def step_backward(self, gi: torch.Tensor, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
+    def step_backward_saved(self, saved: Saved, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
         """``d_gh [N, 3H]`` differs from ``d_gi`` in its ``n`` block (``r`` scales ``h_n``)."""
-        (h,), (dh_new,) = carry, d_new
-        i_r, i_z, i_n = gi.chunk(3, dim=-1)
-        h_r, h_z, h_n = F.linear(h, w.weight_hh, w.bias_hh).chunk(3, dim=-1)
-        r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
-        n = torch.tanh(i_n + r * h_n)
+        (r, z, n, h_n), (h,), (dh_new,) = saved, carry, d_new
         d_n = dh_new * (1 - z) * (1 - n * n)
         d_r = d_n * h_n * r * (1 - r)
         d_z = dh_new * (h - n) * z * (1 - z)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 
 from . import _torch_rnn
-from .base import AtenKernels, Carry, Cell, LayerWeights, Layout, StepGrads, TritonKernels
+from .base import AtenKernels, Carry, Cell, LayerWeights, Layout, Saved, StepGrads, TritonKernels
 
 __all__ = ["LSTM", "init_lstm_params"]
 
@@ -66,23 +66,23 @@ class LSTMCell(Cell):
     def layer_weights(self, params: Mapping[str, torch.Tensor], layout: Layout, k: int) -> LayerWeights:
         return _torch_rnn.layer_weights(params, layout, k, projection=True)
 
-    def layer_step(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> Carry:
-        """``gi [N, 4H]``, carry ``(h [N, P], c [N, H])`` -> ``(h', c')``; ``extra = (weight_hr,)``."""
+    def layer_step_saving(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> tuple[Carry, Saved]:
+        """``gi [N, 4H]``, carry ``(h [N, P], c [N, H])`` -> ``((h', c'), saved)``; ``extra = (weight_hr,)``.
+        ``saved = (i, f, g, o, tanh(c'))``, the activated gates and the cell's output nonlinearity, each ``[N, H]``."""
         h, c = carry
         i, f, g, o = (gi + F.linear(h, w.weight_hh, w.bias_hh)).chunk(4, dim=-1)
-        c_next = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-        h_next = torch.sigmoid(o) * torch.tanh(c_next)
+        i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
+        c_next = f * c + i * g
+        tanh_c = torch.tanh(c_next)
+        h_next = o * tanh_c
         (weight_hr,) = w.extra
         if weight_hr is not None:
             h_next = F.linear(h_next, weight_hr)
-        return h_next, c_next
+        return (h_next, c_next), (i, f, g, o, tanh_c)
 
-    def step_backward(self, gi: torch.Tensor, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
+    def step_backward_saved(self, saved: Saved, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
         """``d_gh`` equals ``d_gi`` (gates sum both projections); ``d_extra = (d_weight_hr [P, H] | None,)``."""
-        (h, c), (dh_new, dc_new) = carry, d_new
-        i, f, g, o = (gi + F.linear(h, w.weight_hh, w.bias_hh)).chunk(4, dim=-1)
-        i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
-        tanh_c = torch.tanh(f * c + i * g)
+        (i, f, g, o, tanh_c), (_, c), (dh_new, dc_new) = saved, carry, d_new
         (weight_hr,) = w.extra
         d_hr = None
         if weight_hr is not None:

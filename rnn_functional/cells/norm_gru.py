@@ -20,7 +20,9 @@ import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 
-from .base import Carry, Cell, LayerWeights, Layout, StepGrads, check_keys, check_shapes, check_sizes, count_layers, uniform_
+from .base import (
+    Carry, Cell, LayerWeights, Layout, Saved, StepGrads, check_keys, check_shapes, check_sizes, count_layers, uniform_,
+)
 
 __all__ = ["NORM_GRU", "init_norm_gru_params"]
 
@@ -94,24 +96,23 @@ class NormGRUCell(Cell):
             extra=(params[f"norm_weight_l{k}"], params[f"norm_bias_l{k}"]),
         )
 
-    def layer_step(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> Carry:
-        """``gi = x @ weight_ih^T [N, 3H]``, carry ``(h [N, H],)`` -> ``(h',)``."""
+    def layer_step_saving(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> tuple[Carry, Saved]:
+        """``gi = x @ weight_ih^T [N, 3H]``, carry ``(h [N, H],)`` -> ``((h',), saved)``; ``saved = (z_hat [N, 3H],
+        inv_std [N, 1])``: the normalised pre-activation and its inverse standard deviation."""
         (h,) = carry
         norm_weight, norm_bias = w.extra
-        z = F.layer_norm(gi + F.linear(h, w.weight_hh), (gi.shape[-1],), norm_weight, norm_bias, EPS)
-        r, c, u = z.chunk(3, dim=-1)
+        z = gi + F.linear(h, w.weight_hh)
+        z_hat, _, inv_std = torch.native_layer_norm(z, (z.shape[-1],), None, None, EPS)
+        r, c, u = (z_hat * norm_weight + norm_bias).chunk(3, dim=-1)
         c = torch.tanh(torch.sigmoid(r) * c)
         u = torch.sigmoid(u - 1)
-        return (u * c + (1 - u) * h,)
+        return (u * c + (1 - u) * h,), (z_hat, inv_std)
 
-    def step_backward(self, gi: torch.Tensor, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
-        """``d_gh`` equals ``d_gi`` (both feed ``z``); ``d_extra = (d_norm_weight, d_norm_bias)``, each ``[3H]``."""
-        (h,), (dh_new,) = carry, d_new
+    def step_backward_saved(self, saved: Saved, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
+        """``d_gh`` equals ``d_gi`` (both feed ``z``); ``d_extra = (d_norm_weight, d_norm_bias)``, each ``[3H]``.
+        The gates are recomputed elementwise from ``z_hat`` (no matmul)."""
+        (z_hat, inv_std), (h,), (dh_new,) = saved, carry, d_new
         norm_weight, norm_bias = w.extra
-        z = gi + F.linear(h, w.weight_hh)
-        mean = z.mean(-1, keepdim=True)
-        inv_std = torch.rsqrt(z.var(-1, unbiased=False, keepdim=True) + EPS)
-        z_hat = (z - mean) * inv_std
         r_in, c_in, u_in = (z_hat * norm_weight + norm_bias).chunk(3, dim=-1)
         r, u = torch.sigmoid(r_in), torch.sigmoid(u_in - 1)
         c = torch.tanh(r * c_in)

@@ -126,12 +126,6 @@ def resolve_backend(
             name = "scan" if ctx.compiling else "reference"
         else:
             return eager_path("pad", layout, opts, is_init)
-    if name == "scan" and ctx.differentiated:
-        raise ValueError(
-            "backend 'scan' cannot run under an eager torch.func transform (grad, vjp, jvp, jacrev): torch's "
-            "scan compiles its step on every eager call and dynamo cannot trace functorch's grad-tracking "
-            "tensors. Use backend 'reference' or 'auto' (which picks it there)."
-        )
     if name == "triton":
         triton_backend.kernel_family(layout)  # the cell's error comes first: no device would serve it
         if not triton_backend.is_available(x.device):
