@@ -150,7 +150,7 @@ def contenders(trm, cell: str, batch: tuple, is_init: torch.Tensor, mode: str) -
     # Long flat rows (N > 200): the T-step loop over one row and TorchRL's scan (10-100x slower at
     # N=200) would take minutes per case; they are measured at N=200 and on [B, T] only.
     long_flat = len(batch) == 1 and batch[0] > 200
-    for path in ("pad", "packed", "segments") + (() if long_flat else ("reference",)):
+    for path in ("pad", "packed", "segments", "scan_segments") + (() if long_flat else ("reference", "scan")):
         modules[f"ours {path}"] = (ours, path)
     for backend in ("pad",) if long_flat else ("pad", "scan"):
         modules[f"torchrl {backend}"] = (theirs_cls(**{child: getattr(base, child)}, recurrent_backend=backend, **keys), None)

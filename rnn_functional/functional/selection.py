@@ -25,7 +25,19 @@ def _interior_resets(is_init: torch.Tensor | None) -> bool:
     return is_init is not None and is_init.numel() > 0 and bool(is_init[:, 1:].any())
 
 
-EAGER_PATHS = ("reference", "pad", "packed", "segments")
+_LAST_PLAN: list = []  # [(is_init, its version), plan] of the latest call: auto's rule and its path share one plan
+
+
+def _plan(is_init: torch.Tensor) -> segments.SegmentPlan:
+    """:func:`segments.plan` of ``is_init``, computed once per call (host sync)."""
+    key = (is_init, is_init._version)
+    if _LAST_PLAN and _LAST_PLAN[0][0] is key[0] and _LAST_PLAN[0][1] == key[1]:
+        return _LAST_PLAN[1]
+    _LAST_PLAN[:] = [key, segments.plan(is_init)]
+    return _LAST_PLAN[1]
+
+
+EAGER_PATHS = ("reference", "pad", "packed", "segments", "scan", "scan_segments")
 
 
 def eager_path(name: str, layout: Layout, opts: SequenceOptions, is_init: torch.Tensor | None,
@@ -33,17 +45,21 @@ def eager_path(name: str, layout: Layout, opts: SequenceOptions, is_init: torch.
     """One exact eager path for a call (a name of ``EAGER_PATHS``): ``"reference"`` (the loop over
     ``T``); ``"pad"`` (one ATen kernel call; with interior resets, the segments in length buckets of
     unpacked calls, or packed for more than one layer); ``"packed"`` (ATen's kernels on the segments
-    packed side by side); ``"segments"`` (the ``reference`` loop over the right-aligned segments).
-    See :mod:`.segments`; ``plan``: the call's segments, when already known."""
+    packed side by side); ``"segments"`` (the ``reference`` loop over the right-aligned segments);
+    ``"scan"`` (the ``scan`` backend's eager loop over ``T``, whose hand-written backward consumes
+    the activations saved by its forward); ``"scan_segments"`` (that loop over the right-aligned
+    segments). See :mod:`.segments`; ``plan``: the call's segments, when already known."""
     if name not in EAGER_PATHS:
         raise ValueError(f"eager path: expected one of {list(EAGER_PATHS)}, got {name!r}.")
     loop = checkpointed(SEQUENCE["reference"]) if opts.recompute == "full" else SEQUENCE["reference"]
+    if name.startswith("scan"):
+        loop = SEQUENCE["scan"]  # serves recompute="full" itself
     if not _interior_resets(is_init):
         return pad.sequence if name in ("pad", "packed") else loop
-    if name == "reference":
+    if name in ("reference", "scan"):
         return loop
-    plan = segments.plan(is_init) if plan is None else plan
-    if name == "segments":
+    plan = _plan(is_init) if plan is None else plan
+    if name in ("segments", "scan_segments"):
         return segments.aligned(loop, plan)
     if name == "pad" and layout.num_layers == 1:
         return segments.bucketed(plan)
@@ -77,7 +93,7 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
     aten = opts.recompute != "full" and layout.cell.aten is not None
     if not _interior_resets(is_init):
         return "pad" if aten else "reference"
-    p = segments.plan(is_init)
+    p = _plan(is_init)
     n, t_len = is_init.shape
     if aten and (not records_grad or 2 * p.max_len <= t_len):
         return "pad"
