@@ -207,14 +207,19 @@ def _auto_choice(cell, is_init, records_grad, recompute="none", layers=1):
 
 
 def test_auto_rule():
-    """auto: length-bucketed segments for flat slices (packed for two layers); the loop for [B, T] with
-    scattered resets under autograd."""
-    flat = torch.zeros(1, 200, dtype=torch.bool)
-    flat[0, ::20] = True
+    """auto: length-bucketed segments for long flat batches (packed for two layers or short batches of
+    many lengths); the loop for [B, T] with scattered resets under autograd."""
+    flat = torch.zeros(1, 4096, dtype=torch.bool)
+    flat[0, ::20] = True  # Lmax * steps = 20 * 4096 > _PACKED_BACKWARD_LIMIT
+    small = torch.zeros(1, 200, dtype=torch.bool)
+    small[0, torch.tensor([1, 2, 3, 5, 8, 12, 17, 23, 30, 38, 47, 57, 68, 80, 93, 107, 122, 138, 155, 173])] = True
     scattered = torch.zeros(32, 64, dtype=torch.bool)
     scattered[torch.arange(32), torch.arange(32) + 2] = True  # [B, T] = [32, 64], longest segment 62 > T / 2
     assert _auto_choice("lstm", flat, True) == "bucketed.<locals>.sequence"
     assert _auto_choice("gru", flat, True, layers=2) == "packed.<locals>.sequence"
+    assert _auto_choice("lstm", small, True) == "packed.<locals>.sequence"  # short: packed backward is cheap
+    assert _auto_choice("lstm", small, False) == "packed.<locals>.sequence"  # three buckets: one packed call
+    assert _auto_choice("gru", flat[:, :200], False) == "bucketed.<locals>.sequence"  # one length: one call
     assert _auto_choice("lstm", scattered, False) == "bucketed.<locals>.sequence"
     assert _auto_choice("lstm", scattered, True) == "sequence"  # reference.sequence
     assert _auto_choice("lstm", torch.zeros(32, 64, dtype=torch.bool), True) == "sequence"  # pad.sequence, one call

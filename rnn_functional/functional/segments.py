@@ -198,6 +198,11 @@ def _other_finals(layout: Layout, params, x_block, h0: Carry, y_block, lengths: 
     return tuple(torch.stack(parts, dim=1).gather(1, last.expand(-1, 1, parts[0].shape[-1])) for parts in zip(*others))
 
 
+def bucket_count(p: SegmentPlan, layout: Layout) -> int:
+    """How many kernel calls :func:`bucketed` makes for the segments of ``p``."""
+    return len(_buckets(sorted(p.lengths_cpu.tolist(), reverse=True), recompute=len(layout.state_sizes) > 1))
+
+
 def bucketed(p: SegmentPlan) -> Callable:
     """The ``pad`` backend (one layer) run on the segments of ``p`` in length buckets, one unpacked call each."""
     order = torch.argsort(p.lengths_cpu, descending=True, stable=True)

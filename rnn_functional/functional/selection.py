@@ -69,6 +69,9 @@ def eager_path(name: str, layout: Layout, opts: SequenceOptions, is_init: torch.
 # The loop's cost per step grows with its rows as ``rows + _LOOP_ROWS_PER_STEP``: a step of one row
 # costs as much as ~28 extra rows (CPU, H=128, fwd+bwd; docs/backends.md).
 _LOOP_ROWS_PER_STEP = 28
+# A packed call's backward on CPU zero-fills and adds its whole [steps, G] input-projection gradient
+# at every step: ``Lmax * steps`` grows quadratically; beyond this, the length buckets win (docs/backends.md).
+_PACKED_BACKWARD_LIMIT = 32768
 
 
 def _loop_cost(steps: int, rows: int) -> int:
@@ -82,13 +85,18 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
 
     * no interior reset: ``pad`` (one fused kernel call), or ``reference`` where ``pad`` cannot
       serve (``recompute="full"``, a cell without ATen kernels);
-    * interior resets, ``pad`` available: its segments side by side (in length buckets of unpacked
-      calls for one layer, packed for more), except when autograd records the call and the longest
-      segment ``Lmax`` is more than half of ``T`` (a ``[B, T]`` batch with scattered resets), where
-      the loop over ``T`` is faster on CPU (the buckets' calls add up to more steps than ``T``, and
-      a packed backward on CPU zero-fills its input-projection gradient at every step);
-    * interior resets, no ``pad``: the ``reference`` loop, over the segments (``Lmax`` steps of ``S``
-      rows) where that costs less than over the rows (``T`` steps of ``N`` rows), see :func:`_loop_cost`.
+    * interior resets, ATen kernels available (``recompute="none"``):
+
+      - autograd records the call and the longest segment ``Lmax`` is more than half of ``T`` (a
+        ``[B, T]`` batch with scattered resets): the ``reference`` loop over ``T`` (the segments
+        barely shorten the rows; the kernels' calls would add up to more steps than ``T``);
+      - one layer, and either autograd records the call and ``Lmax * steps`` exceeds
+        ``_PACKED_BACKWARD_LIMIT`` (a packed backward on CPU zero-fills its input-projection gradient
+        at every step) or the length buckets need at most two calls: ``pad``, the length buckets of
+        unpacked calls (oneDNN's LSTM on CPU);
+      - otherwise ``packed``: the segments packed into one call (no extra calls, no recompute);
+    * interior resets, no ATen kernels: the ``reference`` loop, over the segments (``Lmax`` steps of
+      ``S`` rows) where that costs less than over the rows (``T`` steps of ``N`` rows), see :func:`_loop_cost`.
     """
     aten = opts.recompute != "full" and layout.cell.aten is not None
     if not _interior_resets(is_init):
@@ -96,7 +104,10 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
     p = _plan(is_init)
     n, t_len = is_init.shape
     if aten and (not records_grad or 2 * p.max_len <= t_len):
-        return "pad"
+        if layout.num_layers == 1 and ((records_grad and p.max_len * n * t_len > _PACKED_BACKWARD_LIMIT)
+                                       or segments.bucket_count(p, layout) <= 2):
+            return "pad"
+        return "packed"
     return "segments" if _loop_cost(p.max_len, p.count) < _loop_cost(t_len, n) else "reference"
 
 
