@@ -1,7 +1,8 @@
 """Segment-aware execution (``rnn_functional.functional.segments``) against ``reference``.
 
 Every path that re-batches a call by its segments (``pad``: length buckets of unpacked ATen calls
-for one layer, packed by lengths for more; ``packed``: packed by lengths; ``segments``: the
+for one layer, packed by lengths for more; ``packed``: packed by lengths; ``scan``: the saved-activation
+loop over ``T``; ``scan_segments``: that loop over the right-aligned segments; ``segments``: the
 reference loop, plain or checkpointed, over the right-aligned segments; and whatever ``auto``
 picks) is compared with the ``reference`` loop over the rows: outputs, final carries, segment-end
 states and the gradients of ``x``, the state, ``reset_state`` and every parameter (fp64,
@@ -105,12 +106,12 @@ def weighted_sum(tensors, seed=123):
     return sum((t * torch.randn(t.shape, generator=g, dtype=t.dtype)).sum() for t in tensors)
 
 
-FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @FAST
 @given(structure=structures(), cell=st.sampled_from(ATEN_CELLS),
-       path=st.sampled_from(["pad", "packed", "segments", "auto"]),
+       path=st.sampled_from(["pad", "packed", "segments", "scan", "scan_segments", "auto"]),
        layers=st.sampled_from([1, 2]), with_reset=st.booleans(), seed=st.integers(0, 2**16))
 def test_rebatched_paths_equal_reference(structure, cell, path, layers, with_reset, seed):
     batch_shape, t_len, is_init = structure
@@ -226,3 +227,13 @@ def test_auto_rule():
     assert _auto_choice("norm_gru", flat, True).startswith("aligned(")
     assert _auto_choice("lstm", flat, True, recompute="full").startswith("aligned(")
     assert _auto_choice("norm_gru", scattered, True) == "sequence"
+
+
+def test_plan_is_shared_within_a_call_and_follows_in_place_changes():
+    """auto's rule and its path share one plan per is_init; an in-place change to is_init replans."""
+    is_init = torch.tensor([[True, False, True, False]])
+    first = selection._plan(is_init)
+    assert selection._plan(is_init) is first
+    is_init[0, 1] = True
+    assert selection._plan(is_init).count == 3 and first.count == 2
+    assert selection._plan(is_init.clone()).count == 3
