@@ -145,7 +145,7 @@ def resolve_backend(
     ctx = call_context()
     if name == "auto":
         name = _auto(layout, x, opts, is_init, ctx, records_grad)
-        if name in EAGER_PATHS[1:]:  # eager paths (under transforms auto picks reference or scan)
+        if not ctx.traced and name in EAGER_PATHS[1:]:  # the eager choice (traced: plain scan or reference)
             return eager_path(name, layout, opts, is_init)
     elif name == "pad":
         pad.aten_kernels(layout)  # raises for a cell without ATen kernels, in every context
