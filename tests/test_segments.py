@@ -219,9 +219,9 @@ def test_auto_rule():
     assert _auto_choice("lstm", flat, True) == "bucketed.<locals>.sequence"
     assert _auto_choice("gru", flat, True, layers=2) == "packed.<locals>.sequence"
     assert _auto_choice("lstm", small, True) == "packed.<locals>.sequence"  # short: packed backward is cheap
-    assert _auto_choice("lstm", small, False) == "packed.<locals>.sequence"  # three buckets: one packed call
+    assert _auto_choice("lstm", small, False) == "packed.<locals>.sequence"  # many lengths: buckets would pad
     assert _auto_choice("gru", flat[:, :200], False) == "bucketed.<locals>.sequence"  # one length: one call
-    assert _auto_choice("lstm", scattered, False) == "bucketed.<locals>.sequence"
+    assert _auto_choice("lstm", scattered, False) == "packed.<locals>.sequence"
     assert _auto_choice("lstm", scattered, True) == "sequence"  # reference.sequence
     assert _auto_choice("lstm", torch.zeros(32, 64, dtype=torch.bool), True) == "sequence"  # pad.sequence, one call
     assert _auto_choice("norm_gru", flat, True).startswith("aligned(")

@@ -198,9 +198,11 @@ def _other_finals(layout: Layout, params, x_block, h0: Carry, y_block, lengths: 
     return tuple(torch.stack(parts, dim=1).gather(1, last.expand(-1, 1, parts[0].shape[-1])) for parts in zip(*others))
 
 
-def bucket_count(p: SegmentPlan, layout: Layout) -> int:
-    """How many kernel calls :func:`bucketed` makes for the segments of ``p``."""
-    return len(_buckets(sorted(p.lengths_cpu.tolist(), reverse=True), recompute=len(layout.state_sizes) > 1))
+def bucket_padding(p: SegmentPlan, layout: Layout) -> float:
+    """Steps that :func:`bucketed` runs for the segments of ``p``, over their real steps (``>= 1``)."""
+    lengths = sorted(p.lengths_cpu.tolist(), reverse=True)
+    run = sum((end - first) * steps for first, end, steps in _buckets(lengths, recompute=len(layout.state_sizes) > 1))
+    return run / sum(lengths)
 
 
 def bucketed(p: SegmentPlan) -> Callable:

@@ -72,6 +72,9 @@ _LOOP_ROWS_PER_STEP = 28
 # A packed call's backward on CPU zero-fills and adds its whole [steps, G] input-projection gradient
 # at every step: ``Lmax * steps`` grows quadratically; beyond this, the length buckets win (docs/backends.md).
 _PACKED_BACKWARD_LIMIT = 32768
+# Below this padding (steps run / real steps), the length buckets beat one packed call even without
+# the backward: full slices (one length, the last cut) run as one or two unpacked calls.
+_BUCKET_PADDING = 1.05
 
 
 def _loop_cost(steps: int, rows: int) -> int:
@@ -92,9 +95,9 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
         barely shorten the rows; the kernels' calls would add up to more steps than ``T``);
       - one layer, and either autograd records the call and ``Lmax * steps`` exceeds
         ``_PACKED_BACKWARD_LIMIT`` (a packed backward on CPU zero-fills its input-projection gradient
-        at every step) or the length buckets need at most two calls: ``pad``, the length buckets of
-        unpacked calls (oneDNN's LSTM on CPU);
-      - otherwise ``packed``: the segments packed into one call (no extra calls, no recompute);
+        at every step), or the length buckets pad no more than ``_BUCKET_PADDING`` (full slices):
+        ``pad``, the length buckets of unpacked calls (oneDNN's LSTM on CPU);
+      - otherwise ``packed``: the segments packed into one call (no padding, no extra calls);
     * interior resets, no ATen kernels: the ``reference`` loop, over the segments (``Lmax`` steps of
       ``S`` rows) where that costs less than over the rows (``T`` steps of ``N`` rows), see :func:`_loop_cost`.
     """
@@ -105,7 +108,7 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
     n, t_len = is_init.shape
     if aten and (not records_grad or 2 * p.max_len <= t_len):
         if layout.num_layers == 1 and ((records_grad and p.max_len * n * t_len > _PACKED_BACKWARD_LIMIT)
-                                       or segments.bucket_count(p, layout) <= 2):
+                                       or segments.bucket_padding(p, layout) <= _BUCKET_PADDING):
             return "pad"
         return "packed"
     return "segments" if _loop_cost(p.max_len, p.count) < _loop_cost(t_len, n) else "reference"
