@@ -174,6 +174,29 @@ def test_bucketed_lstm_with_short_segments_equals_reference():
     _check("lstm", problem, "pad")
 
 
+def test_bucketed_lstm_with_projection_equals_reference():
+    """proj_size: h (the output, width P) comes from the kernel's outputs, c (width H) is recomputed."""
+    g = torch.Generator().manual_seed(5)
+    params = rf.init_lstm_params(3, 5, proj_size=2, dtype=torch.float64, generator=g)
+    is_init = torch.zeros(2, 11, dtype=torch.bool)
+    is_init[0, [0, 4, 5]] = True
+    is_init[1, [3, 9]] = True
+    x = torch.randn(2, 11, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    state = tuple(torch.randn(2, 1, s, dtype=torch.float64, generator=g, requires_grad=True) for s in (2, 5))
+    leaves = [x, *state, *params.values()]
+    for t in params.values():
+        t.requires_grad_(True)
+    results = []
+    for backend, path in (("reference", "auto"), ("pad", "pad")):
+        with eager_path(path):
+            y, final, seg = rf.lstm_sequence(x, state, params, is_init=is_init, backend=backend,
+                                             return_segment_states=True)
+        outs = [y, *final, *seg]
+        results.append((outs, torch.autograd.grad(weighted_sum(outs), leaves)))
+    for a, b in zip([*results[0][0], *results[0][1]], [*results[1][0], *results[1][1]]):
+        torch.testing.assert_close(a, b)
+
+
 def test_bucketed_refuses_more_than_one_layer():
     params = rf.init_lstm_params(3, 4, 2)
     is_init = torch.tensor([[True, False, True]])
