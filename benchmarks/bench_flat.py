@@ -191,6 +191,17 @@ def segment_stats(is_init: torch.Tensor) -> dict:
     return {"rows": mask.shape[0], "steps": mask.shape[1], "segments": p.count, "longest": p.max_len}
 
 
+def auto_path(cell: str, is_init: torch.Tensor, mode: str) -> str:
+    """The exact eager path ``auto`` picks for this case (H and F do not enter the rule)."""
+    from rnn_functional.backends import SequenceOptions
+    from rnn_functional.functional._core import read_layout
+
+    mask = is_init.squeeze(-1)
+    mask = mask.unsqueeze(0) if mask.ndim == 1 else mask
+    params = (rf.init_lstm_params if cell == "lstm" else rf.init_gru_params)(F_IN, HIDDEN)
+    return selection._eager_fastest(read_layout(params, cell), SequenceOptions(), mask, mode == "fwd+bwd")
+
+
 def write(out: Path, device: torch.device, rows: list[dict]) -> None:
     """The report so far (rewritten after every case: a long run that stops keeps its rows)."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -203,13 +214,14 @@ def markdown(rows: list[dict]) -> str:
     cols = ("ours auto", "ours pad", "ours packed", "ours segments", "ours scan_segments", "ours reference",
             "ours scan", "torchrl pad", "torchrl scan", "torchrl python_based")
     head = ("| case | cell | mode | S | Lmax | " + " | ".join(c.replace("torchrl", "TorchRL") for c in cols)
-            + " | auto vs TorchRL best (min) | (median) | auto / our best (min) |\n" + "|---" * (len(cols) + 8) + "|")
+            + " | auto picks | auto vs TorchRL best (min) | (median) | auto / our best (min) |\n"
+            + "|---" * (len(cols) + 9) + "|")
     lines = [head]
     for r in rows:
         ms = r.get("ms_min", r["ms"])
         cells = " | ".join(f"{ms[c]:.1f}" if c in ms else "-" for c in cols)
         lines.append(f"| {r['case']} | {r['cell']} | {r['mode']} | {r['segments']} | {r['longest']} | {cells} "
-                     f"| {r.get('speedup_auto_vs_torchrl_best_min', float('nan')):.2f}x "
+                     f"| {r.get('auto_path', '?')} | {r.get('speedup_auto_vs_torchrl_best_min', float('nan')):.2f}x "
                      f"| {r['speedup_auto_vs_torchrl_best']:.2f}x | {r.get('auto_vs_ours_best_min', float('nan')):.2f} |")
     return "\n".join(lines)
 
@@ -248,7 +260,8 @@ def main(argv: list[str] | None = None) -> Path:
                 exact = {n: t for n, t in ms.items() if n.startswith("ours ") and n != "ours auto"}
                 trl_min = {n: t for n, t in ms_min.items() if n.startswith("torchrl")}
                 exact_min = {n: t for n, t in ms_min.items() if n.startswith("ours ") and n != "ours auto"}
-                row = {"case": case_name(spec), **spec, **stats, "cell": cell, "mode": mode, "ms": ms, "ms_min": ms_min,
+                row = {"case": case_name(spec), **spec, **stats, "cell": cell, "mode": mode,
+                       "auto_path": auto_path(cell, is_init, mode), "ms": ms, "ms_min": ms_min,
                        "errors": {n: r["error"] for n, r in res.items() if "error" in r},
                        "torchrl_best": min(trl, key=trl.get), "ours_best": min(exact, key=exact.get),
                        "speedup_auto_vs_torchrl_best": min(trl.values()) / ms["ours auto"],
