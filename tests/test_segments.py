@@ -1,6 +1,8 @@
 """Segment-aware execution (``rnn_functional.functional.segments``) against ``reference``.
 
-Every path that re-batches a call by its segments (``pad``: packed by lengths; ``segments``: the
+Every path that re-batches a call by its segments (``pad``: length buckets of unpacked ATen calls
+for one layer, packed by lengths for more; ``packed``: packed by lengths; ``scan``: the saved-activation
+loop over ``T``; ``scan_segments``: that loop over the right-aligned segments; ``segments``: the
 reference loop, plain or checkpointed, over the right-aligned segments; and whatever ``auto``
 picks) is compared with the ``reference`` loop over the rows: outputs, final carries, segment-end
 states and the gradients of ``x``, the state, ``reset_state`` and every parameter (fp64,
@@ -19,7 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rnn_functional as rf
+from rnn_functional.backends import SequenceOptions
 from rnn_functional.functional import segments, selection
+from rnn_functional.functional._core import read_layout
 
 SEQUENCES = {
     "lstm": (rf.init_lstm_params, rf.lstm_sequence),
@@ -31,7 +35,7 @@ ATEN_CELLS = ("lstm", "gru")
 
 @contextmanager
 def eager_path(path: str):
-    """``auto``'s eager choice forced to ``path`` (``"pad"``, ``"segments"``), or left as is (``"auto"``)."""
+    """``auto``'s eager choice forced to ``path`` (``"pad"``, ``"packed"``, ``"segments"``), or left as is (``"auto"``)."""
     if path == "auto":
         yield
         return
@@ -102,11 +106,12 @@ def weighted_sum(tensors, seed=123):
     return sum((t * torch.randn(t.shape, generator=g, dtype=t.dtype)).sum() for t in tensors)
 
 
-FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @FAST
-@given(structure=structures(), cell=st.sampled_from(ATEN_CELLS), path=st.sampled_from(["pad", "segments", "auto"]),
+@given(structure=structures(), cell=st.sampled_from(ATEN_CELLS),
+       path=st.sampled_from(["pad", "packed", "segments", "scan", "scan_segments", "auto"]),
        layers=st.sampled_from([1, 2]), with_reset=st.booleans(), seed=st.integers(0, 2**16))
 def test_rebatched_paths_equal_reference(structure, cell, path, layers, with_reset, seed):
     batch_shape, t_len, is_init = structure
@@ -144,6 +149,64 @@ def test_plan_of_a_flat_row():
     assert p.pos[0].tolist() == [0, 1, 0, 0, 1, 2, 3] and p.seg_of[1].tolist() == [3, 3, 3, 4, 4, 4, 5]
 
 
+def test_buckets_of_sorted_lengths():
+    """Buckets cover the sorted segments in order, each as long as its longest; a few padded steps
+    cost less than a call; a recompute loop over many steps costs more."""
+    for lengths, recompute in (([8, 8, 5, 4, 3, 1], False), ([64] * 40 + [3], True), ([64] * 40 + [3], False),
+                               ([3], True), (list(range(64, 0, -1)), True)):
+        buckets = segments._buckets(lengths, recompute)
+        assert [b[0] for b in buckets] == [0] + [b[1] for b in buckets[:-1]] and buckets[-1][1] == len(lengths)
+        assert all(steps == lengths[first] for first, _, steps in buckets)
+    assert segments._buckets([64] * 40 + [60], False) == [(0, 41, 64)]  # 4 padded steps: cheaper than a call
+    assert segments._buckets([64] * 40 + [60, 60], True) == [(0, 40, 64), (40, 42, 60)]  # cheaper than recomputing
+    assert segments._buckets([20] * 5 + [2] * 300, False) == [(0, 5, 20), (5, 305, 2)]
+
+
+def test_bucketed_lstm_with_short_segments_equals_reference():
+    """Flat rows whose slices are shorter than their bucket: the LSTM's c after each slice is recomputed
+    from the kernel's outputs (segment states and final carries checked, with gradients)."""
+    is_init = torch.zeros(2, 30, dtype=torch.bool)
+    is_init[0, [0, 9, 12, 13, 20, 27]] = True  # lengths 9, 3, 1, 7, 7, 3
+    is_init[1, [0, 5, 6, 16]] = True  # lengths 5, 1, 10, 14
+    problem = _problem("lstm", (2,), 30, is_init, 1, True, 3)
+    assert selection.eager_path("pad", read_layout(problem[0], "lstm"), SequenceOptions(), is_init).__qualname__ \
+        == "bucketed.<locals>.sequence"
+    _check("lstm", problem, "pad")
+
+
+def test_bucketed_lstm_with_projection_equals_reference():
+    """proj_size: h (the output, width P) comes from the kernel's outputs, c (width H) is recomputed."""
+    g = torch.Generator().manual_seed(5)
+    params = rf.init_lstm_params(3, 5, proj_size=2, dtype=torch.float64, generator=g)
+    is_init = torch.zeros(2, 11, dtype=torch.bool)
+    is_init[0, [0, 4, 5]] = True
+    is_init[1, [3, 9]] = True
+    x = torch.randn(2, 11, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    state = tuple(torch.randn(2, 1, s, dtype=torch.float64, generator=g, requires_grad=True) for s in (2, 5))
+    leaves = [x, *state, *params.values()]
+    for t in params.values():
+        t.requires_grad_(True)
+    results = []
+    for backend, path in (("reference", "auto"), ("pad", "pad")):
+        with eager_path(path):
+            y, final, seg = rf.lstm_sequence(x, state, params, is_init=is_init, backend=backend,
+                                             return_segment_states=True)
+        outs = [y, *final, *seg]
+        results.append((outs, torch.autograd.grad(weighted_sum(outs), leaves)))
+    for a, b in zip([*results[0][0], *results[0][1]], [*results[1][0], *results[1][1]]):
+        torch.testing.assert_close(a, b)
+
+
+def test_bucketed_refuses_more_than_one_layer():
+    params = rf.init_lstm_params(3, 4, 2)
+    is_init = torch.tensor([[True, False, True]])
+    run = segments.bucketed(segments.plan(is_init))
+    carry = (torch.zeros(1, 2, 4), torch.zeros(1, 2, 4))
+    with pytest.raises(ValueError, match="one layer.*segments.packed"):
+        run(read_layout(params, "lstm"), dict(params.items()), torch.zeros(1, 3, 3), carry, is_init, None,
+            SequenceOptions())
+
+
 def test_pad_sequence_refuses_interior_resets():
     """The kernel-level pad.sequence runs one call; interior resets must come through the functional layer."""
     from rnn_functional.backends import SequenceOptions, pad
@@ -157,8 +220,8 @@ def test_pad_sequence_refuses_interior_resets():
                      SequenceOptions())
 
 
-def _auto_choice(cell, is_init, records_grad, recompute="none"):
-    params = SEQUENCES[cell][0](3, 4)
+def _auto_choice(cell, is_init, records_grad, recompute="none", layers=1):
+    params = SEQUENCES[cell][0](3, 4, layers)
     from rnn_functional.backends import SequenceOptions
     from rnn_functional.functional._core import read_layout
 
@@ -168,15 +231,32 @@ def _auto_choice(cell, is_init, records_grad, recompute="none"):
 
 
 def test_auto_rule():
-    """auto: packed segments for flat slices; the loop for [B, T] with scattered resets under autograd."""
-    flat = torch.zeros(1, 200, dtype=torch.bool)
-    flat[0, ::20] = True
+    """auto: length-bucketed segments for long flat batches (packed for two layers or short batches of
+    many lengths); the loop for [B, T] with scattered resets under autograd."""
+    flat = torch.zeros(1, 4096, dtype=torch.bool)
+    flat[0, ::20] = True  # Lmax * steps = 20 * 4096 > _PACKED_BACKWARD_LIMIT
+    small = torch.zeros(1, 200, dtype=torch.bool)
+    small[0, torch.tensor([1, 2, 3, 5, 8, 12, 17, 23, 30, 38, 47, 57, 68, 80, 93, 107, 122, 138, 155, 173])] = True
     scattered = torch.zeros(32, 64, dtype=torch.bool)
     scattered[torch.arange(32), torch.arange(32) + 2] = True  # [B, T] = [32, 64], longest segment 62 > T / 2
-    assert _auto_choice("lstm", flat, True) == "packed.<locals>.sequence"
+    assert _auto_choice("lstm", flat, True) == "bucketed.<locals>.sequence"
+    assert _auto_choice("gru", flat, True, layers=2) == "packed.<locals>.sequence"
+    assert _auto_choice("lstm", small, True) == "packed.<locals>.sequence"  # short: packed backward is cheap
+    assert _auto_choice("lstm", small, False) == "packed.<locals>.sequence"  # many lengths: buckets would pad
+    assert _auto_choice("gru", flat[:, :200], False) == "bucketed.<locals>.sequence"  # one length: one call
     assert _auto_choice("lstm", scattered, False) == "packed.<locals>.sequence"
     assert _auto_choice("lstm", scattered, True) == "sequence"  # reference.sequence
     assert _auto_choice("lstm", torch.zeros(32, 64, dtype=torch.bool), True) == "sequence"  # pad.sequence, one call
     assert _auto_choice("norm_gru", flat, True).startswith("aligned(")
     assert _auto_choice("lstm", flat, True, recompute="full").startswith("aligned(")
     assert _auto_choice("norm_gru", scattered, True) == "sequence"
+
+
+def test_plan_is_shared_within_a_call_and_follows_in_place_changes():
+    """auto's rule and its path share one plan per is_init; an in-place change to is_init replans."""
+    is_init = torch.tensor([[True, False, True, False]])
+    first = selection._plan(is_init)
+    assert selection._plan(is_init) is first
+    is_init[0, 1] = True
+    assert selection._plan(is_init).count == 3 and first.count == 2
+    assert selection._plan(is_init.clone()).count == 3

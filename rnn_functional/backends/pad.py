@@ -27,11 +27,11 @@ def aten_kernels(layout: Layout) -> AtenKernels:
     return layout.cell.aten
 
 
-def _to_layer_major(carry: Carry) -> Carry:
+def to_layer_major(carry: Carry) -> Carry:
     return tuple(s.transpose(0, 1).contiguous() for s in carry)
 
 
-def _to_batch_major(carry: Carry) -> Carry:
+def to_batch_major(carry: Carry) -> Carry:
     return tuple(s.transpose(0, 1) for s in carry)
 
 
@@ -50,8 +50,8 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
     n, t_len = x.shape[0], x.shape[1]
     if is_init is not None:
         carry = apply_reset(carry, is_init[:, 0], None if reset is None else tuple(r[:, 0] for r in reset))
-    y, hx = run(layout, params, x, _to_layer_major(carry), float(opts.dropout), bool(opts.training), None)
-    final = _to_batch_major(hx)
+    y, hx = run(layout, params, x, to_layer_major(carry), float(opts.dropout), bool(opts.training), None)
+    final = to_batch_major(hx)
     per_step = tuple(s.unsqueeze(1).expand(n, t_len, *s.shape[1:]) for s in final) if opts.segment_states else None
     return y, final, per_step
 
@@ -70,7 +70,7 @@ def ragged_sequence(layout: Layout, params, x, lengths: torch.Tensor, carry: Car
     """
     run = aten_kernels(layout).sequence
     packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
-    sorted_h0 = tuple(s.index_select(1, packed.sorted_indices) for s in _to_layer_major(carry))
+    sorted_h0 = tuple(s.index_select(1, packed.sorted_indices) for s in to_layer_major(carry))
     out_data, hx = run(layout, params, packed.data, sorted_h0, float(opts.dropout), bool(opts.training),
                        packed.batch_sizes)
     y, _ = pad_packed_sequence(packed._replace(data=out_data), batch_first=True, total_length=x.shape[1])

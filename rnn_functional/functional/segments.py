@@ -17,6 +17,14 @@ Two schemes, both exact:
   backend's final carry. The padded steps compute values that the reset discards.
 * :func:`packed`, for the ``pad`` backend: the segments are left-aligned with their lengths and
   run by ATen's kernels as one packed sequence (:func:`rnn_functional.backends.pad.ragged_sequence`).
+* :func:`bucketed`, for the ``pad`` backend with one layer: the segments, sorted by length, are cut
+  into a few buckets (by a cost model: padding against more calls); each bucket runs as one plain (unpacked) ATen call on its left-aligned ``[S_b, L_b]`` block. Unpacked calls keep the fast
+  kernels (oneDNN's LSTM on CPU) and their backward is linear in the steps, where a packed call's
+  backward on CPU zero-fills the whole input-projection gradient at every step
+  (``docs/backends.md``). Outputs at real steps are exact (padding follows them); a segment's final
+  carry is its output at its last step for the carry's output part (``h``) and, for the other parts
+  (the LSTM's ``c``) of a segment shorter than its bucket, recomputed by the cell's step from the
+  kernel's outputs (:func:`_other_finals`).
 
 Segment counts and lengths are data-dependent host values: both are eager-only (the selection
 layer never re-batches under ``torch.compile`` or ``torch.func`` transforms).
@@ -29,9 +37,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from ..backends import SequenceOptions, pad
 from ..cells import Carry, Layout, apply_reset
+
+# Cost model of the length buckets (:func:`_buckets`), in row-steps: a step of a kernel call costs as
+# much as ~16 more rows, a step of the recompute loop too (CPU, H=128, fwd+bwd; docs/backends.md).
+_CALL_STEP_ROWS = 16
+_RECOMPUTE_STEP_ROWS = 16
+_MAX_DISTINCT = 256
 
 
 @dataclass(frozen=True)
@@ -120,5 +135,115 @@ def packed(p: SegmentPlan) -> Callable:
         h0 = _initial_carries(p, carry, is_init, reset)
         y_block, seg_final = pad.ragged_sequence(layout, params, _block(p, x, p.pos), p.lengths_cpu, h0, opts)
         return _scatter(p, y_block, p.pos, seg_final, opts)
+
+    return sequence
+
+
+def _buckets(lengths_sorted: list[int], recompute: bool) -> list[tuple[int, int, int]]:
+    """``(first, end, steps)`` row ranges of segments sorted by decreasing length, one kernel call each.
+
+    The cut minimises an estimated cost, in row-steps: a call of ``steps`` steps over ``rows`` rows
+    costs ``steps * (rows + _CALL_STEP_ROWS)``; with ``recompute`` (a carry with parts after ``h``),
+    its rows shorter than ``steps`` add the cell's step loop of :func:`_other_finals` over the longest
+    of them, ``_RECOMPUTE_STEP_ROWS + rows / 2`` per step. Exact dynamic programming over the distinct
+    lengths (at most ``_MAX_DISTINCT`` of them; beyond, buckets of lengths within a factor of two).
+    """
+    distinct = sorted(set(lengths_sorted), reverse=True)
+    if len(distinct) > _MAX_DISTINCT:
+        out, first = [], 0
+        while first < len(lengths_sorted):
+            end = first
+            while end < len(lengths_sorted) and 2 * lengths_sorted[end] > lengths_sorted[first]:
+                end += 1
+            out.append((first, end, lengths_sorted[first]))
+            first = end
+        return out
+    ends = [0]  # ends[k]: rows of the k longest distinct lengths
+    for d in distinct:
+        ends.append(ends[-1] + lengths_sorted.count(d))
+    best, cut = [0.0] + [float("inf")] * len(distinct), [0] * (len(distinct) + 1)
+    for j in range(1, len(distinct) + 1):
+        for i in range(j):
+            cost = best[i] + distinct[i] * (ends[j] - ends[i] + _CALL_STEP_ROWS)
+            if recompute and j - 1 > i:
+                cost += distinct[i + 1] * (_RECOMPUTE_STEP_ROWS + (ends[j] - ends[i + 1]) / 2)
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    out, j = [], len(distinct)
+    while j > 0:
+        i = cut[j]
+        out.append((ends[i], ends[j], distinct[i]))
+        j = i
+    return out[::-1]
+
+
+def _other_finals(layout: Layout, params, x_block, h0: Carry, y_block, lengths: torch.Tensor) -> Carry:
+    """The carry parts after ``h`` (e.g. the LSTM's ``c``) after each row's last step, one layer.
+
+    ``x_block [R, T, F]`` and ``y_block [R, T, P]`` hold the rows' inputs and the kernel's outputs,
+    ``h0`` their initial carries ``[R, 1, ·]``, ``lengths [R]`` (on the device) their step counts.
+    The cell's step runs from ``h0`` with ``h`` read from the outputs (the carry's other parts
+    depend on nothing else), so the result is the carry the kernel held at each row's last step.
+    """
+    cell = layout.cell
+    w = cell.layer_weights(params, layout, 0)
+    gi = F.linear(x_block, w.weight_ih, w.bias_ih)
+    carry = tuple(s[:, 0] for s in h0)
+    others = []
+    for t in range(x_block.shape[1]):
+        h = carry[0] if t == 0 else y_block[:, t - 1]
+        carry = cell.layer_step(gi[:, t], (h, *carry[1:]), w)
+        others.append(carry[1:])
+    last = (lengths - 1).view(-1, 1, 1)
+    return tuple(torch.stack(parts, dim=1).gather(1, last.expand(-1, 1, parts[0].shape[-1])) for parts in zip(*others))
+
+
+def bucket_padding(p: SegmentPlan, layout: Layout) -> float:
+    """Steps that :func:`bucketed` runs for the segments of ``p``, over their real steps (``>= 1``)."""
+    lengths = sorted(p.lengths_cpu.tolist(), reverse=True)
+    run = sum((end - first) * steps for first, end, steps in _buckets(lengths, recompute=len(layout.state_sizes) > 1))
+    return run / sum(lengths)
+
+
+def bucketed(p: SegmentPlan) -> Callable:
+    """The ``pad`` backend (one layer) run on the segments of ``p`` in length buckets, one unpacked call each."""
+    order = torch.argsort(p.lengths_cpu, descending=True, stable=True)
+    lengths_sorted = p.lengths_cpu[order]
+
+    def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
+        if layout.num_layers != 1:
+            raise ValueError("segments.bucketed serves one layer; use segments.packed for more.")
+        buckets = _buckets(lengths_sorted.tolist(), recompute=len(layout.state_sizes) > 1)
+        dev = x.device
+        order_d, len_d = order.to(dev), lengths_sorted.to(dev)
+        rank = torch.empty_like(order_d)
+        rank[order_d] = torch.arange(p.count, device=dev)
+        flat = (rank[p.seg_of] * p.max_len + p.pos).reshape(-1)  # each step's row in the sorted [S * Lmax] block
+        x_block = x.new_zeros(p.count * p.max_len, x.shape[-1]).index_copy(0, flat, x.reshape(-1, x.shape[-1]))
+        x_block = x_block.view(p.count, p.max_len, -1)
+        h0 = tuple(s.index_select(0, order_d) for s in _initial_carries(p, carry, is_init, reset))
+        run = pad.aten_kernels(layout).sequence
+        ys, finals = [], []
+        for first, end, steps in buckets:
+            xb = x_block[first:end, :steps]
+            hb = tuple(s[first:end] for s in h0)
+            yb, hx = run(layout, params, xb, pad.to_layer_major(hb), 0.0, False, None)
+            lb = len_d[first:end]
+            h_last = yb.gather(1, (lb - 1).view(-1, 1, 1).expand(-1, 1, yb.shape[-1]))  # [Sb, 1, P]
+            full = int(lengths_sorted[first:end].eq(steps).sum())  # a prefix of the bucket ends at its last step
+            others = tuple(s.transpose(0, 1)[:full] for s in hx[1:])
+            if full < end - first:
+                rest = slice(full, end - first)
+                short = _other_finals(layout, params, xb[rest, : int(lengths_sorted[first + full])],
+                                      tuple(s[rest] for s in hb), yb[rest], lb[rest])
+                others = tuple(torch.cat([a, b]) for a, b in zip(others, short))
+            finals.append((h_last, *others))
+            ys.append(F.pad(yb, (0, 0, 0, p.max_len - steps)))
+        y = torch.cat(ys).reshape(p.count * p.max_len, -1).index_select(0, flat).view(*x.shape[:2], -1)
+        seg_final = tuple(torch.cat(parts).index_select(0, rank) for parts in zip(*finals))  # [S, 1, ·], segment order
+        final = tuple(s.index_select(0, p.seg_of[:, -1]) for s in seg_final)
+        per_step = tuple(s.index_select(0, p.seg_of.reshape(-1)).view(*p.seg_of.shape, *s.shape[1:])
+                         for s in seg_final) if opts.segment_states else None
+        return y, final, per_step
 
     return sequence

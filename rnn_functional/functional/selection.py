@@ -25,23 +25,56 @@ def _interior_resets(is_init: torch.Tensor | None) -> bool:
     return is_init is not None and is_init.numel() > 0 and bool(is_init[:, 1:].any())
 
 
-def eager_path(name: str, layout: Layout, opts: SequenceOptions, is_init: torch.Tensor | None) -> Callable:
-    """One exact eager path for a call: ``"reference"`` (the loop over ``T``), ``"pad"`` (one ATen
-    kernel call; with interior resets, the segments packed side by side) or ``"segments"`` (the
-    ``reference`` loop over the right-aligned segments, see :mod:`.segments`)."""
+_LAST_PLAN: list = []  # [(is_init, its version), plan] of the latest call: auto's rule and its path share one plan
+
+
+def _plan(is_init: torch.Tensor) -> segments.SegmentPlan:
+    """:func:`segments.plan` of ``is_init``, computed once per call (host sync)."""
+    key = (is_init, is_init._version)
+    if _LAST_PLAN and _LAST_PLAN[0][0] is key[0] and _LAST_PLAN[0][1] == key[1]:
+        return _LAST_PLAN[1]
+    _LAST_PLAN[:] = [key, segments.plan(is_init)]
+    return _LAST_PLAN[1]
+
+
+EAGER_PATHS = ("reference", "pad", "packed", "segments", "scan", "scan_segments")
+
+
+def eager_path(name: str, layout: Layout, opts: SequenceOptions, is_init: torch.Tensor | None,
+               plan: segments.SegmentPlan | None = None) -> Callable:
+    """One exact eager path for a call (a name of ``EAGER_PATHS``): ``"reference"`` (the loop over
+    ``T``); ``"pad"`` (one ATen kernel call; with interior resets, the segments in length buckets of
+    unpacked calls, or packed for more than one layer); ``"packed"`` (ATen's kernels on the segments
+    packed side by side); ``"segments"`` (the ``reference`` loop over the right-aligned segments);
+    ``"scan"`` (the ``scan`` backend's eager loop over ``T``, whose hand-written backward consumes
+    the activations saved by its forward); ``"scan_segments"`` (that loop over the right-aligned
+    segments). See :mod:`.segments`; ``plan``: the call's segments, when already known."""
+    if name not in EAGER_PATHS:
+        raise ValueError(f"eager path: expected one of {list(EAGER_PATHS)}, got {name!r}.")
     loop = checkpointed(SEQUENCE["reference"]) if opts.recompute == "full" else SEQUENCE["reference"]
-    if name == "reference" or (name == "segments" and not _interior_resets(is_init)):
+    if name.startswith("scan"):
+        loop = SEQUENCE["scan"]  # serves recompute="full" itself
+    if not _interior_resets(is_init):
+        return pad.sequence if name in ("pad", "packed") else loop
+    if name in ("reference", "scan"):
         return loop
-    if name == "pad":
-        return segments.packed(segments.plan(is_init)) if _interior_resets(is_init) else pad.sequence
-    if name == "segments":
-        return segments.aligned(loop, segments.plan(is_init))
-    raise ValueError(f"eager path: expected 'reference', 'pad' or 'segments', got {name!r}.")
+    plan = _plan(is_init) if plan is None else plan
+    if name in ("segments", "scan_segments"):
+        return segments.aligned(loop, plan)
+    if name == "pad" and layout.num_layers == 1:
+        return segments.bucketed(plan)
+    return segments.packed(plan)
 
 
 # The loop's cost per step grows with its rows as ``rows + _LOOP_ROWS_PER_STEP``: a step of one row
 # costs as much as ~28 extra rows (CPU, H=128, fwd+bwd; docs/backends.md).
 _LOOP_ROWS_PER_STEP = 28
+# A packed call's backward on CPU zero-fills and adds its whole [steps, G] input-projection gradient
+# at every step: ``Lmax * steps`` grows quadratically; beyond this, the length buckets win (docs/backends.md).
+_PACKED_BACKWARD_LIMIT = 32768
+# Below this padding (steps run / real steps), the length buckets beat one packed call even without
+# the backward: full slices (one length, the last cut) run as one or two unpacked calls.
+_BUCKET_PADDING = 1.05
 
 
 def _loop_cost(steps: int, rows: int) -> int:
@@ -55,19 +88,29 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
 
     * no interior reset: ``pad`` (one fused kernel call), or ``reference`` where ``pad`` cannot
       serve (``recompute="full"``, a cell without ATen kernels);
-    * interior resets, ``pad`` available: its segments packed side by side, except when autograd
-      records the call and the longest segment ``Lmax`` is more than half of ``T`` (a ``[B, T]``
-      batch with scattered resets), where ATen's packed backward on CPU is slower than the loop;
-    * interior resets, no ``pad``: the ``reference`` loop, over the segments (``Lmax`` steps of ``S``
-      rows) where that costs less than over the rows (``T`` steps of ``N`` rows), see :func:`_loop_cost`.
+    * interior resets, ATen kernels available (``recompute="none"``):
+
+      - autograd records the call and the longest segment ``Lmax`` is more than half of ``T`` (a
+        ``[B, T]`` batch with scattered resets): the ``reference`` loop over ``T`` (the segments
+        barely shorten the rows; the kernels' calls would add up to more steps than ``T``);
+      - one layer, and either autograd records the call and ``Lmax * steps`` exceeds
+        ``_PACKED_BACKWARD_LIMIT`` (a packed backward on CPU zero-fills its input-projection gradient
+        at every step), or the length buckets pad no more than ``_BUCKET_PADDING`` (full slices):
+        ``pad``, the length buckets of unpacked calls (oneDNN's LSTM on CPU);
+      - otherwise ``packed``: the segments packed into one call (no padding, no extra calls);
+    * interior resets, no ATen kernels: the ``reference`` loop, over the segments (``Lmax`` steps of
+      ``S`` rows) where that costs less than over the rows (``T`` steps of ``N`` rows), see :func:`_loop_cost`.
     """
     aten = opts.recompute != "full" and layout.cell.aten is not None
     if not _interior_resets(is_init):
         return "pad" if aten else "reference"
-    p = segments.plan(is_init)
+    p = _plan(is_init)
     n, t_len = is_init.shape
     if aten and (not records_grad or 2 * p.max_len <= t_len):
-        return "pad"
+        if layout.num_layers == 1 and ((records_grad and p.max_len * n * t_len > _PACKED_BACKWARD_LIMIT)
+                                       or segments.bucket_padding(p, layout) <= _BUCKET_PADDING):
+            return "pad"
+        return "packed"
     return "segments" if _loop_cost(p.max_len, p.count) < _loop_cost(t_len, n) else "reference"
 
 
@@ -105,7 +148,7 @@ def resolve_backend(
     ctx = call_context()
     if name == "auto":
         name = _auto(layout, x, opts, is_init, ctx, records_grad)
-        if name in ("pad", "segments"):  # eager paths (under transforms auto picks reference or scan)
+        if not ctx.traced and name in EAGER_PATHS[1:]:  # the eager choice (traced: plain scan or reference)
             return eager_path(name, layout, opts, is_init)
     elif name == "pad":
         pad.aten_kernels(layout)  # raises for a cell without ATen kernels, in every context
