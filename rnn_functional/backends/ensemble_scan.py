@@ -47,11 +47,11 @@ def _vmapped(t: torch.Tensor | None) -> bool:
     return t is not None and torch._C._functorch.is_batchedtensor(t)
 
 
-def serves(*tensors: torch.Tensor | None) -> bool:
-    """True when this layer's call must run here: under ``torch.compile``, with autograd on and a
-    ``torch.vmap``-ed input. (A vmapped tensor reports ``requires_grad=False`` whatever its
-    base, so every vmapped call with grad mode on takes this path.)"""
-    return torch.compiler.is_compiling() and torch.is_grad_enabled() and any(_vmapped(t) for t in tensors)
+def serves(recompute: bool, *tensors: torch.Tensor | None) -> bool:
+    """True when this layer's call must run here: under ``torch.compile``, with a ``torch.vmap``-ed
+    input, when autograd is on or ``recompute`` is asked for. (A vmapped tensor reports
+    ``requires_grad=False`` whatever its base, so every vmapped call with grad mode on comes here.)"""
+    return torch.compiler.is_compiling() and (recompute or torch.is_grad_enabled()) and any(_vmapped(t) for t in tensors)
 
 
 def layer_states(cell: Cell, n_carry: int, has_reset: bool, inp, mask, *rest) -> Carry:

@@ -197,7 +197,7 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
         w = cell.layer_weights(params, layout, k)
         layer_carry = tuple(s[:, k] for s in carry)
         reset_k = None if reset is None else tuple(r[:, :, k].transpose(0, 1) for r in reset)  # [T, N, S]
-        vmapped = ensemble_scan.serves(inp, mask_t, *layer_carry, *(reset_k or ()), *w.tensors())  # compiled vmap + autograd
+        vmapped = ensemble_scan.serves(opts.recompute == "full", inp, mask_t, *layer_carry, *(reset_k or ()), *w.tensors())
         if vmapped or opts.recompute == "full" or (torch.compiler.is_compiling() and _needs_grad(inp, *layer_carry, *(reset_k or ()), w)):
             states = (ensemble_scan.layer_states if vmapped else _RecomputedLayer.apply)(
                 cell, len(layer_carry), reset_k is not None, inp, mask_t, *layer_carry, *(reset_k or ()), *w.tensors()
