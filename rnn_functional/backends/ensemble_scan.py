@@ -66,7 +66,7 @@ def layer_states(cell: Cell, n_carry: int, has_reset: bool, inp, mask, *rest) ->
             f"rnn_functional.backends.ensemble_scan.register_cell (the public functions do this)."
         )
     lead = lambda t: None if t is None else t.unsqueeze(0)  # noqa: E731 - the one-member ensemble dim
-    carry0, reset, weights = rest[:n_carry], rest[n_carry : n_carry * (1 + has_reset)], rest[n_carry * (1 + has_reset) :]
+    carry0, reset, weights = _split(rest, n_carry, has_reset)
     states = torch.ops.rnn_functional.scan_ensemble_layer(
         cell.name, lead(inp), lead(mask), [lead(s) for s in carry0],
         [lead(r) for r in reset] if has_reset else None, [lead(t) for t in weights],
@@ -75,6 +75,12 @@ def layer_states(cell: Cell, n_carry: int, has_reset: bool, inp, mask, *rest) ->
 
 
 # ----------------------------------------------------------------------------- the ensemble layer
+
+
+def _split(rest: tuple, n_carry: int, has_reset: bool) -> tuple[tuple, tuple, tuple]:
+    """``(*carry0, *reset, *weights)`` -> ``(carry0, reset (empty without resets), weights)``."""
+    n_states = n_carry * (2 if has_reset else 1)
+    return tuple(rest[:n_carry]), tuple(rest[n_carry:n_states]), tuple(rest[n_states:])
 
 
 def _static_scan(step, init, xs):
@@ -114,7 +120,7 @@ class _EnsembleLayer(torch.autograd.Function):
 
     @staticmethod
     def forward(cell: Cell, members: int, n_carry: int, has_reset: bool, inp, mask, *rest):
-        carry0, reset, weights = rest[:n_carry], rest[n_carry : n_carry + n_carry * has_reset], rest[n_carry * (1 + has_reset) :]
+        carry0, reset, weights = _split(rest, n_carry, has_reset)
         (inp_m, *w_m), (inp_d, *w_d) = _member_dims((inp, *weights), members)
         project = _over_members(F.linear, (inp_d, *w_d[:2]))
         gi = project(inp_m, *w_m[:2]).expand(members, -1, -1, -1).permute(2, 0, 1, 3)  # [T, E, N, G*H]
@@ -145,9 +151,7 @@ class _EnsembleLayer(torch.autograd.Function):
     def backward(ctx, *grad_states):
         cell, members, n = ctx.cell, ctx.members, ctx.n_carry
         inp, mask, *saved = ctx.saved_tensors
-        carry0 = saved[:n]
-        reset = tuple(saved[n : n + n * ctx.has_reset])
-        weights, states = saved[n * (1 + ctx.has_reset) : -n], saved[-n:]
+        (carry0, reset, weights), states = _split(saved[:-n], n, ctx.has_reset), saved[-n:]
         (inp_m, *w_m), (inp_d, *w_d) = _member_dims((inp, *weights), members)
         w_m, w_d = tuple(w_m), tuple(w_d)
         w = LayerWeights.from_tensors(weights)
