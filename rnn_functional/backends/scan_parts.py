@@ -49,13 +49,14 @@ class Members:
 
     def map(self, fn, *args):
         """``fn`` on each member's share of ``args`` (tensors, tuples of them, ``None``; members dim first).
-        Shared tensors (members dim 1 of ``E > 1``) are passed once to every member (vmap ``in_dims=None``)."""
+        Shared tensors (members dim 1) are passed once to every member (vmap ``in_dims=None``)."""
         if not self.count:
             return fn(*args)
         leaves, spec = pytree.tree_flatten(args)
-        dims = [None if t is None or (t.shape[0] == 1 and self.count > 1) else 0 for t in leaves]
+        # a members dim of 1 is passed once: shared (or E = 1, where no vmap is needed at all)
+        dims = [None if t is None or t.shape[0] == 1 else 0 for t in leaves]
         per_member = pytree.tree_unflatten([t[0] if t is not None and d is None else t for t, d in zip(leaves, dims)], spec)
-        if all(d is None for d in dims):  # every input shared: one result, kept as a shared member
+        if all(d is None for d in dims):  # every input shared (or E = 1): one result, with a members dim of 1
             return pytree.tree_map(lambda t: t.unsqueeze(0), fn(*per_member))
         return torch.vmap(fn, in_dims=tuple(pytree.tree_unflatten(dims, spec)))(*per_member)
 
