@@ -157,6 +157,26 @@ def test_compiled_nested_vmap_and_recompute():
         torch.testing.assert_close(torch.compile(recomputed, fullgraph=True, backend=FAST)(params), want)
 
 
+@pytest.mark.parametrize(("members", "recompute", "compiler"), [(1, "none", "inductor"), (E, "full", FAST)],
+                         ids=["one-member-inductor", "recompute-full"])
+def test_compiled_vmap_one_member_and_recompute_full(members: int, recompute: str, compiler: str):
+    """A vmap over one member compiles (Inductor once rejected its size-1 carries); ``recompute="full"``
+    with gradients recomputes each step in the ensemble layer's backward. LSTM, one layer, resets."""
+    params = _ensemble_params("lstm", 1)[:members]
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(B, T, F_IN, generator=g, dtype=torch.float64, requires_grad=True)
+    is_init = torch.rand(B, T, generator=g) < 0.4
+
+    def member(p):
+        return rf.lstm_sequence(x, None, p, is_init=is_init, recompute=recompute)[0]
+
+    want = torch.stack([member(params[e]) for e in range(members)])
+    got = torch.compile(torch.vmap(member), fullgraph=True, backend=compiler)(params)
+    leaves = [x, *params.values()]
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(_grads([got], leaves), _grads([want], leaves))
+
+
 # ----------------------------------------------------------------------------- EnsembleModule
 
 HIDDEN = {"lstm": ["recurrent_state_h", "recurrent_state_c"], "gru": ["recurrent_state"]}

@@ -4,7 +4,7 @@
 torch 2.13: scan's vmap rule moves the vmapped dim of the carry last, and scan's compiled
 autograd then rejects the carry's strides ("Expected init and carry to have same metadata"),
 while Dynamo refuses to vmap an ``autograd.Function`` such as the ``scan`` backend's
-recomputing layer ("You tried to vmap over ApplyTemplate"). So, under ``torch.compile``, a
+hand-written layer ("You tried to vmap over ApplyTemplate"). So, under ``torch.compile``, a
 layer whose inputs are vmapped runs here instead, where no ``scan`` is ever vmapped:
 
 * :func:`layer_states` calls the op ``rnn_functional::scan_ensemble_layer`` on tensors with a
@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from ..cells import Carry, Cell
-from .scan_parts import HandWrittenLayer, split_inputs
+from .scan_parts import HandWrittenLayer, Members, split_inputs
 
 __all__ = ["layer_states", "register_cell", "serves"]
 
@@ -80,8 +80,16 @@ def _layer_impl(cell: str, recompute: bool, inp, mask, carry0, reset, weights):
     """The op on plain tensors: the ``scan`` backend's layer, its math vmapped over the members."""
     tensors = (inp, mask, *carry0, *(reset or ()), *weights)
     members = max(t.shape[0] for t in tensors if t is not None)
+    if members == 1:  # one model (size-1 members dims in a scan's carry break Inductor's stride checks)
+        one = lambda t: None if t is None else t.squeeze(0)  # noqa: E731
+        outs = HandWrittenLayer.apply(
+            _CELLS[cell], recompute, Members(0, static_shapes=True), len(carry0), reset is not None, one(inp), one(mask),
+            *map(one, (*carry0, *(reset or ()), *weights)),
+        )
+        return [s.unsqueeze(0) for s in outs[: len(carry0)]]  # [T, N, S] -> [1, T, N, S]
     outs = HandWrittenLayer.apply(
-        _CELLS[cell], recompute, members, len(carry0), reset is not None, inp, mask, *carry0, *(reset or ()), *weights
+        _CELLS[cell], recompute, Members(members, static_shapes=True), len(carry0), reset is not None, inp, mask,
+        *carry0, *(reset or ()), *weights,
     )
     return [s.transpose(0, 1) for s in outs[: len(carry0)]]  # [T, E, N, S] -> [E, T, N, S]
 

@@ -46,6 +46,12 @@ class Members:
     time-major ``[T, e, N, ...]``)."""
 
     count: int = 0
+    static_shapes: bool = False  # scan with static shapes (the ensemble op's layers, see :func:`time_loop`)
+
+    @staticmethod
+    def of(members: int | Members) -> Members:
+        """``members`` as :class:`HandWrittenLayer` receives it (a count, or the ensemble op's ``Members``)."""
+        return members if isinstance(members, Members) else Members(members)
 
     def map(self, fn, *args):
         """``fn`` on each member's share of ``args`` (tensors, tuples of them, ``None``; members dim first).
@@ -73,6 +79,7 @@ class Members:
         return None if t is None else t.movedim(time_dim + bool(self.count), 0)
 
     def from_time_major(self, t: torch.Tensor, time_dim: int) -> torch.Tensor:
+        """The inverse of :meth:`time_major`."""
         return t.movedim(0, time_dim + bool(self.count))
 
     def expand(self, t: torch.Tensor) -> torch.Tensor:
@@ -105,15 +112,15 @@ def time_loop(step, init, xs, reads=(), reverse: bool = False, members: Members 
     from the last index to the first and the outputs are stacked in the order they ran (index 0
     is the last time step). Under ``torch.compile`` this is torch's ``scan`` (``reads``: the
     tensors the step closes over, see :func:`_batched_like_step`); eagerly a Python loop.
-    An ensemble layer (``members.count``) always scans with static shapes: it runs inside the
+    An ensemble layer (``members.static_shapes``) always scans with static shapes: it runs inside the
     ensemble op while AOTAutograd traces, where ``scan`` compiles its step with Dynamo itself; from
     the second shape on, automatic dynamic shapes would make sizes symbolic, which Inductor's
     subgraph pass rejects ("A subgraph argument other than striding has been modified").
     """
-    if torch.compiler.is_compiling() or members.count:
+    if torch.compiler.is_compiling() or members.static_shapes:
         if reverse:
             xs = pytree.tree_map(lambda t: t.flip(0), xs)
-        with torch._dynamo.config.patch(automatic_dynamic_shapes=False) if members.count else contextlib.nullcontext():
+        with torch._dynamo.config.patch(automatic_dynamic_shapes=False) if members.static_shapes else contextlib.nullcontext():
             return scan(step, _batched_like_step(init, *reads), xs)
     t_len = pytree.tree_leaves(xs)[0].shape[0]
     carry, outs = init, []
@@ -148,7 +155,7 @@ def scan_states(cell: Cell, weights: tuple, carry: Carry, gi: torch.Tensor, mask
         if reset is not None:
             xs["reset"] = reset
     # under compile, outputs that alias nothing (scan's rule); eagerly the loop stacks them anyway
-    own = contiguous_copy if torch.compiler.is_compiling() or members.count else (lambda t: t)
+    own = contiguous_copy if torch.compiler.is_compiling() or members.static_shapes else (lambda t: t)
     step_saving = lambda gi_t, c, wts: cell.layer_step_saving(gi_t, c, LayerWeights.from_tensors(wts))  # noqa: E731
 
     def step(layer_carry, xs_t):
@@ -172,7 +179,7 @@ def split_inputs(rest, n_carry: int, has_reset: bool):
 class HandWrittenLayer(torch.autograd.Function):
     """One layer over time whose backward is a hand-written reverse scan (see :mod:`.scan`).
 
-    ``apply(cell, recompute, members (E, or 0: one model), n_carry, has_reset, inp [N, T, F], mask [T, N] | None, *carry0 ([N, S] each),
+    ``apply(cell, recompute, members (E, or 0: one model; or a :class:`Members`), n_carry, has_reset, inp [N, T, F], mask [T, N] | None, *carry0 ([N, S] each),
     *reset ([T, N, S] each, if has_reset), *LayerWeights.tensors())`` (absent weights are ``None``;
     with ``members.count``, every tensor has a leading members dim, see :class:`Members`) returns the
     carry after every step, a tuple of time-major ``[T, N, S]`` (ensemble: ``[T, E, N, S]``), followed
@@ -195,9 +202,9 @@ class HandWrittenLayer(torch.autograd.Function):
     generate_vmap_rule = True  # eager torch.vmap over stacked params runs forward and backward batched
 
     @staticmethod
-    def forward(cell: Cell, recompute: bool, members: int, n_carry: int, has_reset: bool, inp, mask, *rest):
+    def forward(cell: Cell, recompute: bool, members: int | Members, n_carry: int, has_reset: bool, inp, mask, *rest):
         carry0, reset, weights = split_inputs(rest, n_carry, has_reset)
-        members = Members(members)
+        members = Members.of(members)
         gi = members.time_major(members.map(F.linear, inp, *weights[:2]), 1)  # [T, (e,) N, G*H]
         mask, reset = members.time_major(mask, 0), reset and tuple(members.time_major(r, 0) for r in reset)
         _, outs = scan_states(cell, weights, carry0, gi, mask, reset, "states" if recompute else "saved", members)
@@ -209,7 +216,7 @@ class HandWrittenLayer(torch.autograd.Function):
         carry0, reset, weights = split_inputs(rest, n_carry, has_reset)
         saved = output[n_carry:]
         ctx.mark_non_differentiable(*saved)
-        ctx.cell, ctx.members, ctx.n_carry, ctx.n_weights, ctx.n_reset = cell, Members(members), n_carry, len(weights), len(reset or ())
+        ctx.cell, ctx.members, ctx.n_carry, ctx.n_weights, ctx.n_reset = cell, Members.of(members), n_carry, len(weights), len(reset or ())
         ctx.save_for_backward(inp, mask, *carry0, *weights, *output, *(reset or ()))
 
     @staticmethod
