@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import rnn_functional as rf
-from rnn_functional.backends import scan as scan_backend
+from rnn_functional.backends import scan_parts
 from rnn_functional.cells import LayerWeights
 from rnn_functional.cells.gru import GRU
 from rnn_functional.cells.lstm import LSTM
@@ -70,7 +70,7 @@ def test_eager_scan_runs_no_scan_operator(monkeypatch) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError("torch's scan ran eagerly")
 
-    monkeypatch.setattr(scan_backend, "_scan", refuse)
+    monkeypatch.setattr(scan_parts, "scan", refuse)
     loss, leaves = _problem("gru", 2)
     _, value = loss("scan", "none")
     torch.autograd.grad(value, leaves)

@@ -102,7 +102,7 @@ def test_members_are_independent_and_generator_aware() -> None:
     assert not torch.equal(members["weight_hh_l0"][0], members["weight_hh_l0"][1])
     # only the stacked members are parameters / state: the wrapped module's are on meta
     assert all(p.shape[0] == E for p in ens.parameters())
-    assert all(k.startswith("params.") for k in ens.state_dict())
+    assert all(k.startswith("members.") for k in ens.state_dict())
 
 
 def test_dropout_members_draw_their_own_masks() -> None:
@@ -146,8 +146,7 @@ def _step_td(cell: str) -> TensorDict:
 def test_compiled_ensemble_equals_eager_without_graph_breaks(cell, mode):
     """``torch.compile(EnsembleModule, fullgraph=True)``: the members' weights reach the core without
     touching the ``nn.LSTM``/``GRU`` child (Dynamo refuses to wrap it). Outputs equal eager in both
-    modes; gradients too for steps. (Sequences forward+backward under compiled vmap hit torch's scan
-    vmap rule, issue 15: see docs/ensembles.md.)"""
+    modes; gradients too for steps. (Sequences forward+backward: compile_tests/test_compile_ensemble_train.py.)"""
     ens = rf.EnsembleModule(_module(cell), E, generator=torch.Generator().manual_seed(0))
     td = _step_td(cell) if mode == "step" else _recurrent_td(cell)
     params = list(ens.params.values(True, True))

@@ -1,0 +1,153 @@
+"""Compiled training of vmapped ensembles on the ``scan`` backend: one layer of E members at once.
+
+``torch.compile(torch.vmap(fn))`` with gradients cannot differentiate a vmapped ``scan`` on
+torch 2.13: scan's vmap rule moves the vmapped dim of the carry last, and scan's compiled
+autograd then rejects the carry's strides ("Expected init and carry to have same metadata"),
+while Dynamo refuses to vmap an ``autograd.Function`` such as the ``scan`` backend's
+hand-written layer ("You tried to vmap over ApplyTemplate"). So, under ``torch.compile``, a
+layer whose inputs are vmapped runs here instead, where no ``scan`` is ever vmapped:
+
+* :func:`layer_states` calls the op ``rnn_functional::scan_ensemble_layer`` on tensors with a
+  leading ensemble dim (size ``E``, or 1 for a tensor shared by every member). Dynamo records
+  the op like any other; when AOTAutograd traces the graph, the op's vmap rule
+  (:func:`_fold_vmapped_dim`) moves every vmapped dim into that leading dim and calls the op
+  again, until no vmap level is left; then its implementation runs on plain tensors.
+* That implementation is the ``scan`` backend's own layer,
+  :class:`~rnn_functional.backends.scan_parts.HandWrittenLayer`, with ``members=E``: the same
+  forward and hand-written reverse scan, each per-member primitive (projection, the cell's step,
+  its step backward, the weight-gradient GEMMs) ``torch.vmap``-ed over the members; it keeps the
+  step activations (``recompute="none"``) or recomputes them (``recompute="full"``) as for one
+  model. Inductor compiles both scans like those of a single model.
+
+Shapes (physical, inside the op): ``e`` is ``E`` or 1 (shared); ``inp [e, N, T, F]``,
+``mask [e, T, N]``, ``carry0`` ``[e, N, S]`` each, ``reset`` ``[e, T, N, S]`` each, every
+weight ``[e, *member_shape]``. Output: the carry after every step, ``[E, T, N, S]`` each.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..cells import Carry, Cell
+from .scan_parts import HandWrittenLayer, Members, split_inputs
+
+__all__ = ["layer_states", "register_cell", "serves"]
+
+_CELLS: dict[str, Cell] = {}  # the op names its cell by name (op schemas hold no Python objects)
+_OP = "rnn_functional::scan_ensemble_layer"
+
+
+def register_cell(cell: Cell) -> None:
+    """Make ``cell`` servable by the ensemble op (the functional layer registers every public cell)."""
+    _CELLS[cell.name] = cell
+
+
+def _vmapped(t: torch.Tensor | None) -> bool:
+    return t is not None and torch._C._functorch.is_batchedtensor(t)
+
+
+def serves(recompute: bool, *tensors: torch.Tensor | None) -> bool:
+    """True when this layer's call must run here: under ``torch.compile``, with a ``torch.vmap``-ed
+    input, when autograd is on or ``recompute`` is asked for. (A vmapped tensor reports
+    ``requires_grad=False`` whatever its base, so every vmapped call with grad mode on comes here.)"""
+    return torch.compiler.is_compiling() and (recompute or torch.is_grad_enabled()) and any(_vmapped(t) for t in tensors)
+
+
+def layer_states(cell: Cell, recompute: bool, n_carry: int, has_reset: bool, inp, mask, *rest) -> Carry:
+    """One layer over time, for one member, through the ensemble op: the per-step carries, ``[T, N, S]`` each.
+
+    The call of the ``scan`` backend's layer: ``(cell, recompute, n_carry, has_reset, inp [N, T, F],
+    mask [T, N] | None, *carry0 ([N, S] each), *reset ([T, N, S] each, if has_reset), *LayerWeights.tensors())``.
+    """
+    if cell.name not in _CELLS:
+        raise ValueError(
+            f"the {cell.title} cell has no compiled ensemble path: register it with "
+            f"rnn_functional.backends.ensemble_scan.register_cell (the public functions do this)."
+        )
+    lead = lambda t: None if t is None else t.unsqueeze(0)  # noqa: E731 - the one-member ensemble dim
+    carry0, reset, weights = split_inputs(rest, n_carry, has_reset)
+    states = torch.ops.rnn_functional.scan_ensemble_layer(
+        cell.name, recompute, lead(inp), lead(mask), [lead(s) for s in carry0],
+        None if reset is None else [lead(r) for r in reset], [lead(t) for t in weights],
+    )
+    return tuple(s.squeeze(0) for s in states)
+
+
+# ----------------------------------------------------------------------------- the op
+
+
+def _layer_impl(cell: str, recompute: bool, inp, mask, carry0, reset, weights):
+    """The op on plain tensors: the ``scan`` backend's layer, its math vmapped over the members."""
+    tensors = (inp, mask, *carry0, *(reset or ()), *weights)
+    members = max(t.shape[0] for t in tensors if t is not None)
+    if members == 1:  # one model (size-1 members dims in a scan's carry break Inductor's stride checks)
+        one = lambda t: None if t is None else t.squeeze(0)  # noqa: E731
+        outs = HandWrittenLayer.apply(
+            _CELLS[cell], recompute, Members(0, static_shapes=True), len(carry0), reset is not None, one(inp), one(mask),
+            *map(one, (*carry0, *(reset or ()), *weights)),
+        )
+        return [s.unsqueeze(0) for s in outs[: len(carry0)]]  # [T, N, S] -> [1, T, N, S]
+    outs = HandWrittenLayer.apply(
+        _CELLS[cell], recompute, Members(members, static_shapes=True), len(carry0), reset is not None, inp, mask,
+        *carry0, *(reset or ()), *weights,
+    )
+    return [s.transpose(0, 1) for s in outs[: len(carry0)]]  # [T, E, N, S] -> [E, T, N, S]
+
+
+def _fold_vmapped_dim(info, in_dims, cell, recompute, inp, mask, carry0, reset, weights):
+    """vmap rule: every tensor's vmapped dim ``B`` joins its ensemble dim (``[B, e] -> [B * e]``).
+
+    A tensor vmapped at this level but shared inside (``e = 1``) while others are not, or shared
+    at this level but not inside, is expanded (a copy; only nested vmaps meet it). A tensor
+    shared at both keeps ``e = 1`` (no copy: shared inputs are read once).
+    """
+    batch = info.batch_size
+    inner = max(t.shape[0] if d is None else t.movedim(d, 0).shape[1] for t, d in _pairs(in_dims, inp, mask, carry0, reset, weights))
+
+    def fold(t, d):
+        if t is None:
+            return None
+        if d is None:
+            if t.shape[0] == 1:
+                return t
+            t = t.unsqueeze(0).expand(batch, *t.shape)
+        else:
+            t = t.movedim(d, 0)
+        if t.shape[1] != inner:
+            t = t.expand(batch, inner, *t.shape[2:])
+        return t.reshape(batch * inner, *t.shape[2:])
+
+    _, _, in_inp, in_mask, in_carry, in_reset, in_w = (
+        _per_entry(v, d) for v, d in zip((cell, recompute, inp, mask, carry0, reset, weights), in_dims)
+    )
+    states = torch.ops.rnn_functional.scan_ensemble_layer(
+        cell, recompute, fold(inp, in_inp), fold(mask, in_mask), [fold(s, d) for s, d in zip(carry0, in_carry)],
+        None if reset is None else [fold(r, d) for r, d in zip(reset, in_reset)],
+        [fold(t, d) for t, d in zip(weights, in_w)],
+    )
+    return [s.reshape(batch, inner, *s.shape[1:]) for s in states], [0] * len(states)
+
+
+def _per_entry(value, dim):
+    """The vmapped dims of a list argument, one per entry (vmap may give one ``None`` for the whole list)."""
+    if isinstance(value, (list, tuple)) and not isinstance(dim, (list, tuple)):
+        return [dim] * len(value)
+    return dim
+
+
+def _pairs(in_dims, *values):
+    """``(tensor, vmapped dim)`` for every tensor among ``values`` (tensors and lists of tensors, after ``cell, recompute``)."""
+    for v, d in zip(values, in_dims[2:]):
+        if isinstance(v, (list, tuple)):
+            yield from ((t, e) for t, e in zip(v, _per_entry(v, d)) if t is not None)
+        elif v is not None:
+            yield v, d
+
+
+_LIB = torch.library.Library("rnn_functional", "FRAGMENT")
+_LIB.define(
+    "scan_ensemble_layer(str cell, bool recompute, Tensor inp, Tensor? mask, Tensor[] carry0, Tensor[]? reset, "
+    "Tensor?[] weights) -> Tensor[]"
+)
+_LIB.impl("scan_ensemble_layer", _layer_impl, "CompositeImplicitAutograd")
+torch.library.register_vmap(_OP, _fold_vmapped_dim, lib=_LIB)

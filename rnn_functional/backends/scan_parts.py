@@ -1,0 +1,290 @@
+"""The ``scan`` backend's layer over time, shared by one model (:mod:`.scan`) and a compiled
+ensemble (:mod:`.ensemble_scan`): the time loop, the forward scan and :class:`HandWrittenLayer`,
+whose backward is a hand-written reverse scan (see :mod:`.scan`).
+
+The layer's math is written once, for one model; :class:`Members` says how it applies: directly
+(``Members(0)``, the ``scan`` backend's layout), or ``torch.vmap``-ed over a leading members dim
+(``Members(E)``, every tensor ``[E or 1, ...]``; one of size 1 is shared by the members and never
+expanded: e.g. a shared input's projection is one GEMM against every member's weights).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import torch.utils._pytree as pytree
+from torch._higher_order_ops import scan
+
+from ..cells import Carry, Cell, LayerWeights, apply_reset, broadcast_mask
+
+__all__ = ["HandWrittenLayer", "Members", "contiguous_copy", "scan_states", "split_inputs", "time_loop"]
+
+
+def contiguous_copy(t: torch.Tensor) -> torch.Tensor:
+    """A fresh contiguous tensor: what a scanned step returns (scan forbids outputs aliasing its inputs)."""
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def _sum_rows(t: torch.Tensor) -> torch.Tensor:
+    """``[T, N, G] -> [G]``."""
+    return t.sum(dim=(0, 1))
+
+
+def _outer_sum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``sum_{t, n} a[t, n]^T b[t, n]``: ``[T, N, G], [T, N, K] -> [G, K]`` (one GEMM)."""
+    return a.flatten(0, 1).transpose(0, 1) @ b.flatten(0, 1)
+
+
+@dataclass(frozen=True)
+class Members:
+    """How the layer's per-model math applies. ``count == 0``: one model; tensors as laid out by the
+    ``scan`` backend (``inp [N, T, F]``, time-major ``[T, N, ...]``). ``count == E``: an ensemble; every
+    tensor has a leading members dim of ``E``, or 1 when shared by all members (``inp [e, N, T, F]``,
+    time-major ``[T, e, N, ...]``)."""
+
+    count: int = 0
+    static_shapes: bool = False  # scan with static shapes (the ensemble op's layers, see :func:`time_loop`)
+
+    @staticmethod
+    def of(members: int | Members) -> Members:
+        """``members`` as :class:`HandWrittenLayer` receives it (a count, or the ensemble op's ``Members``)."""
+        return members if isinstance(members, Members) else Members(members)
+
+    def map(self, fn, *args):
+        """``fn`` on each member's share of ``args`` (tensors, tuples of them, ``None``; members dim first).
+        Shared tensors (members dim 1) are passed once to every member (vmap ``in_dims=None``)."""
+        if not self.count:
+            return fn(*args)
+        leaves, spec = pytree.tree_flatten(args)
+        # a members dim of 1 is passed once: shared (or E = 1, where no vmap is needed at all)
+        dims = [None if t is None or t.shape[0] == 1 else 0 for t in leaves]
+        per_member = pytree.tree_unflatten([t[0] if t is not None and d is None else t for t, d in zip(leaves, dims)], spec)
+        if all(d is None for d in dims):  # every input shared (or E = 1): one result, with a members dim of 1
+            return pytree.tree_map(lambda t: t.unsqueeze(0), fn(*per_member))
+        return torch.vmap(fn, in_dims=tuple(pytree.tree_unflatten(dims, spec)))(*per_member)
+
+    def map_time_major(self, fn, *args):
+        """:meth:`map` over time-major tensors (``[T, e, N, ...]``), ``fn`` seeing ``[T, N, ...]``."""
+        return self.map(fn, *pytree.tree_map(self.members_first, args))
+
+    def members_first(self, t: torch.Tensor) -> torch.Tensor:
+        """``[T, e, ...] <-> [e, T, ...]`` (its own inverse; one model: ``t``)."""
+        return t.movedim(1, 0) if self.count else t
+
+    def time_major(self, t: torch.Tensor | None, time_dim: int) -> torch.Tensor | None:
+        """``t`` with its (per-member) dim ``time_dim`` moved first (a view)."""
+        return None if t is None else t.movedim(time_dim + bool(self.count), 0)
+
+    def from_time_major(self, t: torch.Tensor, time_dim: int) -> torch.Tensor:
+        """The inverse of :meth:`time_major`."""
+        return t.movedim(0, time_dim + bool(self.count))
+
+    def expand(self, t: torch.Tensor) -> torch.Tensor:
+        """A carry ``[e, N, S]`` for every member (``[E, N, S]``, a view); one model: ``t``."""
+        return t.expand(self.count, *t.shape[1:]) if self.count else t
+
+    def like(self, grad: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """``grad [E, ...]`` summed over the members where ``t`` is shared by all of them (``[1, ...]``)."""
+        return grad.sum(0, keepdim=True) if self.count and t.shape[0] == 1 and grad.shape[0] != 1 else grad
+
+
+def _batched_like_step(init, *reads: torch.Tensor | None):
+    """``init`` (a pytree of tensors) carrying the vmap batch dims of every tensor the scanned step reads.
+
+    torch's vmap rule for ``scan`` gives the carry the batch dims of ``init``. Under
+    ``torch.vmap`` over stacked params (or batched inputs/resets) with an unbatched initial
+    state, the step's carry is batched while ``init`` is not, and scan fails ("Expected init
+    and carry to have same metadata"). Adding a zero read from each of those tensors gives
+    ``init`` their batch dims; outside vmap it adds an exact 0.
+    """
+    leaves = pytree.tree_leaves(init)
+    zero = sum(torch.zeros_like(t.flatten()[:1], dtype=leaves[0].dtype).sum() for t in (*leaves, *reads) if t is not None)
+    return pytree.tree_map(lambda s: contiguous_copy(s) + zero, init)
+
+
+def time_loop(step, init, xs, reads=(), reverse: bool = False, members: Members = Members()):
+    """``step(carry, xs_t) -> (carry, out_t)`` over the leading (time) dim of every tensor in ``xs``.
+
+    Returns ``(final carry, outputs stacked along a new dim 0)``. With ``reverse`` the steps run
+    from the last index to the first and the outputs are stacked in the order they ran (index 0
+    is the last time step). Under ``torch.compile`` this is torch's ``scan`` (``reads``: the
+    tensors the step closes over, see :func:`_batched_like_step`); eagerly a Python loop.
+    An ensemble layer (``members.static_shapes``) always scans with static shapes: it runs inside the
+    ensemble op while AOTAutograd traces, where ``scan`` compiles its step with Dynamo itself; from
+    the second shape on, automatic dynamic shapes would make sizes symbolic, which Inductor's
+    subgraph pass rejects ("A subgraph argument other than striding has been modified").
+    """
+    if torch.compiler.is_compiling() or members.static_shapes:
+        if reverse:
+            xs = pytree.tree_map(lambda t: t.flip(0), xs)
+        with torch._dynamo.config.patch(automatic_dynamic_shapes=False) if members.static_shapes else contextlib.nullcontext():
+            return scan(step, _batched_like_step(init, *reads), xs)
+    t_len = pytree.tree_leaves(xs)[0].shape[0]
+    carry, outs = init, []
+    for t in (range(t_len - 1, -1, -1) if reverse else range(t_len)):
+        carry, out = step(carry, _at(xs, t))
+        outs.append(out)
+    return carry, pytree.tree_map(lambda *per_step: torch.stack(per_step), *outs)
+
+
+def _at(xs, t: int):
+    """Step ``t`` of ``xs`` (tensors in dicts and tuples): cheaper per step than pytree's unflatten."""
+    if isinstance(xs, dict):
+        return {k: _at(v, t) for k, v in xs.items()}
+    if isinstance(xs, tuple):
+        return tuple(_at(v, t) for v in xs)
+    return xs[t]
+
+
+def scan_states(cell: Cell, weights: tuple, carry: Carry, gi: torch.Tensor, mask, reset, keep: str,
+                members: Members = Members()):
+    """Run one layer over time-major ``gi [T, N, G*H]`` from ``carry`` (tuple of ``[N, S]``).
+
+    ``weights``: :meth:`LayerWeights.tensors`. ``mask [T, N]`` / ``reset`` (tuple of ``[T, N, S]``)
+    apply the resets. Returns ``(final carry, ys)``; ``ys`` per ``keep``: ``"h"`` the output
+    ``[T, N, P]``, ``"states"`` every per-step carry (tuple of ``[T, N, S]``), ``"saved"`` the
+    per-step carries and the activations each step saves for its backward (tuple of ``[T, N, ·]``),
+    concatenated. (Ensemble: every ``N`` preceded by the members dim.)
+    """
+    xs: dict[str, object] = {"gi": gi}
+    if mask is not None:
+        xs["mask"] = mask
+        if reset is not None:
+            xs["reset"] = reset
+    # under compile, outputs that alias nothing (scan's rule); eagerly the loop stacks them anyway
+    own = contiguous_copy if torch.compiler.is_compiling() or members.static_shapes else (lambda t: t)
+    step_saving = lambda gi_t, c, wts: cell.layer_step_saving(gi_t, c, LayerWeights.from_tensors(wts))  # noqa: E731
+
+    def step(layer_carry, xs_t):
+        layer_carry = apply_reset(layer_carry, xs_t.get("mask"), xs_t.get("reset"))
+        new, saved = members.map(step_saving, xs_t["gi"], layer_carry, weights)
+        out = {"h": new[0], "states": new, "saved": (*new, *saved)}[keep]
+        return tuple(own(s) for s in new), (own(out) if keep == "h" else tuple(own(s) for s in out))
+
+    init = tuple(members.expand(s) for s in carry)
+    return time_loop(step, init, xs, reads=(gi, *weights[2:], mask, *(reset or ())), members=members)
+
+
+def split_inputs(rest, n_carry: int, has_reset: bool):
+    """``(*carry0, *reset, *weights)`` -> ``(carry0, reset or None, weights)``."""
+    carry0 = tuple(rest[:n_carry])
+    reset = tuple(rest[n_carry : 2 * n_carry]) if has_reset else None
+    weights = tuple(rest[n_carry * (2 if has_reset else 1) :])
+    return carry0, reset, weights
+
+
+class HandWrittenLayer(torch.autograd.Function):
+    """One layer over time whose backward is a hand-written reverse scan (see :mod:`.scan`).
+
+    ``apply(cell, recompute, members (E, or 0: one model; or a :class:`Members`), n_carry, has_reset, inp [N, T, F], mask [T, N] | None, *carry0 ([N, S] each),
+    *reset ([T, N, S] each, if has_reset), *LayerWeights.tensors())`` (absent weights are ``None``;
+    with ``members.count``, every tensor has a leading members dim, see :class:`Members`) returns the
+    carry after every step, a tuple of time-major ``[T, N, S]`` (ensemble: ``[T, E, N, S]``), followed
+    (unless ``recompute``) by the per-step activations of :meth:`~rnn_functional.cells.Cell.layer_step_saving`
+    (``[T, (E,) N, ·]`` each, not differentiable). Saved for backward: ``inp``, the carries, the reset
+    states and those activations.
+
+    The backward runs in reversed time carrying the cotangent of the carry: each step applies the
+    cell's hand-written backward, from the saved activations
+    (:meth:`~rnn_functional.cells.Cell.step_backward_saved`) or recomputing them from ``inp`` and
+    the saved carry before the step, after its reset (:meth:`~rnn_functional.cells.Cell.step_backward`).
+    It emits the cotangents of the input and recurrent projections, from which the weight and input
+    gradients are a few whole-sequence GEMMs after the loop, and each step's share of the gradients
+    of the cell's ``extra`` weights, summed after the loop (summed in the scan's carry instead, two
+    chained layers under Inductor gave wrong norm-GRU layer-norm gradients on torch 2.13). (Hand-written
+    rather than ``torch.func.vjp``, which refuses to run while saved-tensor hooks are active, e.g. under
+    ``torch.autograd.graph.save_on_cpu`` or when ``torch.compile`` traces this backward there.)
+    """
+
+    generate_vmap_rule = True  # eager torch.vmap over stacked params runs forward and backward batched
+
+    @staticmethod
+    def forward(cell: Cell, recompute: bool, members: int | Members, n_carry: int, has_reset: bool, inp, mask, *rest):
+        carry0, reset, weights = split_inputs(rest, n_carry, has_reset)
+        members = Members.of(members)
+        gi = members.time_major(members.map(F.linear, inp, *weights[:2]), 1)  # [T, (e,) N, G*H]
+        mask, reset = members.time_major(mask, 0), reset and tuple(members.time_major(r, 0) for r in reset)
+        _, outs = scan_states(cell, weights, carry0, gi, mask, reset, "states" if recompute else "saved", members)
+        return tuple(outs)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        cell, recompute, members, n_carry, has_reset, inp, mask, *rest = inputs
+        carry0, reset, weights = split_inputs(rest, n_carry, has_reset)
+        saved = output[n_carry:]
+        ctx.mark_non_differentiable(*saved)
+        ctx.cell, ctx.members, ctx.n_carry, ctx.n_weights, ctx.n_reset = cell, Members.of(members), n_carry, len(weights), len(reset or ())
+        ctx.save_for_backward(inp, mask, *carry0, *weights, *output, *(reset or ()))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        n, n_w, cell, members = ctx.n_carry, ctx.n_weights, ctx.cell, ctx.members
+        inp, mask, *rest = ctx.saved_tensors
+        carry0, weights, outputs = rest[:n], tuple(rest[n : n + n_w]), rest[n + n_w : len(rest) - ctx.n_reset]
+        reset = tuple(rest[len(rest) - ctx.n_reset :])
+        states, saved, grad_states = outputs[:n], tuple(outputs[n:]), grad_outputs[:n]
+        w = LayerWeights.from_tensors(weights)
+        extra = [i for i, t in enumerate(w.extra) if t is not None]
+        mask_t = members.time_major(mask, 0)
+        x = members.time_major(inp, 1)  # [T, (e,) N, F]
+        # the carry each step starts from: the state after the previous step (carry0 at step 0), reset where mask
+        pre = tuple(torch.cat([members.expand(c0).unsqueeze(0), s[:-1]]) for c0, s in zip(carry0, states))
+        pre = apply_reset(pre, mask_t, tuple(members.time_major(r, 0) for r in reset) or None)
+        xs = {"pre": pre, "g": tuple(grad_states)}
+        if saved:  # what each step's backward reads, computed for all steps at once (elementwise)
+            xs["factors"] = cell.backward_factors(saved, pre, w)
+        else:
+            xs["x"] = x
+        if mask_t is not None:
+            xs["mask"] = mask_t
+
+        own = contiguous_copy if members.count else (lambda t: t)  # the carry's layout as vmap leaves it: scan needs init's
+
+        def member_back(inputs, pre_t, wts, d_new):
+            wl = LayerWeights.from_tensors(wts)
+            if saved:
+                grads = cell.step_backward_saved(inputs, pre_t, wl, d_new)
+            else:
+                grads = cell.step_backward(F.linear(inputs, wl.weight_ih, wl.bias_ih), pre_t, wl, d_new)
+            d_gh = () if grads.d_gh is None else (grads.d_gh,)  # none: equal to d_gi (vmap returns tensors only)
+            return tuple(grads.d_carry), grads.d_gi, d_gh, tuple(grads.d_extra[i] for i in extra)
+
+        def back_step(acc, xs_t):
+            d_new = tuple(a + b for a, b in zip(acc["d_carry"], xs_t["g"]))
+            d_pre, d_gi, d_gh, d_extra = members.map(member_back, xs_t["factors" if saved else "x"], xs_t["pre"], weights, d_new)
+            out = {"d_gi": d_gi, **{"d_gh": d for d in d_gh}}
+            m = xs_t.get("mask")
+            if m is not None:  # where the carry was reset, its cotangent goes to reset_state (or nowhere)
+                if reset:
+                    out["d_reset"] = tuple(torch.where(broadcast_mask(m, d), d, 0.0) for d in d_pre)
+                d_pre = tuple(torch.where(broadcast_mask(m, d), 0.0, d) for d in d_pre)
+            if extra:
+                out["d_extra"] = d_extra
+            return {"d_carry": tuple(own(d) for d in d_pre)}, out
+
+        init = {"d_carry": tuple(torch.zeros_like(s[0]) for s in states)}
+        reads = (inp, mask, *pre, *grad_states, *reset, *saved, *(wt for wt in weights if wt is not None))
+        # Reversed time: the outputs come back with index 0 = step T - 1 (under compile the scan then
+        # needs no ``reverse``, whose flips of its outputs would copy the [T, N, G*H] gate cotangents);
+        # the weight gradients are sums over time, indifferent to the order.
+        acc, outs = time_loop(back_step, init, xs, reads, reverse=True, members=members)
+        d_gi = outs["d_gi"]  # [T, (E,) N, G*H], reversed time
+        d_gh = outs.get("d_gh", d_gi)
+        d_extra = iter(d.sum(0) for d in outs.get("d_extra", ()))
+        seq = members.map_time_major
+        d_weights = (
+            seq(_outer_sum, d_gi, x.flip(0)),
+            seq(_sum_rows, d_gi) if w.bias_ih is not None else None,
+            seq(_outer_sum, d_gh, pre[0].flip(0)),
+            seq(_sum_rows, d_gh) if w.bias_hh is not None else None,
+            *(None if t is None else next(d_extra) for t in w.extra),
+        )
+        d_weights = tuple(None if d is None else members.like(d, t) for d, t in zip(d_weights, weights))
+        d_reset = tuple(members.like(members.from_time_major(d.flip(0), 0), r) for d, r in zip(outs.get("d_reset", ()), reset))
+        d_x = members.map(torch.matmul, members.members_first(d_gi), w.weight_ih)  # [(E,) T, N, F], reversed time
+        d_inp = members.like(members.from_time_major(members.members_first(d_x).flip(0), 1), inp)
+        d_carry0 = tuple(members.like(d, c) for d, c in zip(acc["d_carry"], carry0))
+        return (None, None, None, None, None, d_inp, None, *d_carry0, *d_reset, *d_weights)
