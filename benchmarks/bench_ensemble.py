@@ -13,7 +13,7 @@ a sweep runs one cell per invocation, each merged into the JSON as a row keyed b
 ``(cell, E, B, T, H, threads)`` (re-running a cell replaces its row)::
 
     for cell in lstm gru; do for e in 1 4 8 16; do
-      flock /tmp/bench.lock timeout 600 python benchmarks/bench_ensemble.py --threads 1 --cell $cell --members $e
+      python benchmarks/bench_ensemble.py --threads 1 --cell $cell --members $e
     done; done
     python benchmarks/bench_ensemble.py --report
 
@@ -62,6 +62,10 @@ END = "<!-- END GENERATED (ensembles) -->"
 SWEEP = ["eager loop", "eager vmap", "compiled loop", "compiled vmap"]
 EXTRA = ["eager vmap (scan)", "compiled vmap fwd", "compiled vmap (reference)"]
 BASELINE = "compiled loop"  # the issue's target: the compiled ensemble against this
+REPRODUCE = """for cell in lstm gru; do for e in 1 4 8 16; do   # one process per (cell, E), merged into the JSON
+  python benchmarks/bench_ensemble.py --threads 1 --cell $cell --members $e
+done; done
+python benchmarks/bench_ensemble.py --report   # this table and plot"""
 KEY = ("cell", "members", "batch", "time", "hidden", "threads")
 _NOISE = ("While executing", "Original traceback", "Set TORCHDYNAMO", "from user code", "For more information")
 
@@ -225,6 +229,8 @@ def plot(doc: dict, png: Path) -> None:
                 ax.plot(*zip(*pts), marker="o", label=name)
         ax.axhline(1.5, color="grey", linestyle=":", linewidth=1, label="target 1.5x")
         ax.set_xscale("log", base=2)
+        es = [r["config"]["members"] for r in rows]
+        ax.set_xticks(es, [str(e) for e in es])
         ax.set_xlabel("members E")
         ax.set_ylabel("speed-up over compiled loop")
         ax.set_title(f"{cell.upper()} fwd+bwd")
@@ -252,7 +258,7 @@ def report(path: Path) -> None:
         f"{env['device_name']} ({c['threads']} torch thread), one process per (cell, E), contenders interleaved; "
         f"1-min load average {min(loads):.1f}-{max(loads):.1f}; torch {env['torch']}. "
         "ms per call: median over rounds (speed-up over the compiled loop).\n\n"
-        f"{text}\n\n![{png.name}](assets/benchmarks/{png.name})\n\n{END}"
+        f"{text}\n\n```bash\n{REPRODUCE}\n```\n\n![{png.name}](assets/benchmarks/{png.name})\n\n{END}"
     )
     page = DOC_PAGE.read_text()
     if BEGIN in page:
