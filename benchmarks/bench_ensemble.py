@@ -241,31 +241,37 @@ def plot(doc: dict, png: Path) -> None:
     plt.close(fig)
 
 
+def section(doc: dict, png_name: str) -> str:
+    """The ensemble section of ``docs/benchmarks.md`` (markers included) for the sweep JSON ``doc``."""
+    first = doc["rows"][0]
+    c, env = first["config"], first["environment"]
+    loads = [r["environment"]["load_average_1m"] for r in doc["rows"]
+             if r["environment"].get("load_average_1m") is not None]
+    load = f"; 1-min load average {min(loads):.1f}-{max(loads):.1f}" if loads else ""
+    return (
+        f"{BEGIN}\n\n### Ensembles: training E members (`bench_ensemble.py`)\n\n"
+        f"B={c['batch']}, T={c['time']}, F=H={c['hidden']}, L=1, 5% random resets, forward+backward, shared input; "
+        f"{env['device_name']} ({c['threads']} torch thread), one process per (cell, E), contenders "
+        f"interleaved{load}; torch {env['torch']}. ms per call: median over rounds (speed-up over the "
+        f"compiled loop).\n\n{table(doc)}\n\n```bash\n{REPRODUCE}\n```\n\n"
+        f"![{png_name}](assets/benchmarks/{png_name})\n\n{END}"
+    )
+
+
 def report(path: Path) -> None:
+    """Print the table, draw the plot (next to the JSON and in the docs assets), rewrite the docs section."""
     doc = json.loads(path.read_text())
-    text = table(doc)
-    print(text)
+    print(table(doc))
     png = path.with_suffix(".png")
     plot(doc, png)
     DOC_ASSETS.mkdir(parents=True, exist_ok=True)
     shutil.copy(png, DOC_ASSETS / png.name)
-    first = doc["rows"][0]
-    c, env = first["config"], first["environment"]
-    loads = [r["environment"]["load_average_1m"] for r in doc["rows"] if r["environment"].get("load_average_1m") is not None]
-    section = (
-        f"{BEGIN}\n\n### Ensembles: training E members (`bench_ensemble.py`)\n\n"
-        f"B={c['batch']}, T={c['time']}, F=H={c['hidden']}, L=1, 5% random resets, forward+backward, shared input; "
-        f"{env['device_name']} ({c['threads']} torch thread), one process per (cell, E), contenders interleaved; "
-        f"1-min load average {min(loads):.1f}-{max(loads):.1f}; torch {env['torch']}. "
-        "ms per call: median over rounds (speed-up over the compiled loop).\n\n"
-        f"{text}\n\n```bash\n{REPRODUCE}\n```\n\n![{png.name}](assets/benchmarks/{png.name})\n\n{END}"
-    )
     page = DOC_PAGE.read_text()
     if BEGIN in page:
         head, rest = page.split(BEGIN, 1)
-        page = head + section + rest.split(END, 1)[1]
+        page = head + section(doc, png.name) + rest.split(END, 1)[1]
     else:
-        page = page.rstrip("\n") + "\n\n" + section + "\n"
+        page = page.rstrip("\n") + "\n\n" + section(doc, png.name) + "\n"
     DOC_PAGE.write_text(page)
     print(f"wrote {png}, {DOC_ASSETS / png.name}, {DOC_PAGE}")
 
