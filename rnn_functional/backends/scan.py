@@ -25,14 +25,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch._higher_order_ops import scan as _scan
 
 from ..cells import Carry, Cell, LayerWeights, Layout, apply_reset, between_layers, broadcast_mask
+from . import ensemble_scan
 from .base import SequenceOptions
-
-
-def _contiguous_copy(t: torch.Tensor) -> torch.Tensor:
-    return t.clone(memory_format=torch.contiguous_format)
+from .scan_parts import contiguous_copy as _contiguous_copy, outer_sum as _outer_sum, scan as _scan, sum_rows as _sum_rows
 
 
 def _own_cotangent(t: torch.Tensor) -> torch.Tensor:
@@ -81,16 +78,6 @@ def _scan_states(cell: Cell, w: LayerWeights, carry: Carry, gi: torch.Tensor, ma
     init = tuple(_contiguous_copy(s) for s in carry)
     init = _batched_like_step(init, gi, *w.tensors()[2:], mask, *(reset or ()))
     return _scan(step, init, xs)
-
-
-def _sum_rows(t: torch.Tensor) -> torch.Tensor:
-    """``[T, N, G] -> [G]``."""
-    return t.sum(dim=(0, 1))
-
-
-def _outer_sum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``sum_{t, n} a[t, n]^T b[t, n]``: ``[T, N, G], [T, N, K] -> [G, K]`` (one GEMM)."""
-    return a.flatten(0, 1).transpose(0, 1) @ b.flatten(0, 1)
 
 
 class _RecomputedLayer(torch.autograd.Function):
@@ -210,8 +197,9 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
         w = cell.layer_weights(params, layout, k)
         layer_carry = tuple(s[:, k] for s in carry)
         reset_k = None if reset is None else tuple(r[:, :, k].transpose(0, 1) for r in reset)  # [T, N, S]
-        if opts.recompute == "full" or (torch.compiler.is_compiling() and _needs_grad(inp, *layer_carry, *(reset_k or ()), w)):
-            states = _RecomputedLayer.apply(
+        vmapped = ensemble_scan.serves(opts.recompute == "full", inp, mask_t, *layer_carry, *(reset_k or ()), *w.tensors())
+        if vmapped or opts.recompute == "full" or (torch.compiler.is_compiling() and _needs_grad(inp, *layer_carry, *(reset_k or ()), w)):
+            states = (ensemble_scan.layer_states if vmapped else _RecomputedLayer.apply)(
                 cell, len(layer_carry), reset_k is not None, inp, mask_t, *layer_carry, *(reset_k or ()), *w.tensors()
             )
             final, ys = tuple(s[-1] for s in states), (states if opts.segment_states else states[0])

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..backends import SequenceOptions
+from ..backends import SequenceOptions, ensemble_scan
 from ..cells import Carry, Cell, Layout, apply_reset, keep_segment_ends
 from . import selection
 from .options import check_options
@@ -264,6 +264,7 @@ _SEQUENCE_DOC = """A multi-layer {title} over a sequence, with resets.
 def public_functions(cell: Cell) -> tuple[Callable, Callable]:
     """``cell``'s public step and sequence functions (``{name}_step``, ``{name}_sequence``); registers the cell."""
     CELLS[cell.name] = cell
+    ensemble_scan.register_cell(cell)
 
     def step(x: torch.Tensor, state, params: Mapping[str, torch.Tensor], *, is_init: torch.Tensor | None = None,
              backend: str = "auto"):

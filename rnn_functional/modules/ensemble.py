@@ -1,16 +1,16 @@
 """``EnsembleModule``: E independent copies of an ``LSTMModule`` / ``GRUModule`` run by ``torch.vmap``.
 
-The members' parameters live stacked in one :class:`~tensordict.nn.TensorDictParams`
-(leading dim ``E``); a call vmaps the wrapped module's forward over them. Outputs carry the
-ensemble dim first (``[E, *B, ...]``); keys, modes (``set_recurrent_mode``) and every other
-shape are the wrapped module's. See ``docs/ensembles.md``.
+The members' parameters live stacked (leading dim ``E``) as plain parameters of the child
+``members`` (``ens.params`` views them as a TensorDict); a call vmaps the wrapped module's
+forward over them. Outputs carry the ensemble dim first (``[E, *B, ...]``); keys, modes
+(``set_recurrent_mode``) and every other shape are the wrapped module's. See ``docs/ensembles.md``.
 """
 
 from __future__ import annotations
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import TensorDictModuleBase, TensorDictParams
+from tensordict.nn import TensorDictModuleBase
 
 from .rnn import GRUModule, LSTMModule
 
@@ -60,8 +60,11 @@ class EnsembleModule(TensorDictModuleBase):
         template = TensorDict.from_module(module)
         first = next(iter(template[name].values()))
         members = members.to(dtype=first.dtype, device=first.device)
-        stacked = TensorDict({name: members}, batch_size=[num_members])
-        self.params = TensorDictParams(stacked)
+        # plain parameters of a plain child module: torch.func.functional_call swaps them by name
+        # ("members.weight_ih_l0", ...), which it cannot do inside a TensorDictParams
+        self.members = torch.nn.Module()
+        for key, value in members.items():
+            self.members.register_parameter(key, torch.nn.Parameter(value))
         template.to("meta").to_module(module)  # the wrapped module only provides code and config
         object.__setattr__(self, "_template", module)  # not a child: its meta tensors stay out of state_dict
         self._name = name
@@ -76,6 +79,32 @@ class EnsembleModule(TensorDictModuleBase):
         """The wrapped module (its parameters are on ``meta``; the members' are in ``params``)."""
         return self._template
 
+    @property
+    def params(self) -> TensorDict:
+        """The members' parameters stacked in the wrapped module's layout: a TensorDict ``[E]``
+        ``{"lstm" | "gru": {"weight_ih_l0": [E, ...], ...}}`` whose leaves are this module's
+        parameters (``ens.params[e].to_module(single_module)`` runs member ``e`` in a plain module)."""
+        return TensorDict({self._name: dict(self.members._parameters)}, batch_size=[self.num_members])
+
+    @params.setter
+    def params(self, value: TensorDictBase) -> None:
+        """Take the members of ``value`` (e.g. another ensemble's ``params``: its parameters are then shared)."""
+        current = self.params
+        if not isinstance(value, TensorDictBase) or set(value.keys(True, True)) != set(current.keys(True, True)):
+            got = sorted(value.keys(True, True)) if isinstance(value, TensorDictBase) else type(value).__name__
+            raise ValueError(
+                f"EnsembleModule.params: expected a TensorDict with keys {sorted(current.keys(True, True))} "
+                f"(another ensemble's params), got {got}."
+            )
+        for key, tensor in value[self._name].items():
+            if tensor.shape != current[self._name, key].shape:
+                raise ValueError(
+                    f"EnsembleModule.params[{self._name!r}, {key!r}]: expected shape "
+                    f"{list(current[self._name, key].shape)}, got {list(tensor.shape)}."
+                )
+            param = tensor if isinstance(tensor, torch.nn.Parameter) else torch.nn.Parameter(tensor)
+            self.members.register_parameter(key, param)
+
     def member_params(self) -> TensorDictBase:
         """The stacked members' recurrent params (``batch_size [E]``, ``torch.nn.LSTM``/``GRU`` names)."""
         return self.params[self._name]
@@ -88,14 +117,15 @@ class EnsembleModule(TensorDictModuleBase):
                 f"ensemble dim E={self.num_members}, got batch_size {list(tensordict.batch_size)}. Expand a "
                 f"shared input with td.expand({self.num_members}, *td.batch_size) (a view) or use shared_input=True."
             )
-        module, name = self._template, self._name
+        module = self._template
         if module.training != self.training:  # train() walks the nn.LSTM child: only when it changes
             module.train(self.training)
 
-        def member(params: TensorDictBase, td: TensorDictBase) -> TensorDictBase:
+        def member(params: dict[str, torch.Tensor], td: TensorDictBase) -> TensorDictBase:
             # explicit weights, never swapped into the nn.LSTM/GRU child (compiles without graph breaks);
             # a shallow copy keeps the caller's TensorDict untouched
-            return module.forward_with_params(td.copy(), dict(params[name].items()))
+            return module.forward_with_params(td.copy(), params)
 
         in_dims = (0, None if self.shared_input else 0)
-        return torch.vmap(member, in_dims=in_dims, randomness=self.randomness)(self.params, tensordict)
+        params = dict(self.members._parameters)  # read at call time: functional_call's swaps included
+        return torch.vmap(member, in_dims=in_dims, randomness=self.randomness)(params, tensordict)

@@ -102,7 +102,7 @@ def test_members_are_independent_and_generator_aware() -> None:
     assert not torch.equal(members["weight_hh_l0"][0], members["weight_hh_l0"][1])
     # only the stacked members are parameters / state: the wrapped module's are on meta
     assert all(p.shape[0] == E for p in ens.parameters())
-    assert all(k.startswith("params.") for k in ens.state_dict())
+    assert all(k.startswith("members.") for k in ens.state_dict())
 
 
 def test_dropout_members_draw_their_own_masks() -> None:
