@@ -196,7 +196,8 @@ def table(doc: dict) -> str:
         lines.append(f"| {c['cell'].upper()} | {c['members']} | " + " | ".join(cells) + " |")
     compile_lines = []
     for r in rows:
-        first = {n: v["first_call_s"] for n, v in r["results"].items() if n.startswith("compiled") and "first_call_s" in v}
+        first = {n: v["first_call_s"] for n, v in r["results"].items()
+                 if n.startswith("compiled") and "first_call_s" in v}
         if first:
             c = r["config"]
             compile_lines.append(f"{c['cell'].upper()} E={c['members']}: " + ", ".join(

@@ -31,7 +31,8 @@ import math
 import os
 import statistics
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -160,7 +161,10 @@ def imagine(p: TensorDict, h: torch.Tensor, obs0: torch.Tensor, actions: torch.T
 # ----------------------------------------------------------------------------- main
 
 
-def make_loss(compiled: bool):
+LossFn = Callable[[TensorDict, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def make_loss(compiled: bool) -> LossFn:
     """``(params [E], obs, act, is_init) -> summed loss of the E members``: ``torch.vmap`` over the
     stacked params (data shared by the members), compiled with its backward if ``compiled``."""
     ensemble_loss = torch.vmap(member_loss, in_dims=(0, None, None, None))
@@ -171,7 +175,7 @@ def make_loss(compiled: bool):
     return torch.compile(loss, fullgraph=True) if compiled else loss
 
 
-def train(cfg: Config, params: TensorDict, loss_fn, g: torch.Generator) -> tuple[float, float]:
+def train(cfg: Config, params: TensorDict, loss_fn: LossFn, g: torch.Generator) -> tuple[float, float]:
     """Adam with a cosine schedule for ``cfg.steps`` steps on fresh batches; returns (total s, first step s)."""
     leaves = list(params.values(include_nested=True, leaves_only=True))
     opt = torch.optim.Adam(leaves, lr=cfg.lr)
@@ -192,7 +196,9 @@ def train(cfg: Config, params: TensorDict, loss_fn, g: torch.Generator) -> tuple
     return time.perf_counter() - start, first_s
 
 
-def compare_steps(cfg: Config, params: TensorDict, compiled_loss, steps: int, g: torch.Generator) -> dict[str, float]:
+def compare_steps(
+    cfg: Config, params: TensorDict, compiled_loss: LossFn, steps: int, g: torch.Generator
+) -> dict[str, float]:
     """Median seconds of one loss + backward, compiled and eager, called in turn on the same batches
     (on a copy of ``params``). The first batch also checks that both give the same loss and grads."""
     eager_loss = make_loss(compiled=False)
@@ -201,7 +207,7 @@ def compare_steps(cfg: Config, params: TensorDict, compiled_loss, steps: int, g:
     for t in leaves:
         t.requires_grad_(True)
 
-    def loss_and_grads(fn, batch) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    def loss_and_grads(fn: LossFn, batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         loss = fn(copy, *batch)
         return loss.detach(), torch.autograd.grad(loss, leaves)
 
@@ -284,10 +290,13 @@ if __name__ == "__main__":
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eager", action="store_true", help="train without torch.compile")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default: the config's)")
     parser.add_argument("--compare", type=int, default=10, metavar="N",
                         help="after training, time N compiled and N eager training steps side by side (0: skip)")
     args = parser.parse_args()
     quick = args.quick or os.environ.get("WORLD_MODEL_QUICK") == "1"
     if args.threads:
         torch.set_num_threads(args.threads)
-    main(QUICK if quick else Config(), seed=args.seed, compiled=not args.eager, compare=args.compare)
+    cfg = QUICK if quick else Config()
+    main(cfg if args.steps is None else replace(cfg, steps=args.steps), seed=args.seed, compiled=not args.eager,
+         compare=args.compare)

@@ -19,10 +19,8 @@ def test_world_model_quick_mode_trains_compiled_and_beats_baseline() -> None:
     # the example imports this checkout's rnn_functional, as the test process does
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, WORLD_MODEL_QUICK="1", PYTHONPATH=path)
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--compare", "3", "--threads", "1"], env=env, capture_output=True, text=True, timeout=600,
-        check=False,
-    )
+    command = [sys.executable, str(EXAMPLE), "--compare", "3", "--threads", "1"]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"trained 5 members x \d+ steps \(torch\.compile, fullgraph\)", proc.stdout), proc.stdout
     step = re.search(r"TRAIN STEP .*: compiled ([0-9.]+) ms, eager ([0-9.]+) ms .*grads agree", proc.stdout)
