@@ -15,7 +15,7 @@ a sweep runs one cell per invocation, each merged into the JSON as a row keyed b
     for cell in lstm gru; do for e in 1 4 8 16; do
       python benchmarks/bench_ensemble.py --threads 1 --cell $cell --members $e
     done; done
-    python benchmarks/bench_ensemble.py --report
+    python benchmarks/bench_ensemble.py --report   # other shapes (--batch, --hidden) get rows of their own
 
 Contenders (``--contenders``; the first four by default):
 
@@ -62,10 +62,11 @@ END = "<!-- END GENERATED (ensembles) -->"
 SWEEP = ["eager loop", "eager vmap", "compiled loop", "compiled vmap"]
 EXTRA = ["eager vmap (scan)", "compiled vmap fwd", "compiled vmap (reference)"]
 BASELINE = "compiled loop"  # the issue's target: the compiled ensemble against this
-REPRODUCE = """for cell in lstm gru; do for e in 1 4 8 16; do   # one process per (cell, E), merged into the JSON
+REPRODUCE = """for cell in lstm gru; do for e in 1 4 8 16; do   # one process per row, merged into the JSON
   python benchmarks/bench_ensemble.py --threads 1 --cell $cell --members $e
 done; done
 python benchmarks/bench_ensemble.py --report   # this table and plot"""
+MAIN_SHAPE = (32, 64, 128)  # (B, T, H): the sweep's shape, the one plotted
 KEY = ("cell", "members", "batch", "time", "hidden", "threads")
 _NOISE = ("While executing", "Original traceback", "Set TORCHDYNAMO", "from user code", "For more information")
 
@@ -176,6 +177,15 @@ def measure(args: argparse.Namespace) -> dict:
     return row
 
 
+def _shape(row: dict) -> tuple[int, int, int]:
+    c = row["config"]
+    return c["batch"], c["time"], c["hidden"]
+
+
+def _display_order(row: dict) -> tuple:
+    return row["config"]["cell"], _shape(row) != MAIN_SHAPE, _shape(row), row["config"]["members"]
+
+
 def _cell_ms(res: dict, base: dict | None) -> str:
     if "error" in res:
         return "error"
@@ -186,14 +196,16 @@ def _cell_ms(res: dict, base: dict | None) -> str:
 
 
 def table(doc: dict) -> str:
-    """Markdown: one line per (cell, E), one column per contender: median ms (speed-up over the compiled loop)."""
-    rows = doc["rows"]
+    """Markdown: one line per (cell, B x T x H, E), one column per contender: median ms (speed-up over
+    the compiled loop)."""
+    rows = sorted(doc["rows"], key=_display_order)
     names = [n for n in SWEEP + EXTRA if any(n in r["results"] for r in rows)]
-    lines = ["| cell | E | " + " | ".join(names) + " |", "|---|---:|" + "---:|" * len(names)]
+    lines = ["| cell | B x T x H | E | " + " | ".join(names) + " |", "|---|---|---:|" + "---:|" * len(names)]
     for r in rows:
         res, c = r["results"], r["config"]
         cells = [_cell_ms(res[n], res.get(BASELINE)) if n in res else "" for n in names]
-        lines.append(f"| {c['cell'].upper()} | {c['members']} | " + " | ".join(cells) + " |")
+        shape = f"{c['batch']} x {c['time']} x {c['hidden']}"
+        lines.append(f"| {c['cell'].upper()} | {shape} | {c['members']} | " + " | ".join(cells) + " |")
     compile_lines = []
     for r in rows:
         first = {n: v["first_call_s"] for n, v in r["results"].items()
@@ -202,7 +214,8 @@ def table(doc: dict) -> str:
             c = r["config"]
             compile_lines.append(f"{c['cell'].upper()} E={c['members']}: " + ", ".join(
                 f"{n} {s:.0f} s" for n, s in first.items()))
-    errors = sorted({f"`{n}`: {v['error']}" for r in rows for n, v in r["results"].items() if "error" in v})
+    errors = [f"{r['config']['cell'].upper()} E={r['config']['members']}, `{n}`: {v['error']}"
+              for r in rows for n, v in r["results"].items() if "error" in v]
     out = "\n".join(lines)
     if compile_lines:
         out += "\n\nFirst call (compilation included): " + "; ".join(compile_lines) + "."
@@ -212,7 +225,7 @@ def table(doc: dict) -> str:
 
 
 def plot(doc: dict, png: Path) -> None:
-    """Speed-up over the compiled loop against E, one panel per cell type."""
+    """Speed-up over the compiled loop against E at ``MAIN_SHAPE``, one panel per cell type."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -221,7 +234,8 @@ def plot(doc: dict, png: Path) -> None:
     cells = sorted({r["config"]["cell"] for r in doc["rows"]})
     fig, axes = plt.subplots(1, len(cells), figsize=(5 * len(cells), 3.6), squeeze=False)
     for ax, cell in zip(axes[0], cells):
-        rows = sorted((r for r in doc["rows"] if r["config"]["cell"] == cell), key=lambda r: r["config"]["members"])
+        rows = sorted((r for r in doc["rows"] if r["config"]["cell"] == cell and _shape(r) == MAIN_SHAPE),
+                      key=lambda r: r["config"]["members"])
         for name in SWEEP + EXTRA:
             pts = [(r["config"]["members"], r["results"][BASELINE]["median_s"] / r["results"][name]["median_s"])
                    for r in rows if "median_s" in r["results"].get(name, {})
@@ -234,7 +248,7 @@ def plot(doc: dict, png: Path) -> None:
         ax.set_xticks(es, [str(e) for e in es])
         ax.set_xlabel("members E")
         ax.set_ylabel("speed-up over compiled loop")
-        ax.set_title(f"{cell.upper()} fwd+bwd")
+        ax.set_title(f"{cell.upper()} fwd+bwd, B x T x H = " + " x ".join(map(str, MAIN_SHAPE)))
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
@@ -244,14 +258,13 @@ def plot(doc: dict, png: Path) -> None:
 
 def section(doc: dict, png_name: str) -> str:
     """The ensemble section of ``docs/benchmarks.md`` (markers included) for the sweep JSON ``doc``."""
-    first = doc["rows"][0]
-    c, env = first["config"], first["environment"]
+    c, env = doc["rows"][0]["config"], doc["rows"][0]["environment"]
     loads = [r["environment"]["load_average_1m"] for r in doc["rows"]
              if r["environment"].get("load_average_1m") is not None]
     load = f"; 1-min load average {min(loads):.1f}-{max(loads):.1f}" if loads else ""
     return (
         f"{BEGIN}\n\n### Ensembles: training E members (`bench_ensemble.py`)\n\n"
-        f"B={c['batch']}, T={c['time']}, F=H={c['hidden']}, L=1, 5% random resets, forward+backward, shared input; "
+        "Batch B, time T, hidden H per row (F = H), L=1, 5% random resets, forward+backward, shared input; "
         f"{env['device_name']} ({c['threads']} torch thread), one process per (cell, E), contenders "
         f"interleaved{load}; torch {env['torch']}. ms per call: median over rounds (speed-up over the "
         f"compiled loop).\n\n{table(doc)}\n\n```bash\n{REPRODUCE}\n```\n\n"
