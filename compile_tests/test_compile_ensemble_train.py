@@ -113,8 +113,8 @@ CASES = [  # (cell, layers, proj, inputs, compiler)
     ("gru", 2, 0, "per_member", FAST),
     ("gru", 1, 0, "mixed", FAST),
     ("norm_gru", 1, 0, "shared", FAST),
-    ("norm_gru", 2, 0, "per_member", FAST),
-    ("lstm", 1, 0, "per_member", "inductor"),
+    # Inductor miscompiled the extra weights' gradients summed in the backward scan's carry (norm_bias_l1)
+    ("norm_gru", 2, 0, "per_member", "inductor"),
 ]
 
 
@@ -183,10 +183,11 @@ def _module_loss(out: TensorDict, cell: str) -> torch.Tensor:
     return (out["feat"] * ct).sum() + sum(out["next", k].square().sum() for k in HIDDEN[cell])
 
 
-@pytest.mark.parametrize("cell", ["lstm", "gru"])
-def test_ensemble_module_compiled_fwd_bwd_equals_loop(cell):
+def test_ensemble_module_compiled_fwd_bwd_equals_loop():
     """``torch.compile(EnsembleModule, fullgraph=True)`` in recurrent mode, forward and backward, equals
-    a loop of plain modules holding each member's params; zero graph breaks."""
+    a loop of plain modules holding each member's params; zero graph breaks. (LSTM: the two-tensor
+    state; the functional cases above cover every cell.)"""
+    cell = "lstm"
     ens = rf.EnsembleModule(_module(cell), E, generator=torch.Generator().manual_seed(0))
     td = _recurrent_td(cell)
     params = list(ens.parameters())

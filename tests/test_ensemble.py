@@ -316,9 +316,8 @@ def _graph_breaks() -> int:
 def test_compiled_vmap_sequence_equals_eager_vmap() -> None:
     """torch.compile(torch.vmap(gru_sequence), fullgraph=True) == eager vmap, zero graph breaks.
 
-    ``auto`` (``scan`` under compile): forward only. Compiled autograd through a vmapped scan
-    fails in torch 2.13 (scan's vmap rule moves the batch dim of the carry last, leaving a
-    non-contiguous ``init`` that its compiled autograd rejects; see docs/ensembles.md)."""
+    ``auto`` (``scan`` under compile), forward under ``no_grad`` (scan's own vmapped forward).
+    Forward+backward (the ensemble layer) is tested in compile_tests/test_compile_ensemble_train.py."""
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     problem = _problem("gru", 2, shared=True, time=3)

@@ -66,7 +66,7 @@ def layer_states(cell: Cell, n_carry: int, has_reset: bool, inp, mask, *rest) ->
             f"rnn_functional.backends.ensemble_scan.register_cell (the public functions do this)."
         )
     lead = lambda t: None if t is None else t.unsqueeze(0)  # noqa: E731 - the one-member ensemble dim
-    carry0, reset, weights = rest[:n_carry], rest[n_carry : n_carry * (1 + has_reset)], rest[n_carry * (1 + has_reset) :]
+    carry0, reset, weights = _split(rest, n_carry, has_reset)
     states = torch.ops.rnn_functional.scan_ensemble_layer(
         cell.name, lead(inp), lead(mask), [lead(s) for s in carry0],
         [lead(r) for r in reset] if has_reset else None, [lead(t) for t in weights],
@@ -75,6 +75,12 @@ def layer_states(cell: Cell, n_carry: int, has_reset: bool, inp, mask, *rest) ->
 
 
 # ----------------------------------------------------------------------------- the ensemble layer
+
+
+def _split(rest: tuple, n_carry: int, has_reset: bool) -> tuple[tuple, tuple, tuple]:
+    """``(*carry0, *reset, *weights)`` -> ``(carry0, reset (empty without resets), weights)``."""
+    n_states = n_carry * (2 if has_reset else 1)
+    return tuple(rest[:n_carry]), tuple(rest[n_carry:n_states]), tuple(rest[n_states:])
 
 
 def _static_scan(step, init, xs):
@@ -114,7 +120,7 @@ class _EnsembleLayer(torch.autograd.Function):
 
     @staticmethod
     def forward(cell: Cell, members: int, n_carry: int, has_reset: bool, inp, mask, *rest):
-        carry0, reset, weights = rest[:n_carry], rest[n_carry : n_carry + n_carry * has_reset], rest[n_carry * (1 + has_reset) :]
+        carry0, reset, weights = _split(rest, n_carry, has_reset)
         (inp_m, *w_m), (inp_d, *w_d) = _member_dims((inp, *weights), members)
         project = _over_members(F.linear, (inp_d, *w_d[:2]))
         gi = project(inp_m, *w_m[:2]).expand(members, -1, -1, -1).permute(2, 0, 1, 3)  # [T, E, N, G*H]
@@ -145,13 +151,14 @@ class _EnsembleLayer(torch.autograd.Function):
     def backward(ctx, *grad_states):
         cell, members, n = ctx.cell, ctx.members, ctx.n_carry
         inp, mask, *saved = ctx.saved_tensors
-        carry0 = saved[:n]
-        reset = tuple(saved[n : n + n * ctx.has_reset])
-        weights, states = saved[n * (1 + ctx.has_reset) : -n], saved[-n:]
+        (carry0, reset, weights), states = _split(saved[:-n], n, ctx.has_reset), saved[-n:]
         (inp_m, *w_m), (inp_d, *w_d) = _member_dims((inp, *weights), members)
         w_m, w_d = tuple(w_m), tuple(w_d)
         w = LayerWeights.from_tensors(weights)
-        extra = [i for i, t in enumerate(w.extra) if t is not None]  # their gradients are summed in the scan carry
+        # The extra weights' per-step gradients leave the scan as outputs and are summed after it: summed
+        # in the scan's carry instead, Inductor miscompiles them (a 2-layer norm GRU's norm_bias_l1
+        # gradient comes out wrong on torch 2.13; aot_eager is right).
+        extra = [i for i, t in enumerate(w.extra) if t is not None]
 
         # Reversed time-major layout (index 0 = step T - 1), as the scan backend's layer backward.
         x_r = inp_m.movedim(-2, 0).flip(0)  # [T, (E,) N, F]
@@ -177,20 +184,15 @@ class _EnsembleLayer(torch.autograd.Function):
         def back_step(acc, xs_t):
             d_new = tuple(a + b for a, b in zip(acc["d_carry"], xs_t["g"]))
             d_pre, d_gi, d_gh, d_extra = back_members(xs_t["x"], xs_t["pre"], w_m, d_new)
-            out = {"d_gi": d_gi, **{"d_gh": d for d in d_gh}}
+            out = {"d_gi": d_gi, **{"d_gh": d for d in d_gh}, "d_extra": d_extra}
             m = xs_t.get("mask")
             if m is not None:  # where the carry was reset, its cotangent goes to reset_state (or nowhere)
                 if reset:
                     out["d_reset"] = tuple(torch.where(broadcast_mask(m, d), d, 0.0) for d in d_pre)
                 d_pre = tuple(torch.where(broadcast_mask(m, d), 0.0, d) for d in d_pre)
-            new_acc = {"d_carry": tuple(contiguous_copy(d) for d in d_pre)}
-            if extra:
-                new_acc["d_extra"] = tuple(a + d for a, d in zip(acc["d_extra"], d_extra))
-            return new_acc, out
+            return {"d_carry": tuple(contiguous_copy(d) for d in d_pre)}, out
 
         init = {"d_carry": tuple(torch.zeros_like(s[0]) for s in states_r)}
-        if extra:
-            init["d_extra"] = tuple(w.extra[i].new_zeros((members, *w.extra[i].shape[1:])) for i in extra)
         acc, outs = _static_scan(back_step, init, xs)
 
         d_gi = outs["d_gi"]
@@ -199,7 +201,7 @@ class _EnsembleLayer(torch.autograd.Function):
         h_pre = pre[0]
         d_w_ih = per_member(outer_sum, 1, x_dim)(d_gi, x_r)
         d_w_hh = per_member(outer_sum, 1, 1)(d_gh, h_pre)
-        d_extra = iter(acc.get("d_extra", ()))
+        d_extra = iter(d.sum(0) for d in outs["d_extra"])  # [T, E, ...] -> [E, ...]
         d_weights = (
             d_w_ih,
             per_member(sum_rows, 1)(d_gi) if w.bias_ih is not None else None,

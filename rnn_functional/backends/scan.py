@@ -197,9 +197,14 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
         w = cell.layer_weights(params, layout, k)
         layer_carry = tuple(s[:, k] for s in carry)
         reset_k = None if reset is None else tuple(r[:, :, k].transpose(0, 1) for r in reset)  # [T, N, S]
-        vmapped = ensemble_scan.serves(opts.recompute == "full", inp, mask_t, *layer_carry, *(reset_k or ()), *w.tensors())
-        if vmapped or opts.recompute == "full" or (torch.compiler.is_compiling() and _needs_grad(inp, *layer_carry, *(reset_k or ()), w)):
-            states = (ensemble_scan.layer_states if vmapped else _RecomputedLayer.apply)(
+        if ensemble_scan.serves(opts.recompute == "full", inp, mask_t, *layer_carry, *(reset_k or ()), *w.tensors()):
+            # compiled torch.vmap with autograd: the native ensemble layer (torch cannot vmap the one below)
+            states = ensemble_scan.layer_states(
+                cell, len(layer_carry), reset_k is not None, inp, mask_t, *layer_carry, *(reset_k or ()), *w.tensors()
+            )
+            final, ys = tuple(s[-1] for s in states), (states if opts.segment_states else states[0])
+        elif opts.recompute == "full" or (torch.compiler.is_compiling() and _needs_grad(inp, *layer_carry, *(reset_k or ()), w)):
+            states = _RecomputedLayer.apply(
                 cell, len(layer_carry), reset_k is not None, inp, mask_t, *layer_carry, *(reset_k or ()), *w.tensors()
             )
             final, ys = tuple(s[-1] for s in states), (states if opts.segment_states else states[0])

@@ -146,8 +146,7 @@ def _step_td(cell: str) -> TensorDict:
 def test_compiled_ensemble_equals_eager_without_graph_breaks(cell, mode):
     """``torch.compile(EnsembleModule, fullgraph=True)``: the members' weights reach the core without
     touching the ``nn.LSTM``/``GRU`` child (Dynamo refuses to wrap it). Outputs equal eager in both
-    modes; gradients too for steps. (Sequences forward+backward under compiled vmap hit torch's scan
-    vmap rule, issue 15: see docs/ensembles.md.)"""
+    modes; gradients too for steps. (Sequences forward+backward: compile_tests/test_compile_ensemble_train.py.)"""
     ens = rf.EnsembleModule(_module(cell), E, generator=torch.Generator().manual_seed(0))
     td = _step_td(cell) if mode == "step" else _recurrent_td(cell)
     params = list(ens.params.values(True, True))
