@@ -1,125 +1,315 @@
-"""Ensemble of E recurrent models: ``torch.vmap`` over stacked params vs a Python loop over members.
+"""Training an ensemble of E recurrent models: ``torch.vmap`` over stacked params vs a loop over members.
 
-    python benchmarks/bench_ensemble.py [--members 8] [--batch 32] [--time 64] [--hidden 128]
-                                        [--cell lstm|gru] [--repeats R] [--threads N] [--no-compile] [--no-unrolled]
+    python benchmarks/bench_ensemble.py [--cell lstm|gru] [--members 8] [--batch 32] [--time 64]
+                                        [--hidden 128] [--threads 1] [--repeats R]
+                                        [--contenders NAME ...] [--out results/ensemble_sweep_cpu.json]
+    python benchmarks/bench_ensemble.py --report [--out ...]   # table + plot + docs from the JSON
 
-Forward + backward of ``y.sum()`` (grads w.r.t. every member's params), input shared by the
-members, 5% random resets, one layer, F = H. Contenders, side by side in one process (timed by
-``_timing.interleaved``: rotating rounds, median):
+One invocation measures one cell (one cell type, one E): forward + backward of ``y.sum()``
+(grads w.r.t. every member's params), input shared by the members, 5% random resets, one
+layer, F = H. The contenders run side by side in one process (``_timing.interleaved``:
+rotating rounds, median); compiling takes 10-40 s per compiled contender on a 2-core CPU, so
+a sweep runs one cell per invocation, each merged into the JSON as a row keyed by
+``(cell, E, B, T, H, threads)`` (re-running a cell replaces its row)::
+
+    for cell in lstm gru; do for e in 1 4 8 16; do
+      python benchmarks/bench_ensemble.py --threads 1 --cell $cell --members $e
+    done; done
+    python benchmarks/bench_ensemble.py --report   # other shapes (--batch, --hidden) get rows of their own
+
+Contenders (``--contenders``; the first four by default):
 
 - ``eager loop``: one ``backend="auto"`` call per member (with interior resets ``auto`` picks
   ``reference``; see docs/backends.md).
 - ``eager vmap``: ``torch.vmap`` over the stacked params, ``backend="auto"`` (``reference``
-  under eager vmap), and ``eager vmap (scan)``: the same forced to ``scan`` (why ``auto``
-  does not pick it).
-- ``compiled loop``: one member's fwd+bwd compiled (``fullgraph=True``, ``scan``), called per member.
-- ``compiled vmap``: ``torch.compile(torch.vmap(...), fullgraph=True)`` fwd+bwd with ``auto``
-  (``scan``) and with ``reference`` (an unrolled loop); ``compiled vmap fwd``: forward only.
+  under eager vmap).
+- ``compiled loop``: one member's forward compiled (``fullgraph=True``, ``auto`` -> ``scan``;
+  its backward is compiled with it), called once per member.
+- ``compiled vmap``: ``torch.compile(torch.vmap(...), fullgraph=True)`` forward, its backward
+  compiled with it.
+- ``eager vmap (scan)``: eager vmap forced to ``scan`` (why ``auto`` does not pick it there).
+- ``compiled vmap fwd``: the compiled vmap, forward only, under ``no_grad``.
+- ``compiled vmap (reference)``: the compiled vmap forced to ``reference`` (the time loop
+  unrolled: minutes to compile at T=64).
 
-A contender that fails records its error (torch 2.13: compiled autograd through a vmapped
-``scan`` fails, see docs/ensembles.md). Writes ``results/ensemble_cpu.json`` and prints a table.
+A contender that fails records its error. ``--report`` prints the table of every row, draws
+``<out stem>.png`` (speed-up over the compiled loop against E) and rewrites the ensemble
+section of ``docs/benchmarks.md`` (between its GENERATED markers) from the JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # _timing, and this checkout's rnn_functional
 from _timing import environment, interleaved  # noqa: E402
 
 import rnn_functional as rf  # noqa: E402
 
+DEFAULT_OUT = HERE / "results" / "ensemble_sweep_cpu.json"
+DOC_PAGE = HERE.parent / "docs" / "benchmarks.md"
+DOC_ASSETS = HERE.parent / "docs" / "assets" / "benchmarks"
+BEGIN = "<!-- BEGIN GENERATED (benchmarks/bench_ensemble.py --report) -->"
+END = "<!-- END GENERATED (ensembles) -->"
+SWEEP = ["eager loop", "eager vmap", "compiled loop", "compiled vmap"]
+EXTRA = ["eager vmap (scan)", "compiled vmap fwd", "compiled vmap (reference)"]
+BASELINE = "compiled loop"  # the issue's target: the compiled ensemble against this
+REPRODUCE = """for cell in lstm gru; do for e in 1 4 8 16; do   # one process per row, merged into the JSON
+  python benchmarks/bench_ensemble.py --threads 1 --cell $cell --members $e
+done; done
+python benchmarks/bench_ensemble.py --report   # this table and plot"""
+MAIN_SHAPE = (32, 64, 128)  # (B, T, H): the sweep's shape, the one plotted
+KEY = ("cell", "members", "batch", "time", "hidden", "threads")
+_NOISE = ("While executing", "Original traceback", "Set TORCHDYNAMO", "from user code", "For more information")
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--members", type=int, default=8)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--time", type=int, default=64)
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--cell", choices=["lstm", "gru"], default="lstm")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--no-compile", action="store_true")
-    ap.add_argument("--no-unrolled", action="store_true", help="skip 'compiled vmap (reference)' (minutes to compile)")
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (1 is steadier on a shared CPU)")
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "ensemble_cpu.json"))
-    args = ap.parse_args()
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device("cpu")
-    e, b, t, h = args.members, args.batch, args.time, args.hidden
-    init = rf.ensemble_init_lstm_params if args.cell == "lstm" else rf.ensemble_init_gru_params
-    seq = rf.lstm_sequence if args.cell == "lstm" else rf.gru_sequence
+class ContenderFailed(Exception):
+    """A contender's exception, its message cut to the lines that say what failed."""
+
+
+def _reporting(fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn``, with an exception re-raised as a one-line summary (compiler errors span pages)."""
+
+    def run() -> None:
+        try:
+            fn()
+        except Exception as exc:
+            lines = []
+            for line in (s.strip() for s in str(exc).splitlines()):
+                if line.startswith(_NOISE):
+                    break
+                if line:
+                    lines.append(line)
+            raise ContenderFailed(f"{type(exc).__name__}: {' '.join(lines)[:600]}") from exc
+
+    return run
+
+
+def build_contenders(cell: str, e: int, b: int, t: int, h: int, names: list[str]) -> dict[str, Callable[[], None]]:
+    """name -> zero-argument fwd+bwd call, for the contenders in ``names`` (see module doc)."""
+    init = rf.ensemble_init_lstm_params if cell == "lstm" else rf.ensemble_init_gru_params
+    seq = rf.lstm_sequence if cell == "lstm" else rf.gru_sequence
     g = torch.Generator().manual_seed(0)
     stacked = init(e, h, h, generator=g).requires_grad_(True)
+    leaves = list(stacked.values())
     members = rf.unstack_params(stacked)
     x = torch.randn(b, t, h, generator=g)
     is_init = torch.rand(b, t, generator=g) < 0.05
 
-    def member_out(p, backend="auto"):
+    def member_out(p, backend: str = "auto") -> torch.Tensor:
         return seq(x, None, p, is_init=is_init, backend=backend)[0]
 
-    def ensemble_out(params, backend="auto"):
+    def ensemble_out(params, backend: str = "auto") -> torch.Tensor:
         return torch.vmap(lambda p: member_out(p, backend))(params)
 
     def backward(y: torch.Tensor) -> None:
-        torch.autograd.grad(y.sum(), list(stacked.values()))
+        torch.autograd.grad(y.sum(), leaves)
 
-    def loop_fwd_bwd(step) -> None:
-        torch.autograd.grad(sum(step(p).sum() for p in members), list(stacked.values()))
+    def loop(step: Callable) -> Callable[[], None]:
+        return lambda: torch.autograd.grad(sum(step(p).sum() for p in members), leaves)
 
-    contenders = {
-        "eager loop": lambda: loop_fwd_bwd(member_out),
-        "eager vmap": lambda: backward(ensemble_out(stacked)),
-        "eager vmap (scan)": lambda: backward(ensemble_out(stacked, "scan")),
-    }
-    if not args.no_compile:
-        compiled_member = torch.compile(member_out, fullgraph=True)
-        compiled_vmap = torch.compile(ensemble_out, fullgraph=True)
-        compiled_vmap_fwd = torch.compile(ensemble_out, fullgraph=True)
+    def compiled(fn: Callable) -> Callable:
+        return torch.compile(fn, fullgraph=True)
 
-        def fwd_only() -> None:
+    def forward_only(fn: Callable) -> Callable[[], None]:
+        def run() -> None:
             with torch.no_grad():
-                compiled_vmap_fwd(stacked)
+                fn(stacked)
 
-        contenders.update({
-            "compiled loop": lambda: loop_fwd_bwd(compiled_member),
-            "compiled vmap": lambda: backward(compiled_vmap(stacked)),
-            "compiled vmap fwd": fwd_only,
-        })
-        if not args.no_unrolled:
-            compiled_vmap_ref = torch.compile(lambda p: ensemble_out(p, "reference"), fullgraph=True)
-            contenders["compiled vmap (reference)"] = lambda: backward(compiled_vmap_ref(stacked))
-    results = interleaved(contenders, device, warmup=2, repeats=args.repeats, max_seconds=60.0)
+        return run
 
-    base = results["eager loop"].get("median_s")
-    print(f"\nE={e} B={b} T={t} H={h} {args.cell.upper()}, fwd+bwd, shared input, 5% resets ({torch.get_num_threads()} threads)")
-    print("| contender | median ms | vs eager loop | first call s |\n|---|---|---|---|")
-    for name, r in results.items():
-        if "error" in r:
-            print(f"| {name} | error: {r['error'][:90]} | | |")
-            continue
-        ratio = f"{base / r['median_s']:.2f}x" if base else ""
-        print(f"| {name} | {1e3 * r['median_s']:.1f} | {ratio} | {r['first_call_s']:.1f} |")
-
-    out = {
-        "benchmark": "ensemble vmap vs loop, fwd+bwd",
-        "config": {"members": e, "batch": b, "time": t, "hidden": h, "input": h, "layers": 1,
-                   "cell": args.cell, "reset_prob": 0.05, "dtype": "float32"},
-        "environment": environment(device),
-        "results": results,
-        "speedup_vs_eager_loop": {
-            n: base / r["median_s"] for n, r in results.items() if base and "median_s" in r
-        },
+    factories: dict[str, Callable[[], Callable[[], None]]] = {
+        "eager loop": lambda: loop(member_out),
+        "eager vmap": lambda: lambda: backward(ensemble_out(stacked)),
+        "eager vmap (scan)": lambda: lambda: backward(ensemble_out(stacked, "scan")),
+        "compiled loop": lambda: loop(compiled(member_out)),
+        "compiled vmap": lambda: (lambda f: lambda: backward(f(stacked)))(compiled(ensemble_out)),
+        "compiled vmap fwd": lambda: forward_only(compiled(ensemble_out)),
+        "compiled vmap (reference)": lambda: (lambda f: lambda: backward(f(stacked)))(
+            compiled(lambda p: ensemble_out(p, "reference"))
+        ),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2))
-    print(f"wrote {args.out}")
+    return {name: _reporting(factories[name]()) for name in names}
+
+
+def row_key(config: dict) -> tuple:
+    return tuple(config[k] for k in KEY)
+
+
+def merge_row(path: Path, row: dict) -> dict:
+    """Add ``row`` to the sweep JSON at ``path`` (replacing the row with the same key); returns the document."""
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    rows = [r for r in doc.get("rows", []) if row_key(r["config"]) != row_key(row["config"])]
+    rows.append(row)
+    rows.sort(key=lambda r: row_key(r["config"]))
+    doc = {"benchmark": "ensemble of recurrent models, fwd+bwd: vmap vs loop over members, eager vs compiled",
+           "rows": rows}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return doc
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """Time one cell; returns its JSON row."""
+    torch.set_num_threads(args.threads)
+    device = torch.device("cpu")
+    names = args.contenders or SWEEP
+    contenders = build_contenders(args.cell, args.members, args.batch, args.time, args.hidden, names)
+    results = interleaved(contenders, device, warmup=2, repeats=args.repeats, max_seconds=60.0)
+    config = {"cell": args.cell, "members": args.members, "batch": args.batch, "time": args.time,
+              "hidden": args.hidden, "threads": args.threads, "input": args.hidden, "layers": 1,
+              "reset_prob": 0.05, "dtype": "float32"}
+    row = {"config": config, "environment": environment(device), "results": results}
+    for base in ("eager loop", BASELINE):
+        ref = results.get(base, {}).get("median_s")
+        if ref:
+            row[f"speedup_vs_{base.replace(' ', '_')}"] = {
+                n: ref / r["median_s"] for n, r in results.items() if "median_s" in r
+            }
+    return row
+
+
+def _shape(row: dict) -> tuple[int, int, int]:
+    c = row["config"]
+    return c["batch"], c["time"], c["hidden"]
+
+
+def _display_order(row: dict) -> tuple:
+    return row["config"]["cell"], _shape(row) != MAIN_SHAPE, _shape(row), row["config"]["members"]
+
+
+def _cell_ms(res: dict, base: dict | None) -> str:
+    if "error" in res:
+        return "error"
+    text = f"{1e3 * res['median_s']:.0f}"
+    if base and "median_s" in base:
+        text += f" ({base['median_s'] / res['median_s']:.2f}x)"
+    return text
+
+
+def table(doc: dict) -> str:
+    """Markdown: one line per (cell, B x T x H, E), one column per contender: median ms (speed-up over
+    the compiled loop)."""
+    rows = sorted(doc["rows"], key=_display_order)
+    names = [n for n in SWEEP + EXTRA if any(n in r["results"] for r in rows)]
+    lines = ["| cell | B x T x H | E | " + " | ".join(names) + " |", "|---|---|---:|" + "---:|" * len(names)]
+    for r in rows:
+        res, c = r["results"], r["config"]
+        cells = [_cell_ms(res[n], res.get(BASELINE)) if n in res else "" for n in names]
+        shape = f"{c['batch']} x {c['time']} x {c['hidden']}"
+        lines.append(f"| {c['cell'].upper()} | {shape} | {c['members']} | " + " | ".join(cells) + " |")
+    compile_lines = []
+    for r in rows:
+        first = {n: v["first_call_s"] for n, v in r["results"].items()
+                 if n.startswith("compiled") and "first_call_s" in v}
+        if first:
+            c = r["config"]
+            compile_lines.append(f"{c['cell'].upper()} E={c['members']}: " + ", ".join(
+                f"{n} {s:.0f} s" for n, s in first.items()))
+    errors = [f"{r['config']['cell'].upper()} E={r['config']['members']}, `{n}`: {v['error']}"
+              for r in rows for n, v in r["results"].items() if "error" in v]
+    out = "\n".join(lines)
+    if compile_lines:
+        out += "\n\nFirst call (compilation included): " + "; ".join(compile_lines) + "."
+    if errors:
+        out += "\n\nErrors:\n\n" + "\n".join(f"* {e}" for e in errors)
+    return out
+
+
+def plot(doc: dict, png: Path) -> None:
+    """Speed-up over the compiled loop against E at ``MAIN_SHAPE``, one panel per cell type."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = sorted({r["config"]["cell"] for r in doc["rows"]})
+    fig, axes = plt.subplots(1, len(cells), figsize=(5 * len(cells), 3.6), squeeze=False)
+    for ax, cell in zip(axes[0], cells):
+        rows = sorted((r for r in doc["rows"] if r["config"]["cell"] == cell and _shape(r) == MAIN_SHAPE),
+                      key=lambda r: r["config"]["members"])
+        for name in SWEEP + EXTRA:
+            pts = [(r["config"]["members"], r["results"][BASELINE]["median_s"] / r["results"][name]["median_s"])
+                   for r in rows if "median_s" in r["results"].get(name, {})
+                   and "median_s" in r["results"].get(BASELINE, {})]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=name)
+        ax.axhline(1.5, color="grey", linestyle=":", linewidth=1, label="target 1.5x")
+        ax.set_xscale("log", base=2)
+        es = [r["config"]["members"] for r in rows]
+        ax.set_xticks(es, [str(e) for e in es])
+        ax.set_xlabel("members E")
+        ax.set_ylabel("speed-up over compiled loop")
+        ax.set_title(f"{cell.upper()} fwd+bwd, B x T x H = " + " x ".join(map(str, MAIN_SHAPE)))
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def section(doc: dict, png_name: str) -> str:
+    """The ensemble section of ``docs/benchmarks.md`` (markers included) for the sweep JSON ``doc``."""
+    c, env = doc["rows"][0]["config"], doc["rows"][0]["environment"]
+    loads = [r["environment"]["load_average_1m"] for r in doc["rows"]
+             if r["environment"].get("load_average_1m") is not None]
+    load = f"; 1-min load average {min(loads):.1f}-{max(loads):.1f}" if loads else ""
+    return (
+        f"{BEGIN}\n\n### Ensembles: training E members (`bench_ensemble.py`)\n\n"
+        "Batch B, time T, hidden H per row (F = H), L=1, 5% random resets, forward+backward, shared input; "
+        f"{env['device_name']} ({c['threads']} torch thread), one process per (cell, E), contenders "
+        f"interleaved{load}; torch {env['torch']}. ms per call: median over rounds (speed-up over the "
+        f"compiled loop).\n\n{table(doc)}\n\n```bash\n{REPRODUCE}\n```\n\n"
+        f"![{png_name}](assets/benchmarks/{png_name})\n\n{END}"
+    )
+
+
+def report(path: Path) -> None:
+    """Print the table, draw the plot (next to the JSON and in the docs assets), rewrite the docs section."""
+    doc = json.loads(path.read_text())
+    print(table(doc))
+    png = path.with_suffix(".png")
+    plot(doc, png)
+    DOC_ASSETS.mkdir(parents=True, exist_ok=True)
+    shutil.copy(png, DOC_ASSETS / png.name)
+    page = DOC_PAGE.read_text()
+    if BEGIN in page:
+        head, rest = page.split(BEGIN, 1)
+        page = head + section(doc, png.name) + rest.split(END, 1)[1]
+    else:
+        page = page.rstrip("\n") + "\n\n" + section(doc, png.name) + "\n"
+    DOC_PAGE.write_text(page)
+    print(f"wrote {png}, {DOC_ASSETS / png.name}, {DOC_PAGE}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cell", choices=["lstm", "gru"], default="lstm")
+    ap.add_argument("--members", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--time", type=int, default=64)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (1 is steadier on a shared CPU)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--contenders", nargs="+", choices=SWEEP + EXTRA, help=f"default: {', '.join(SWEEP)}")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="sweep JSON the row is merged into")
+    ap.add_argument("--report", action="store_true", help="no timing: table, plot and docs from --out")
+    args = ap.parse_args()
+    if args.report:
+        report(args.out)
+        return
+    row = measure(args)
+    doc = merge_row(args.out, row)
+    print(table({"rows": [row]}))
+    print(f"merged into {args.out} ({len(doc['rows'])} rows)")
 
 
 if __name__ == "__main__":

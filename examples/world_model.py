@@ -8,8 +8,11 @@ to back into fixed-length sequences, so a sequence contains resets (``is_init``)
 Model (RSSM's deterministic path, no stochastic latent): ``e_t = tanh(W_e [o_t, a_t])``,
 ``h_t = GRU(h_{t-1}, e_t)`` (reset to zeros where ``is_init``), ``o_{t+1} ~ W_d h_t``.
 An ensemble of 5 members is trained jointly with ``torch.vmap`` over stacked parameters
-and :func:`rnn_functional.gru_sequence` (shared data, ``in_dims=None``); then each member
-"imagines" H steps open loop from the state it filtered on a context window, with
+and :func:`rnn_functional.gru_sequence` (shared data, ``in_dims=None``); the vmapped loss is
+compiled with ``torch.compile(..., fullgraph=True)``, forward and backward (``--eager``:
+without). After training, a few compiled and eager training steps run side by side on the
+same batches: their losses and grads must agree, and their times are printed. Then each
+member "imagines" H steps open loop from the state it filtered on a context window, with
 :func:`rnn_functional.gru_step` inside ``torch.compile(torch.vmap(...), fullgraph=True)``.
 
 Reported: the held-out one-step prediction loss of the ensemble mean next to two trivial
@@ -17,7 +20,8 @@ baselines (predict the last observation, predict the mean observation); the imag
 error against "repeat the last observation"; the ensemble's disagreement.
 
 Run: ``python examples/world_model.py`` (full) or ``--quick`` (or ``WORLD_MODEL_QUICK=1``;
-reduced sizes, under a minute on 2 CPU cores).
+reduced sizes, under a minute on 2 CPU cores, most of it compiling). ``--threads 1`` suits the
+small models here on a busy CPU.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -155,28 +161,86 @@ def imagine(p: TensorDict, h: torch.Tensor, obs0: torch.Tensor, actions: torch.T
 # ----------------------------------------------------------------------------- main
 
 
-def main(cfg: Config, seed: int = 0) -> dict[str, float]:
-    torch.manual_seed(seed)
-    g = torch.Generator().manual_seed(seed)
-    params = init_model(cfg, g)
+LossFn = Callable[[TensorDict, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def make_loss(compiled: bool) -> LossFn:
+    """``(params [E], obs, act, is_init) -> summed loss of the E members``: ``torch.vmap`` over the
+    stacked params (data shared by the members), compiled with its backward if ``compiled``."""
+    ensemble_loss = torch.vmap(member_loss, in_dims=(0, None, None, None))
+
+    def loss(params: TensorDict, obs, act, is_init) -> torch.Tensor:
+        return ensemble_loss(params, obs, act, is_init).sum()
+
+    return torch.compile(loss, fullgraph=True) if compiled else loss
+
+
+def train(cfg: Config, params: TensorDict, loss_fn: LossFn, g: torch.Generator) -> tuple[float, float]:
+    """Adam with a cosine schedule for ``cfg.steps`` steps on fresh batches; returns (total s, first step s)."""
     leaves = list(params.values(include_nested=True, leaves_only=True))
-    for t in leaves:
-        t.requires_grad_(True)
     opt = torch.optim.Adam(leaves, lr=cfg.lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, cfg.steps)
-    ensemble_loss = torch.vmap(member_loss, in_dims=(0, None, None, None))  # data shared by the members
-
     start = time.perf_counter()
+    first_s = 0.0
     for step in range(cfg.steps):
         obs, act, is_init = generate(cfg.batch, cfg.time, g)
-        loss = ensemble_loss(params, obs, act, is_init).sum()
+        loss = loss_fn(params, obs, act, is_init)
         opt.zero_grad()
         loss.backward()
         opt.step()
         sched.step()
+        if step == 0:
+            first_s = time.perf_counter() - start
         if step % max(1, cfg.steps // 5) == 0:
             print(f"step {step:4d}  train loss per member {loss.item() / cfg.members:.4f}")
-    train_s = time.perf_counter() - start
+    return time.perf_counter() - start, first_s
+
+
+def compare_steps(
+    cfg: Config, params: TensorDict, compiled_loss: LossFn, steps: int, g: torch.Generator
+) -> dict[str, float]:
+    """Median seconds of one loss + backward, compiled and eager, called in turn on the same batches
+    (on a copy of ``params``). The first batch also checks that both give the same loss and grads."""
+    eager_loss = make_loss(compiled=False)
+    copy = params.detach().clone()
+    leaves = list(copy.values(include_nested=True, leaves_only=True))
+    for t in leaves:
+        t.requires_grad_(True)
+
+    def loss_and_grads(fn: LossFn, batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        loss = fn(copy, *batch)
+        return loss.detach(), torch.autograd.grad(loss, leaves)
+
+    batch = generate(cfg.batch, cfg.time, g)
+    compiled_out, eager_out = loss_and_grads(compiled_loss, batch), loss_and_grads(eager_loss, batch)
+    # float32, two evaluation orders (inductor fuses and reorders reductions): 1e-4 relative
+    torch.testing.assert_close(compiled_out, eager_out, rtol=1e-4, atol=1e-5)
+    times: dict[str, list[float]] = {"compiled": [], "eager": []}
+    for _ in range(steps):
+        batch = generate(cfg.batch, cfg.time, g)
+        for name, fn in (("compiled", compiled_loss), ("eager", eager_loss)):
+            t0 = time.perf_counter()
+            loss_and_grads(fn, batch)
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def main(cfg: Config, seed: int = 0, compiled: bool = True, compare: int = 10) -> dict[str, float]:
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
+    params = init_model(cfg, g)
+    for t in params.values(include_nested=True, leaves_only=True):
+        t.requires_grad_(True)
+    loss_fn = make_loss(compiled)
+    mode = "torch.compile, fullgraph" if compiled else "eager"
+    train_s, first_s = train(cfg, params, loss_fn, g)
+    print(f"trained {cfg.members} members x {cfg.steps} steps ({mode}) in {train_s:.1f}s "
+          f"(first step {first_s:.1f}s{', compilation included' if compiled else ''})")
+    if compare:
+        step_s = compare_steps(cfg, params, loss_fn if compiled else make_loss(compiled=True), compare, g)
+        print(f"TRAIN STEP (loss + backward, {cfg.members} members, median of {compare}, interleaved): "
+              f"compiled {1e3 * step_s['compiled']:.1f} ms, eager {1e3 * step_s['eager']:.1f} ms "
+              f"({step_s['eager'] / step_s['compiled']:.2f}x); compiled and eager loss and grads agree")
 
     # held-out one-step prediction: ensemble mean vs trivial baselines
     eval_g = torch.Generator().manual_seed(seed + 1)
@@ -209,8 +273,7 @@ def main(cfg: Config, seed: int = 0) -> dict[str, float]:
     results["imagination_baseline_last_obs"] = ((obs[:, cfg.context, None] - truth) ** 2).mean().item()
     results["ensemble_disagreement"] = imagined.std(0).mean().item()
 
-    print(f"trained {cfg.members} members x {cfg.steps} steps in {train_s:.1f}s; "
-          f"compiled imagination ({cfg.horizon} steps) in {compile_s:.1f}s")
+    print(f"compiled imagination ({cfg.horizon} steps) in {compile_s:.1f}s")
     print(f"one-step loss (ensemble mean) {results['loss']:.4f} | baselines: last obs "
           f"{results['baseline_last_obs']:.4f}, mean obs {results['baseline_mean_obs']:.4f}")
     print(f"imagination {cfg.horizon} steps: mse {results['imagination_mse']:.4f} vs repeat-last-obs "
@@ -225,6 +288,15 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="reduced sizes (CI); also WORLD_MODEL_QUICK=1")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eager", action="store_true", help="train without torch.compile")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default: the config's)")
+    parser.add_argument("--compare", type=int, default=10, metavar="N",
+                        help="after training, time N compiled and N eager training steps side by side (0: skip)")
     args = parser.parse_args()
     quick = args.quick or os.environ.get("WORLD_MODEL_QUICK") == "1"
-    main(QUICK if quick else Config(), seed=args.seed)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = QUICK if quick else Config()
+    main(cfg if args.steps is None else replace(cfg, steps=args.steps), seed=args.seed, compiled=not args.eager,
+         compare=args.compare)
