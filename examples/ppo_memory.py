@@ -21,8 +21,9 @@ one cannot. The script trains both, three seeds each, and reports what each lear
   loss over a member's ``[envs, time]`` rollout with the LSTM in recurrent mode and the episode
   resets inside. All ``3 x 16`` environments step at once (:mod:`cartpole`, gymnasium's
   CartPole-v1 written in torch). (Swapping inside a compiled ``torch.vmap`` would touch the
-  modules' ``nn.LSTM`` child, which Dynamo refuses; compiled autograd through a vmapped ``scan``
-  is a torch 2.13 limitation, see ``docs/ensembles.md``.)
+  modules' ``nn.LSTM`` child, which Dynamo refuses. A compiled ``torch.vmap`` over
+  ``module.forward_with_params`` would avoid that; this example keeps the measured per-member
+  loop, see ``docs/ensembles.md`` for compiled ensemble training.)
 * The memoryless baseline trains in a second process meanwhile (one CPU core each;
   ``--sequential`` trains one after the other).
 * ``evals`` times during training and at the end, each member plays ``eval_episodes`` episodes
