@@ -123,7 +123,7 @@ def case_name(spec: dict) -> str:
 def forced_eager_path(path: str):
     """``auto``'s eager choice replaced by the exact eager path ``path`` (to time every candidate)."""
     real = selection._eager_fastest
-    selection._eager_fastest = lambda layout, opts, is_init, records_grad: path
+    selection._eager_fastest = lambda layout, opts, is_init, records_grad, plan=None: path
     try:
         yield
     finally:

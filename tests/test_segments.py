@@ -40,7 +40,7 @@ def eager_path(path: str):
         yield
         return
     real = selection._eager_fastest
-    selection._eager_fastest = lambda layout, opts, is_init, records_grad: path
+    selection._eager_fastest = lambda layout, opts, is_init, records_grad, plan=None: path
     try:
         yield
     finally:
@@ -252,11 +252,15 @@ def test_auto_rule():
     assert _auto_choice("norm_gru", scattered, True) == "sequence"
 
 
-def test_plan_is_shared_within_a_call_and_follows_in_place_changes():
-    """auto's rule and its path share one plan per is_init; an in-place change to is_init replans."""
-    is_init = torch.tensor([[True, False, True, False]])
-    first = selection._plan(is_init)
-    assert selection._plan(is_init) is first
+def test_plan_is_shared_within_a_call_and_follows_in_place_changes(monkeypatch):
+    """auto's rule and its path share one plan per call; an in-place change to is_init replans."""
+    planned = []
+    real = segments.plan
+    monkeypatch.setattr(segments, "plan", lambda is_init: planned.append(real(is_init)) or planned[-1])
+    params = rf.init_lstm_params(3, 4, generator=torch.Generator().manual_seed(0))
+    x, is_init = torch.randn(1, 4, 3), torch.tensor([[True, False, True, False]])
+    rf.lstm_sequence(x, None, params, is_init=is_init)
+    assert [p.count for p in planned] == [2]
     is_init[0, 1] = True
-    assert selection._plan(is_init).count == 3 and first.count == 2
-    assert selection._plan(is_init.clone()).count == 3
+    rf.lstm_sequence(x, None, params, is_init=is_init)
+    assert [p.count for p in planned] == [2, 3]

@@ -7,6 +7,7 @@ the call (the cell's hooks, the context from :func:`~.options.call_context`, dev
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -25,23 +26,11 @@ def _interior_resets(is_init: torch.Tensor | None) -> bool:
     return is_init is not None and is_init.numel() > 0 and bool(is_init[:, 1:].any())
 
 
-_LAST_PLAN: list = []  # [(is_init, its version), plan] of the latest call: auto's rule and its path share one plan
-
-
-def _plan(is_init: torch.Tensor) -> segments.SegmentPlan:
-    """:func:`segments.plan` of ``is_init``, computed once per call (host sync)."""
-    key = (is_init, is_init._version)
-    if _LAST_PLAN and _LAST_PLAN[0][0] is key[0] and _LAST_PLAN[0][1] == key[1]:
-        return _LAST_PLAN[1]
-    _LAST_PLAN[:] = [key, segments.plan(is_init)]
-    return _LAST_PLAN[1]
-
-
 EAGER_PATHS = ("reference", "pad", "packed", "segments", "scan", "scan_segments")
 
 
 def eager_path(name: str, layout: Layout, opts: SequenceOptions, is_init: torch.Tensor | None,
-               plan: segments.SegmentPlan | None = None) -> Callable:
+               plan: Callable[[], segments.SegmentPlan] | None = None) -> Callable:
     """One exact eager path for a call (a name of ``EAGER_PATHS``): ``"reference"`` (the loop over
     ``T``); ``"pad"`` (one ATen kernel call; with interior resets, the segments in length buckets of
     unpacked calls, or packed for more than one layer); ``"packed"`` (ATen's kernels on the segments
@@ -58,7 +47,7 @@ def eager_path(name: str, layout: Layout, opts: SequenceOptions, is_init: torch.
         return pad.sequence if name in ("pad", "packed") else loop
     if name in ("reference", "scan"):
         return loop
-    plan = _plan(is_init) if plan is None else plan
+    plan = plan() if plan else segments.plan(is_init)
     if name in ("segments", "scan_segments"):
         return segments.aligned(loop, plan)
     if name == "pad" and layout.num_layers == 1:
@@ -82,7 +71,8 @@ def _loop_cost(steps: int, rows: int) -> int:
     return steps * (rows + _LOOP_ROWS_PER_STEP)
 
 
-def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor | None, records_grad: bool) -> str:
+def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor | None, records_grad: bool,
+                   plan: Callable[[], segments.SegmentPlan] | None = None) -> str:
     """The fastest exact eager path able to serve the call (a name of :func:`eager_path`). The rule, measured with
     ``benchmarks/bench_flat.py`` (``docs/backends.md``, "auto on flat and ragged batches"):
 
@@ -104,7 +94,7 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
     aten = opts.recompute != "full" and layout.cell.aten is not None
     if not _interior_resets(is_init):
         return "pad" if aten else "reference"
-    p = _plan(is_init)
+    p = plan() if plan else segments.plan(is_init)
     n, t_len = is_init.shape
     if aten and (not records_grad or 2 * p.max_len <= t_len):
         if layout.num_layers == 1 and ((records_grad and p.max_len * n * t_len > _PACKED_BACKWARD_LIMIT)
@@ -115,7 +105,7 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
 
 
 def _auto(layout: Layout, x: torch.Tensor, opts: SequenceOptions, is_init, ctx: CallContext,
-          records_grad: bool = True) -> str:
+          records_grad: bool = True, plan: Callable[[], segments.SegmentPlan] | None = None) -> str:
     """What ``auto`` picks: the fused ``triton`` kernels on CUDA where they serve the call
     (they compile whole and vmap in one launch); else ``scan`` under ``torch.compile``,
     ``reference`` under eager ``torch.func`` transforms (eager scan re-traces its step on
@@ -126,7 +116,7 @@ def _auto(layout: Layout, x: torch.Tensor, opts: SequenceOptions, is_init, ctx: 
         return "scan"
     if ctx.vmapped or ctx.differentiated:  # reference's checkpointing cannot cross vmap; scan's recompute can
         return "scan" if opts.recompute == "full" and not ctx.differentiated else "reference"
-    return _eager_fastest(layout, opts, is_init, records_grad)
+    return _eager_fastest(layout, opts, is_init, records_grad, plan=plan)
 
 
 def resolve_backend(
@@ -146,16 +136,19 @@ def resolve_backend(
     """
     check_options(backend=name)
     ctx = call_context()
+    # the call's segments (a host sync), planned at most once: auto's rule and the eager path it picks
+    # share them (traced calls never plan; dynamo cannot trace functools.cache)
+    plan = None if ctx.traced else functools.cache(lambda: segments.plan(is_init))
     if name == "auto":
-        name = _auto(layout, x, opts, is_init, ctx, records_grad)
+        name = _auto(layout, x, opts, is_init, ctx, records_grad, plan)
         if not ctx.traced and name in EAGER_PATHS[1:]:  # the eager choice (traced: plain scan or reference)
-            return eager_path(name, layout, opts, is_init)
+            return eager_path(name, layout, opts, is_init, plan)
     elif name == "pad":
         pad.aten_kernels(layout)  # raises for a cell without ATen kernels, in every context
         if ctx.traced:  # ATen's kernels have no vmap rule nor functorch autograd, and split on host-side counts
             name = "scan" if ctx.compiling else "reference"
         else:
-            return eager_path("pad", layout, opts, is_init)
+            return eager_path("pad", layout, opts, is_init, plan)
     if name == "triton":
         triton_backend.kernel_family(layout)  # the cell's error comes first: no device would serve it
         if not triton_backend.is_available(x.device):
