@@ -114,6 +114,27 @@ def test_num_slices_errors_name_the_bounds_and_the_batch():
     torch.testing.assert_close(got, want)
 
 
+def strided(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a non-contiguous view (every other element of a larger tensor), differentiable to ``t``."""
+    return torch.stack([t, torch.zeros_like(t)], dim=-1)[..., 0]
+
+
+@pytest.mark.parametrize("num_slices", [None, 8], ids=["whole", "truncated"])
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_slice_len_strided_inputs_match_reference(cell, num_slices):
+    """Non-contiguous ``x``, ``state``, ``is_init`` and ``reset_state`` under the hint: the same outputs
+    and gradients as the ``reference`` loop on contiguous ones."""
+    is_init = slice_starts((2,), 12, 4, interior=(6,))
+    leaves, (x, state, params), kwargs = make_call(cell, (2,), 12, is_init)
+    want = outputs_and_grads(cell, (x, state, params), kwargs, leaves, backend="reference")
+    as_strided = (lambda c: tuple(map(strided, c))) if cell == "lstm" else strided
+    args = (strided(x), as_strided(state), params)
+    kwargs = dict(kwargs, is_init=strided(is_init), reset_state=as_strided(kwargs["reset_state"]))
+    assert not (args[0].is_contiguous() or kwargs["is_init"].is_contiguous())
+    got = outputs_and_grads(cell, args, kwargs, leaves, slice_len=4, num_slices=num_slices)
+    torch.testing.assert_close(got, want)
+
+
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_padded_block_matches_reference(cell):
     """The ``[num_slices, slice_len]`` block compiled calls use, run eagerly over the reference loop:
