@@ -13,7 +13,7 @@ from tensordict.utils import NestedKey
 
 from ._cells import ModuleCell
 
-__all__ = ["read_inputs", "run_step", "run_sequence"]
+__all__ = ["read_inputs", "run_step", "run_sequence", "write_outputs"]
 
 Tensor = torch.Tensor
 States = tuple[Tensor, ...]
@@ -146,3 +146,11 @@ def run_step(
         x.unsqueeze(-2), cell.pack(states), params, is_init=is_init, backend=backend, dropout=dropout, training=True
     )
     return y.squeeze(-2), cell.unpack(state)
+
+
+def write_outputs(td: TensorDictBase, out_keys: list[NestedKey], y: Tensor, states: States) -> TensorDictBase:
+    """Write ``y`` and the states at ``out_keys`` (``[output, *hidden]``) into ``td``; returns ``td``."""
+    td.set(out_keys[0], y)
+    for key, value in zip(out_keys[1:], states):
+        td.set(key, value)
+    return td
