@@ -21,8 +21,13 @@ calls and the per-call time is reported (median over rounds, and the minimum):
 * ``nn.LSTMCell`` / ``nn.GRUCell``: the bare ``torch.nn`` cell on tensors, no reset, no TensorDict
   (the floor).
 
-Writes ``results/policy_step_cpu.json`` and prints a Markdown table (ratios to the eager module
-and to the bare cell).
+Each contender also records the thread CPU time of its samples (``cpu_median_us_per_call`` and its
+ratios): the machine's other jobs inflate wall-clock samples when they preempt this process, not
+CPU time (with one torch thread every op runs on the calling thread).
+
+Run it from the repository root with ``PYTHONPATH=.`` so that ``import rnn_functional`` reads the
+checkout, not an installed copy. Writes ``results/policy_step_cpu.json`` and prints a Markdown table
+(ratios to the eager module and to the bare cell).
 """
 
 from __future__ import annotations

@@ -130,12 +130,13 @@ def run_step(
     *,
     dropout: float,
     training: bool,
-    backend: str,
+    backend: str | None,
 ) -> tuple[Tensor, States]:
     """``(y [*B, P], states [*B, L, S])``: one step, zero states where ``is_init``.
 
     The core's step functions have no dropout: a training step with dropout runs as a
-    length-1 sequence (same reset, inter-layer dropout) on the sequence ``backend``.
+    length-1 sequence (same reset, inter-layer dropout) on the sequence ``backend`` (read only
+    then; ``None`` is fine otherwise).
     """
     if not (training and dropout > 0):
         y, state = cell.step(x, cell.pack(states), params, is_init=is_init)
