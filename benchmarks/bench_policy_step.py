@@ -21,15 +21,22 @@ calls and the per-call time is reported (median over rounds, and the minimum):
 * ``nn.LSTMCell`` / ``nn.GRUCell``: the bare ``torch.nn`` cell on tensors, no reset, no TensorDict
   (the floor).
 
-Writes ``results/policy_step_cpu.json`` and prints a Markdown table (ratios to the eager module
-and to the bare cell).
+Each contender also records the thread CPU time of its samples (``cpu_median_us_per_call`` and its
+ratios): the machine's other jobs inflate wall-clock samples when they preempt this process, not
+CPU time (with one torch thread every op runs on the calling thread).
+
+Run it from the repository root with ``PYTHONPATH=.`` so that ``import rnn_functional`` reads the
+checkout, not an installed copy. Writes ``results/policy_step_cpu.json`` and prints a Markdown table
+(ratios to the eager module and to the bare cell).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -46,8 +53,9 @@ SHAPE = {"B": 32, "F": 64, "H": 128, "L": 1, "reset_prob": 0.05}
 MODULES = {"lstm": (rf.LSTMModule, nn.LSTMCell, rf.lstm_step), "gru": (rf.GRUModule, nn.GRUCell, rf.gru_step)}
 
 
-def contenders(cell: str, inner: int) -> dict:
-    """name -> zero-argument callable running ``inner`` calls of that contender."""
+def contenders(cell: str, inner: int, cpu_times: dict[str, list[float]]) -> dict:
+    """name -> zero-argument callable running ``inner`` calls of that contender; each run appends its
+    thread CPU time to ``cpu_times[name]``."""
     module_cls, cell_cls, step_fn = MODULES[cell]
     B, F, H, L = (SHAPE[k] for k in ("B", "F", "H", "L"))
     g = torch.Generator().manual_seed(0)
@@ -79,22 +87,24 @@ def contenders(cell: str, inner: int) -> dict:
         torch.testing.assert_close(compiled_module(make_td())["y"], want, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(compiled_step(x, core_state, params, is_init)[0], want, rtol=1e-5, atol=1e-6)
 
-    def repeat(fn, stance: dict | None = None):
+    def repeat(name: str, fn, stance: dict | None = None):
         def run():
             with torch.no_grad(), torch.compiler.set_stance(**(stance or {"stance": "default"})):
+                t0 = time.thread_time()
                 for _ in range(inner):
                     fn()
+                cpu_times.setdefault(name, []).append(time.thread_time() - t0)
         return run
 
-    return {
-        "eager module": repeat(lambda: module(make_td())),
-        "compiled module": repeat(lambda: compiled_module(make_td())),
-        "compiled module, skip_guard_eval_unsafe": repeat(lambda: compiled_module(make_td()),
-                                                          {"skip_guard_eval_unsafe": True}),
-        "compiled step function (tensors)": repeat(lambda: compiled_step(x, core_state, params, is_init)),
-        "TensorDict construction": repeat(make_td),
-        f"nn.{cell_cls.__name__} (tensors, no reset)": repeat(lambda: bare(x, bare_state)),
+    calls = {
+        "eager module": (lambda: module(make_td()), None),
+        "compiled module": (lambda: compiled_module(make_td()), None),
+        "compiled module, skip_guard_eval_unsafe": (lambda: compiled_module(make_td()), {"skip_guard_eval_unsafe": True}),
+        "compiled step function (tensors)": (lambda: compiled_step(x, core_state, params, is_init), None),
+        "TensorDict construction": (make_td, None),
+        f"nn.{cell_cls.__name__} (tensors, no reset)": (lambda: bare(x, bare_state), None),
     }
+    return {name: repeat(name, fn, stance) for name, (fn, stance) in calls.items()}
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -109,18 +119,23 @@ def main(argv: list[str] | None = None) -> Path:
     device = torch.device("cpu")
     report = {"environment": environment(device), "shape": SHAPE, "inner_calls": args.inner, "cells": {}}
     for cell in args.cells:
-        res = interleaved(contenders(cell, args.inner), device, repeats=args.repeats, max_seconds=120)
-        for r in res.values():
+        cpu_times: dict[str, list[float]] = {}
+        res = interleaved(contenders(cell, args.inner, cpu_times), device, repeats=args.repeats, max_seconds=120)
+        for name, r in res.items():
             for k in ("median_s", "min_s"):
                 if k in r:
                     r[k.replace("_s", "_us_per_call")] = r.pop(k) / args.inner * 1e6
             r.pop("first_call_s", None)
-        eager = res["eager module"]["median_us_per_call"]
-        floor = next(r for n, r in res.items() if n.startswith("nn."))["median_us_per_call"]
+            timed = cpu_times.get(name, [])[-r.get("samples", 0):] if "samples" in r else []  # the timed rounds
+            if timed:
+                r["cpu_median_us_per_call"] = statistics.median(timed) / args.inner * 1e6
+        eager, floor = res["eager module"], next(r for n, r in res.items() if n.startswith("nn."))
         for r in res.values():
             if "median_us_per_call" in r:
-                r["x_eager_module"] = r["median_us_per_call"] / eager
-                r["x_bare_cell"] = r["median_us_per_call"] / floor
+                r["x_eager_module"] = r["median_us_per_call"] / eager["median_us_per_call"]
+                r["x_bare_cell"] = r["median_us_per_call"] / floor["median_us_per_call"]
+                r["cpu_x_eager_module"] = r["cpu_median_us_per_call"] / eager["cpu_median_us_per_call"]
+                r["cpu_x_bare_cell"] = r["cpu_median_us_per_call"] / floor["cpu_median_us_per_call"]
         report["cells"][cell] = res
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
@@ -128,14 +143,16 @@ def main(argv: list[str] | None = None) -> Path:
     env = report["environment"]
     print(f"policy step, {SHAPE}, no grad, {env['torch_threads']} thread(s), load {env['load_average_1m']:.1f}; "
           f"us per call: median (min)")
-    print("| cell | contender | us/call | x eager module | x bare cell |\n|---|---|---:|---:|---:|")
+    print("| cell | contender | us/call | x eager module | x bare cell | CPU us/call | CPU x eager | CPU x bare |\n"
+          "|---|---|---:|---:|---:|---:|---:|---:|")
     for cell, res in report["cells"].items():
         for n, r in res.items():
             if "median_us_per_call" in r:
                 print(f"| {cell.upper()} | {n} | {r['median_us_per_call']:.1f} ({r['min_us_per_call']:.1f}) | "
-                      f"{r['x_eager_module']:.2f} | {r['x_bare_cell']:.2f} |")
+                      f"{r['x_eager_module']:.2f} | {r['x_bare_cell']:.2f} | {r['cpu_median_us_per_call']:.1f} | "
+                      f"{r['cpu_x_eager_module']:.2f} | {r['cpu_x_bare_cell']:.2f} |")
             else:
-                print(f"| {cell.upper()} | {n} | {r['error']} | | |")
+                print(f"| {cell.upper()} | {n} | {r['error']} | | | | | |")
     print(f"wrote {args.out}")
     return args.out
 

@@ -183,7 +183,8 @@ def _empty_call(c: Canonical, time: tuple) -> tuple[torch.Tensor, Carry, Carry]:
 
 def run_step(cell: Cell, x, state, params, is_init, backend: str) -> tuple[torch.Tensor, object]:
     """Validate, reset to zeros where ``is_init``, run one step over all layers."""
-    check_options(backend=backend)
+    if backend not in selection.STEP_BACKENDS:  # the unknown-name error first; resolve_step rejects 'scan'
+        check_options(backend=backend)
     c = _canonicalize(cell, x, state, params, is_init, None, sequence=False)
     step = selection.resolve_step(backend, c.layout, c.x)
     if c.x.shape[0] == 0:

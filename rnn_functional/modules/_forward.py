@@ -13,7 +13,7 @@ from tensordict.utils import NestedKey
 
 from ._cells import ModuleCell
 
-__all__ = ["read_inputs", "run_step", "run_sequence"]
+__all__ = ["read_inputs", "run_step", "run_sequence", "write_outputs"]
 
 Tensor = torch.Tensor
 States = tuple[Tensor, ...]
@@ -130,12 +130,13 @@ def run_step(
     *,
     dropout: float,
     training: bool,
-    backend: str,
+    backend: str | None,
 ) -> tuple[Tensor, States]:
     """``(y [*B, P], states [*B, L, S])``: one step, zero states where ``is_init``.
 
     The core's step functions have no dropout: a training step with dropout runs as a
-    length-1 sequence (same reset, inter-layer dropout) on the sequence ``backend``.
+    length-1 sequence (same reset, inter-layer dropout) on the sequence ``backend`` (read only
+    then; ``None`` is fine otherwise).
     """
     if not (training and dropout > 0):
         y, state = cell.step(x, cell.pack(states), params, is_init=is_init)
@@ -146,3 +147,11 @@ def run_step(
         x.unsqueeze(-2), cell.pack(states), params, is_init=is_init, backend=backend, dropout=dropout, training=True
     )
     return y.squeeze(-2), cell.unpack(state)
+
+
+def write_outputs(td: TensorDictBase, out_keys: list[NestedKey], y: Tensor, states: States) -> TensorDictBase:
+    """Write ``y`` and the states at ``out_keys`` (``[output, *hidden]``) into ``td``; returns ``td``."""
+    td.set(out_keys[0], y)
+    for key, value in zip(out_keys[1:], states):
+        td.set(key, value)
+    return td

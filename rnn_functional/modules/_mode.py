@@ -87,9 +87,9 @@ def recurrent_mode() -> bool | None:
     Reads TorchRL's ``set_recurrent_mode`` flag too when TorchRL is loaded. Under ``torch.compile``
     our flag is read first (see :class:`set_recurrent_mode`), then TorchRL's.
     """
-    trl = _torchrl_rnn()
-    if torch.compiler.is_compiling():
-        mode = _STATE.get()
+    trl = _torchrl_module if _torchrl_loaded() else None
+    if torch.compiler.is_compiling():  # the traced mirror read directly: each traced call adds guards per compiled call
+        mode = _STATE._traced["mode"]
         return trl.recurrent_mode() if mode is None and trl is not None else mode
     if trl is not None:
         mode = trl.recurrent_mode()

@@ -42,7 +42,7 @@ from ..functional.options import check_options
 from ..functional.slices import check_value
 from ._cells import GRU_CELL, LSTM_CELL
 from ._compat import TorchRLCompat
-from ._forward import read_inputs, run_sequence, run_step
+from ._forward import read_inputs, run_sequence, run_step, write_outputs
 from ._keys import resolve_keys
 from ._weights import RNNChild, build_rnn
 
@@ -96,7 +96,7 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
         (``benchmarks/bench_policy_step.py``).
         """
         if len(args) == 1 and not kwargs and isinstance(args[0], TensorDictBase):
-            return self.forward_with_params(args[0], self._params())
+            return self.forward_with_params(args[0], self._weights)
         return self._forward_from_tensors(*args, **kwargs)
 
     @dispatch
@@ -110,7 +110,10 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
         ``nn.LSTM``/``nn.GRU`` child, so it traces under ``torch.compile`` without graph breaks.
         """
         cell, recurrent = self._cell, self.recurrent_mode
-        x, states, is_init = read_inputs(cell, tensordict, self.in_keys, self._input_size, self._state_shapes, recurrent)
+        # tensordict stores ``in_keys``/``out_keys`` in ``_in_keys``/``_out_keys_apparent``: reading those skips two
+        # property lookups through the class hierarchy, 8 guards a compiled call re-checks (bench_policy_step.py)
+        in_keys, out_keys = self._in_keys, self._out_keys_apparent
+        x, states, is_init = read_inputs(cell, tensordict, in_keys, self._input_size, self._state_shapes, recurrent)
         if recurrent:
             first = None if states is None else tuple(s[..., 0, :, :] for s in states)
             y, out_states = run_sequence(
@@ -125,12 +128,11 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
                 num_slices=self.recurrent_num_slices,
             )
         else:
-            y, out_states = run_step(cell, x, states, params, is_init, dropout=self._dropout,
-                                     training=self.training, backend=self._sequence_backend())
-        tensordict.set(self.out_keys[0], y)
-        for key, value in zip(self.out_keys[1:], out_states):
-            tensordict.set(key, value)
-        return tensordict
+            dropout = self._dropout if self.training else 0.0
+            backend = self._sequence_backend() if dropout > 0 else None  # only a step with dropout runs a sequence
+            y, out_states = run_step(cell, x, states, params, is_init, dropout=dropout, training=self.training,
+                                     backend=backend)
+        return write_outputs(tensordict, out_keys, y, out_states)
 
 
 class LSTMModule(_RecurrentModule):
