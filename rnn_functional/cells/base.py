@@ -89,11 +89,14 @@ class AtenKernels:
     ``sequence(layout, params, inputs, hx, dropout, training, batch_sizes) -> (out, hx')`` runs
     all layers over ``inputs`` ``[N, T, F]`` (or packed data with ``batch_sizes``); ``hx`` is a
     carry of layer-major ``[L, N, S]`` tensors. ``step(w, x [N, F], carry) -> carry`` runs one
-    layer one step, without projection.
+    layer one step, without projection. ``fused_on_cpu``: an unpacked ``sequence`` call runs as one fused
+    kernel on CPU (oneDNN's LSTM); False where ATen runs it as a loop of per-step ops (its GRU), which
+    the ``scan`` loop and a packed call match (``auto``'s eager rule reads it).
     """
 
     sequence: Callable
     step: Callable
+    fused_on_cpu: bool = False
 
 
 @dataclass(frozen=True)

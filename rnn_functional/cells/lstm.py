@@ -57,7 +57,7 @@ class LSTMCell(Cell):
     params_doc = "torch.nn.LSTM state-dict keys (weight_ih_l0, weight_hh_l0, ...)"
     init_function = "init_lstm_params"
     out_dim = "P"
-    aten = AtenKernels(sequence=_aten_sequence, step=_aten_step)
+    aten = AtenKernels(sequence=_aten_sequence, step=_aten_step, fused_on_cpu=True)
     triton = TritonKernels(is_lstm=True)
 
     def read_layout(self, params: Mapping[str, torch.Tensor]) -> Layout:

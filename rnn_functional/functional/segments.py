@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -55,7 +55,8 @@ class SegmentPlan:
 
     ``seg_of [N, T]`` and ``pos [N, T]``: each step's segment and its index within it; ``row [S]``
     and ``start [S]``: each segment's row and first step; ``lengths [S]`` (on the device) and
-    ``lengths_cpu [S]``: their step counts.
+    ``lengths_cpu [S]``: their step counts. ``buckets``: the length buckets of :func:`bucketed`, per
+    ``recompute`` flag, computed once (``auto``'s rule and the path it picks share them).
     """
 
     seg_of: torch.Tensor
@@ -65,6 +66,7 @@ class SegmentPlan:
     lengths: torch.Tensor
     lengths_cpu: torch.Tensor
     max_len: int
+    buckets: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def count(self) -> int:
@@ -198,22 +200,30 @@ def _other_finals(layout: Layout, params, x_block, h0: Carry, y_block, lengths: 
     return tuple(torch.stack(parts, dim=1).gather(1, last.expand(-1, 1, parts[0].shape[-1])) for parts in zip(*others))
 
 
+def _plan_buckets(p: SegmentPlan, layout: Layout) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, int, int]]]:
+    """``(order, lengths_sorted, buckets)``: the segments of ``p`` sorted by decreasing length (stable) and
+    :func:`_buckets` of them for ``layout``'s carry (memoised on ``p``)."""
+    recompute = len(layout.state_sizes) > 1
+    if recompute not in p.buckets:
+        order = torch.argsort(p.lengths_cpu, descending=True, stable=True)
+        lengths_sorted = p.lengths_cpu[order]
+        p.buckets[recompute] = (order, lengths_sorted, _buckets(lengths_sorted.tolist(), recompute))
+    return p.buckets[recompute]
+
+
 def bucket_padding(p: SegmentPlan, layout: Layout) -> float:
     """Steps that :func:`bucketed` runs for the segments of ``p``, over their real steps (``>= 1``)."""
-    lengths = sorted(p.lengths_cpu.tolist(), reverse=True)
-    run = sum((end - first) * steps for first, end, steps in _buckets(lengths, recompute=len(layout.state_sizes) > 1))
-    return run / sum(lengths)
+    _, lengths_sorted, buckets = _plan_buckets(p, layout)
+    return sum((end - first) * steps for first, end, steps in buckets) / float(lengths_sorted.sum())
 
 
 def bucketed(p: SegmentPlan) -> Callable:
     """The ``pad`` backend (one layer) run on the segments of ``p`` in length buckets, one unpacked call each."""
-    order = torch.argsort(p.lengths_cpu, descending=True, stable=True)
-    lengths_sorted = p.lengths_cpu[order]
 
     def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
         if layout.num_layers != 1:
             raise ValueError("segments.bucketed serves one layer; use segments.packed for more.")
-        buckets = _buckets(lengths_sorted.tolist(), recompute=len(layout.state_sizes) > 1)
+        order, lengths_sorted, buckets = _plan_buckets(p, layout)
         dev = x.device
         order_d, len_d = order.to(dev), lengths_sorted.to(dev)
         rank = torch.empty_like(order_d)
