@@ -45,7 +45,7 @@ from ..cells import Carry, Layout, apply_reset
 # Cost model of the length buckets (:func:`_buckets`), in row-steps: a step of a kernel call costs as
 # much as ~16 more rows, a step of the recompute loop too (CPU, H=128, fwd+bwd; docs/backends.md).
 _CALL_STEP_ROWS = 16
-_RECOMPUTE_STEP_ROWS = 16
+_RECOMPUTE_STEP_ROWS = 64
 _MAX_DISTINCT = 256
 
 
