@@ -151,6 +151,20 @@ class Cell(abc.ABC):
         """One layer, one step: ``gi [N, G]`` (the input projection), carry of ``[N, S]`` -> carry'."""
         return self.layer_step_saving(gi, carry, w)[0]
 
+    def carry_rest_given_h(self, gi: torch.Tensor, h_prev: torch.Tensor, rest0: Carry, w: LayerWeights) -> Carry:
+        """The carry's parts after ``h`` at every step of a sequence whose ``h`` before each step is known.
+
+        ``gi [R, T, G]`` (input projections), ``h_prev [R, T, P]`` (``h`` before each step: the initial
+        ``h``, then the outputs), ``rest0`` the other parts before step 0 (tuple of ``[R, S]``) -> tuple
+        of ``[R, T, S]``. Default: :meth:`layer_step` over ``T``; a cell whose other parts follow from
+        ``h`` more cheaply overrides it.
+        """
+        carry, rest = rest0, []
+        for t in range(gi.shape[1]):
+            carry = self.layer_step(gi[:, t], (h_prev[:, t], *carry), w)[1:]
+            rest.append(carry)
+        return tuple(torch.stack(parts, dim=1) for parts in zip(*rest))
+
     def step_backward(self, gi: torch.Tensor, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
         """Backward of :meth:`layer_step`, recomputing its activations from ``gi`` and the carry before
         the step; ``d_new`` is the cotangent of the carry after it."""

@@ -45,7 +45,7 @@ from ..cells import Carry, Layout, apply_reset
 # Cost model of the length buckets (:func:`_buckets`), in row-steps: a step of a kernel call costs as
 # much as ~16 more rows, a step of the recompute loop too (CPU, H=128, fwd+bwd; docs/backends.md).
 _CALL_STEP_ROWS = 16
-_RECOMPUTE_STEP_ROWS = 64
+_RECOMPUTE_STEP_ROWS = 16
 _MAX_DISTINCT = 256
 
 
@@ -184,20 +184,17 @@ def _other_finals(layout: Layout, params, x_block, h0: Carry, y_block, lengths: 
 
     ``x_block [R, T, F]`` and ``y_block [R, T, P]`` hold the rows' inputs and the kernel's outputs,
     ``h0`` their initial carries ``[R, 1, ·]``, ``lengths [R]`` (on the device) their step counts.
-    The cell's step runs from ``h0`` with ``h`` read from the outputs (the carry's other parts
-    depend on nothing else), so the result is the carry the kernel held at each row's last step.
+    The cell follows its other parts from ``h0`` with ``h`` read from the outputs
+    (:meth:`~rnn_functional.cells.Cell.carry_rest_given_h`; they depend on nothing else), so the
+    result is the carry the kernel held at each row's last step.
     """
     cell = layout.cell
     w = cell.layer_weights(params, layout, 0)
     gi = F.linear(x_block, w.weight_ih, w.bias_ih)
-    carry = tuple(s[:, 0] for s in h0)
-    others = []
-    for t in range(x_block.shape[1]):
-        h = carry[0] if t == 0 else y_block[:, t - 1]
-        carry = cell.layer_step(gi[:, t], (h, *carry[1:]), w)
-        others.append(carry[1:])
+    h_prev = torch.cat([h0[0], y_block[:, : x_block.shape[1] - 1]], dim=1)  # h before each step
+    rest = cell.carry_rest_given_h(gi, h_prev, tuple(s[:, 0] for s in h0[1:]), w)
     last = (lengths - 1).view(-1, 1, 1)
-    return tuple(torch.stack(parts, dim=1).gather(1, last.expand(-1, 1, parts[0].shape[-1])) for parts in zip(*others))
+    return tuple(parts.gather(1, last.expand(-1, 1, parts.shape[-1])) for parts in rest)
 
 
 def _plan_buckets(p: SegmentPlan, layout: Layout) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, int, int]]]:
