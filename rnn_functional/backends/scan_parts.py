@@ -124,22 +124,27 @@ def time_loop(step, init, xs, reads=(), reverse: bool = False, members: Members 
             return scan(step, _batched_like_step(init, *reads), xs)
     leaves, spec = pytree.tree_flatten(xs)
     per_step = list(zip(*(t.unbind(0) for t in leaves)))  # [T] of each step's leaves: one unbind per tensor
+    rebuild = _builder(spec)
     carry, outs = init, []
     for t in (range(len(per_step) - 1, -1, -1) if reverse else range(len(per_step))):
-        carry, out = step(carry, _rebuild(spec, iter(per_step[t])))
+        carry, out = step(carry, rebuild(iter(per_step[t])))
         outs.append(_leaves(out))
     out_spec = pytree.tree_structure(out)
     return carry, pytree.tree_unflatten([torch.stack(parts) for parts in zip(*outs)], out_spec)
 
 
-def _rebuild(spec: pytree.TreeSpec, leaves):
-    """``spec`` (dicts and tuples of tensors) filled from the iterator ``leaves``: cheaper per step than
-    pytree's unflatten."""
-    if spec.type is dict:
-        return {k: _rebuild(c, leaves) for k, c in zip(spec.context, spec.children())}
+def _builder(spec: pytree.TreeSpec):
+    """``leaves -> tree``: ``spec`` (dicts and tuples of tensors) filled from an iterator of its leaves;
+    built once per loop, cheaper per step than pytree's unflatten."""
+    if spec.type is type(None):
+        return lambda leaves: None
+    if spec.type not in (dict, tuple):
+        return next
+    parts = [_builder(c) for c in spec.children()]
     if spec.type is tuple:
-        return tuple(_rebuild(c, leaves) for c in spec.children())
-    return None if spec.type is type(None) else next(leaves)
+        return lambda leaves: tuple(part(leaves) for part in parts)
+    keys = spec.context
+    return lambda leaves: {k: part(leaves) for k, part in zip(keys, parts)}
 
 
 def _leaves(tree) -> list:
@@ -165,7 +170,7 @@ def scan_states(cell: Cell, weights: tuple, carry: Carry, gi: torch.Tensor, mask
     """
     xs: dict[str, object] = {"gi": gi}
     if mask is not None:
-        xs["mask"] = mask
+        xs["mask"] = broadcast_mask(mask, gi)  # [T, N, 1]: broadcasts against each step's carry as it is
         if reset is not None:
             xs["reset"] = reset
     # under compile, outputs that alias nothing (scan's rule); eagerly the loop stacks them anyway
@@ -253,7 +258,7 @@ class HandWrittenLayer(torch.autograd.Function):
         else:
             xs["x"] = x
         if mask_t is not None:
-            xs["mask"] = mask_t
+            xs["mask"] = broadcast_mask(mask_t, x)  # [T, N, 1]
 
         own = contiguous_copy if members.count else (lambda t: t)  # the carry's layout as vmap leaves it: scan needs init's
 

@@ -180,7 +180,7 @@ class Cell(abc.ABC):
 
 def broadcast_mask(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``mask`` with trailing singleton dims so that it broadcasts against ``like``."""
-    return mask.reshape(mask.shape + (1,) * (like.ndim - mask.ndim))
+    return mask if mask.ndim == like.ndim else mask.reshape(mask.shape + (1,) * (like.ndim - mask.ndim))
 
 
 def apply_reset(carry: Carry, mask: torch.Tensor | None, reset: Carry | None) -> Carry:
