@@ -1,6 +1,7 @@
 """Flat ragged SliceSampler batches and [B, T] batches with resets: our modules against TorchRL's.
 
     python benchmarks/bench_flat.py [--threads N] [--repeats R] [--quick]
+    python benchmarks/bench_flat.py --table | --summary    (the docs' tables, from the results)
 
 Recurrent mode, eager, CPU, H=128, F=64, one layer; every case is timed in one process with
 the contenders interleaved (``_timing.interleaved``) on the same weights and TensorDicts:
@@ -251,6 +252,23 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def summary(rows: list[dict]) -> str:
+    """The compact table of ``docs/benchmarks.md``: per case, TorchRL's backends, ``auto``, our fastest exact
+    path and the kernel floor (fastest calls, ms), and ``auto``'s ratios (from the fastest calls [medians])."""
+    lines = ["| case | cell | mode | TorchRL pad | TorchRL python_based | ours auto | ours best (path) | auto picks "
+             "| auto vs TorchRL best | auto / ours best | floor |", "|---" * 11 + "|"]
+    for r in rows:
+        ms, med = r["ms_min"], r["ms"]
+        ours = {n: t for n, t in ms.items() if n.startswith("ours ") and n != "ours auto"}
+        best = min(ours, key=ours.get)
+        floor = f"{ms['aten floor']:.1f}" if "aten floor" in ms else "-"
+        lines.append(f"| {r['case']} | {r['cell']} | {r['mode']} | {ms['torchrl pad']:.1f} | {ms['torchrl python_based']:.1f} "
+                     f"| {ms['ours auto']:.1f} | {ours[best]:.1f} ({best[5:]}) | {r['auto_path']} "
+                     f"| {r['speedup_auto_vs_torchrl_best_min']:.2f}x [{r['speedup_auto_vs_torchrl_best']:.2f}x] "
+                     f"| {r['auto_vs_ours_best_min']:.2f} [{r['auto_vs_ours_best']:.2f}] | {floor} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> Path:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
@@ -260,11 +278,12 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--modes", default="fwd+bwd,fwd")
     ap.add_argument("--only", default="", help="run the cases whose name contains this")
     ap.add_argument("--table", action="store_true", help="print the Markdown table of --out and exit")
+    ap.add_argument("--summary", action="store_true", help="print the compact Markdown table of --out and exit")
     ap.add_argument("--append", action="store_true", help="keep the rows of --out of other cases")
     ap.add_argument("--out", type=Path, default=RESULTS / "flat_cpu.json")
     args = ap.parse_args(argv)
-    if args.table:
-        print(markdown(json.loads(args.out.read_text())["rows"]))
+    if args.table or args.summary:
+        print((markdown if args.table else summary)(json.loads(args.out.read_text())["rows"]))
         return args.out
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -231,11 +231,11 @@ def _auto_choice(cell, is_init, records_grad, recompute="none", layers=1):
 
 
 def test_auto_rule():
-    """auto: length-bucketed segments for long flat batches (packed for two layers, short batches of many
-    lengths, and forward-only GRU calls); for [B, T] with scattered resets under autograd, the buckets
-    with oneDNN's fused LSTM, the scan loop for the GRU (ATen's is a per-step loop too)."""
+    """auto under autograd: the length buckets with oneDNN's fused LSTM (one layer); for the GRU (ATen's is a
+    per-step loop) the buckets for full slices, packed for many lengths, the scan loop for [B, T] with
+    scattered resets. Forward only: the buckets for the LSTM's full slices, packed otherwise."""
     flat = torch.zeros(1, 4096, dtype=torch.bool)
-    flat[0, ::20] = True  # Lmax * steps = 20 * 4096 > _PACKED_BACKWARD_LIMIT
+    flat[0, ::20] = True  # full slices of 20
     small = torch.zeros(1, 200, dtype=torch.bool)
     small[0, torch.tensor([1, 2, 3, 5, 8, 12, 17, 23, 30, 38, 47, 57, 68, 80, 93, 107, 122, 138, 155, 173])] = True
     scattered = torch.zeros(32, 64, dtype=torch.bool)
@@ -244,7 +244,8 @@ def test_auto_rule():
     assert _auto_choice("lstm", flat, True) == bucketed
     assert _auto_choice("gru", flat, True) == bucketed  # full slices: the buckets are one call
     assert _auto_choice("gru", flat, True, layers=2) == packed
-    assert _auto_choice("lstm", small, True) == packed  # short: packed backward is cheap
+    assert _auto_choice("lstm", small, True) == bucketed
+    assert _auto_choice("gru", small, True) == packed  # many lengths: buckets would pad
     assert _auto_choice("lstm", small, False) == packed  # many lengths: buckets would pad
     assert _auto_choice("lstm", flat[:, :200], False) == bucketed  # one length: one call
     assert _auto_choice("gru", flat[:, :200], False) == packed  # no fused GRU kernel: packed as fast, no padding

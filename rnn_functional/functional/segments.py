@@ -210,8 +210,8 @@ def _plan_buckets(p: SegmentPlan, layout: Layout) -> tuple[torch.Tensor, torch.T
 
 def bucket_padding(p: SegmentPlan, layout: Layout) -> float:
     """Steps that :func:`bucketed` runs for the segments of ``p``, over their real steps (``>= 1``)."""
-    _, lengths_sorted, buckets = _plan_buckets(p, layout)
-    return sum((end - first) * steps for first, end, steps in buckets) / float(lengths_sorted.sum())
+    buckets = _plan_buckets(p, layout)[2]
+    return sum((end - first) * steps for first, end, steps in buckets) / p.seg_of.numel()  # real steps: N * T
 
 
 def bucketed(p: SegmentPlan) -> Callable:
