@@ -1,6 +1,7 @@
 """Flat ragged SliceSampler batches and [B, T] batches with resets: our modules against TorchRL's.
 
     python benchmarks/bench_flat.py [--threads N] [--repeats R] [--quick]
+    python benchmarks/bench_flat.py --table | --summary    (the docs' tables, from the results)
 
 Recurrent mode, eager, CPU, H=128, F=64, one layer; every case is timed in one process with
 the contenders interleaved (``_timing.interleaved``) on the same weights and TensorDicts:
@@ -17,9 +18,11 @@ Modes: ``fwd`` (forward under ``torch.no_grad``) and ``fwd+bwd`` (forward, ``y.s
 Contenders: our ``LSTMModule``/``GRUModule`` with ``recurrent_backend="auto"``, and with each exact
 eager path forced (``reference``: the loop over T; ``pad``: segments in length buckets, one unpacked
 ATen call each; ``packed``: segments packed into one ATen call; ``segments``: the reference loop over
-the right-aligned segments); TorchRL's module with every
-backend it runs on CPU (``pad``, ``scan``, ``python_based=True``). Writes
-``results/flat_cpu.json`` and prints a Markdown table.
+the right-aligned segments; ``scan`` / ``scan_segments``: the ``scan`` backend's eager loop over T
+or over the segments); TorchRL's module with every backend it runs on CPU (``pad``, ``scan``,
+``python_based=True``); and ``aten floor``: the bare unpacked ``nn.LSTM``/``nn.GRU`` calls on the
+length buckets our ``pad`` path runs (no resets, no gathers, no TensorDict): the kernel time any
+re-batching path pays. Writes ``results/flat_cpu.json`` and prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -147,10 +150,10 @@ def contenders(trm, cell: str, batch: tuple, is_init: torch.Tensor, mode: str) -
 
     ours = ours_cls(**{child: getattr(base, child)}, recurrent_backend="auto", **keys)
     modules = {"ours auto": (ours, None)}
-    # Long flat rows (N > 200): the T-step loop over one row and TorchRL's scan (10-100x slower at
+    # Long flat rows (N > 200): the T-step loops over one row and TorchRL's scan (10-100x slower at
     # N=200) would take minutes per case; they are measured at N=200 and on [B, T] only.
     long_flat = len(batch) == 1 and batch[0] > 200
-    for path in ("pad", "packed", "segments") + (() if long_flat else ("scan_segments", "reference", "scan")):
+    for path in ("pad", "packed", "segments", "scan_segments") + (() if long_flat else ("reference", "scan")):
         modules[f"ours {path}"] = (ours, path)
     for backend in ("pad",) if long_flat else ("pad", "scan"):
         modules[f"torchrl {backend}"] = (theirs_cls(**{child: getattr(base, child)}, recurrent_backend=backend, **keys), None)
@@ -158,12 +161,25 @@ def contenders(trm, cell: str, batch: tuple, is_init: torch.Tensor, mode: str) -
     getattr(py, child).load_state_dict(getattr(base, child).state_dict())
     modules["torchrl python_based"] = (py, None)
 
+    # the floor: the bare unpacked ATen calls (no resets, nothing around them) on the length buckets
+    # of the case's segments, as our ``pad`` path runs them (one [S, Lmax] block for full slices)
+    kernel = (torch.nn.LSTM if lstm else torch.nn.GRU)(F_IN, HIDDEN, batch_first=True)
+    blocks = [torch.randn(end - first, steps, F_IN) for first, end, steps in bucket_shapes(cell, is_init)]
+    modules["aten floor"] = (kernel, None)
+
     with torch.no_grad(), trm.set_recurrent_mode(True):  # same outputs before timing
         want = base(data.clone(False))["y"]
         torch.testing.assert_close(ours(data.clone(False))["y"], want, atol=1e-5, rtol=1e-4)
 
     def call(module, path):
         def run():
+            if module is kernel:
+                kernel.zero_grad(set_to_none=True)
+                with torch.no_grad() if mode == "fwd" else _null():
+                    ys = [kernel(block)[0] for block in blocks]
+                if mode != "fwd":
+                    sum(y.sum() for y in ys).backward()
+                return
             with forced_eager_path(path) if path else _null():
                 if mode == "fwd":
                     with torch.no_grad(), trm.set_recurrent_mode(True):
@@ -191,6 +207,16 @@ def segment_stats(is_init: torch.Tensor) -> dict:
     return {"rows": mask.shape[0], "steps": mask.shape[1], "segments": p.count, "longest": p.max_len}
 
 
+def bucket_shapes(cell: str, is_init: torch.Tensor) -> list[tuple[int, int, int]]:
+    """``(first, end, steps)`` of the length buckets our ``pad`` path cuts the case's segments into."""
+    from rnn_functional.functional._core import read_layout
+
+    mask = is_init.squeeze(-1)
+    mask = mask.unsqueeze(0) if mask.ndim == 1 else mask
+    params = (rf.init_lstm_params if cell == "lstm" else rf.init_gru_params)(F_IN, HIDDEN)
+    return selection.segments._plan_buckets(selection.segments.plan(mask), read_layout(params, cell))[2]
+
+
 def auto_path(cell: str, is_init: torch.Tensor, mode: str) -> str:
     """The exact eager path ``auto`` picks for this case (H and F do not enter the rule)."""
     from rnn_functional.backends import SequenceOptions
@@ -212,7 +238,7 @@ def markdown(rows: list[dict]) -> str:
     """The docs table: per case, the fastest call (ms) of our paths and TorchRL's, and auto's speedup over
     TorchRL's best, from the fastest calls and from the medians."""
     cols = ("ours auto", "ours pad", "ours packed", "ours segments", "ours scan_segments", "ours reference",
-            "ours scan", "torchrl pad", "torchrl scan", "torchrl python_based")
+            "ours scan", "torchrl pad", "torchrl scan", "torchrl python_based", "aten floor")
     head = ("| case | cell | mode | S | Lmax | " + " | ".join(c.replace("torchrl", "TorchRL") for c in cols)
             + " | auto picks | auto vs TorchRL best (min) | (median) | auto / our best (min) |\n"
             + "|---" * (len(cols) + 9) + "|")
@@ -226,6 +252,31 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def summary(rows: list[dict]) -> str:
+    """The compact tables of ``docs/benchmarks.md``, one per mode: per case, TorchRL's backends, ``auto``, our
+    fastest exact path and the kernel floor (fastest calls, ms), and the ratios (fastest calls [medians]):
+    ``auto`` against TorchRL's best and our best, and the forced column of the path ``auto`` picks against
+    our best (the rule's own error, without the noise between two timings of one path)."""
+    out = []
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        out += [f"**{mode}**", "", "| case | cell | TorchRL pad | TorchRL python_based | ours auto | ours best (path) "
+                "| auto picks | auto vs TorchRL best | auto / ours best | pick / ours best | floor |", "|---" * 11 + "|"]
+        for r in (r for r in rows if r["mode"] == mode):
+            ms, med = r["ms_min"], r["ms"]
+            ours = {n: t for n, t in ms.items() if n.startswith("ours ") and n != "ours auto"}
+            ours_med = {n: t for n, t in med.items() if n.startswith("ours ") and n != "ours auto"}
+            best = min(ours, key=ours.get)
+            pick = f"ours {r['auto_path']}"
+            floor = f"{ms['aten floor']:.1f}" if "aten floor" in ms else "-"
+            out.append(f"| {r['case']} | {r['cell']} | {ms['torchrl pad']:.1f} | {ms['torchrl python_based']:.1f} "
+                       f"| {ms['ours auto']:.1f} | {ours[best]:.1f} ({best[5:]}) | {r['auto_path']} "
+                       f"| {r['speedup_auto_vs_torchrl_best_min']:.2f}x [{r['speedup_auto_vs_torchrl_best']:.2f}x] "
+                       f"| {r['auto_vs_ours_best_min']:.2f} [{r['auto_vs_ours_best']:.2f}] "
+                       f"| {ms[pick] / ours[best]:.2f} [{med[pick] / min(ours_med.values()):.2f}] | {floor} |")
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
 def main(argv: list[str] | None = None) -> Path:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
@@ -235,11 +286,12 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--modes", default="fwd+bwd,fwd")
     ap.add_argument("--only", default="", help="run the cases whose name contains this")
     ap.add_argument("--table", action="store_true", help="print the Markdown table of --out and exit")
+    ap.add_argument("--summary", action="store_true", help="print the compact Markdown table of --out and exit")
     ap.add_argument("--append", action="store_true", help="keep the rows of --out of other cases")
     ap.add_argument("--out", type=Path, default=RESULTS / "flat_cpu.json")
     args = ap.parse_args(argv)
-    if args.table:
-        print(markdown(json.loads(args.out.read_text())["rows"]))
+    if args.table or args.summary:
+        print((markdown if args.table else summary)(json.loads(args.out.read_text())["rows"]))
         return args.out
     if args.threads:
         torch.set_num_threads(args.threads)

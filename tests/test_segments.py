@@ -227,29 +227,36 @@ def _auto_choice(cell, is_init, records_grad, recompute="none", layers=1):
 
     impl = selection.resolve_backend("auto", read_layout(params, cell), torch.zeros(1, 1, 3),
                                      SequenceOptions(recompute=recompute), is_init, records_grad)
-    return impl.__qualname__
+    return f"{impl.__module__.rsplit('.', 1)[-1]}.{impl.__qualname__}"
 
 
 def test_auto_rule():
-    """auto: length-bucketed segments for long flat batches (packed for two layers or short batches of
-    many lengths); the loop for [B, T] with scattered resets under autograd."""
+    """auto under autograd: the length buckets with oneDNN's fused LSTM (one layer); for the GRU (ATen's is a
+    per-step loop) the buckets for full slices, packed for many lengths, the scan loop for [B, T] with
+    scattered resets. Forward only: the buckets for the LSTM's full slices, packed otherwise."""
     flat = torch.zeros(1, 4096, dtype=torch.bool)
-    flat[0, ::20] = True  # Lmax * steps = 20 * 4096 > _PACKED_BACKWARD_LIMIT
+    flat[0, ::20] = True  # full slices of 20
     small = torch.zeros(1, 200, dtype=torch.bool)
     small[0, torch.tensor([1, 2, 3, 5, 8, 12, 17, 23, 30, 38, 47, 57, 68, 80, 93, 107, 122, 138, 155, 173])] = True
     scattered = torch.zeros(32, 64, dtype=torch.bool)
     scattered[torch.arange(32), torch.arange(32) + 2] = True  # [B, T] = [32, 64], longest segment 62 > T / 2
-    assert _auto_choice("lstm", flat, True) == "bucketed.<locals>.sequence"
-    assert _auto_choice("gru", flat, True, layers=2) == "packed.<locals>.sequence"
-    assert _auto_choice("lstm", small, True) == "packed.<locals>.sequence"  # short: packed backward is cheap
-    assert _auto_choice("lstm", small, False) == "packed.<locals>.sequence"  # many lengths: buckets would pad
-    assert _auto_choice("gru", flat[:, :200], False) == "bucketed.<locals>.sequence"  # one length: one call
-    assert _auto_choice("lstm", scattered, False) == "packed.<locals>.sequence"
-    assert _auto_choice("lstm", scattered, True) == "sequence"  # reference.sequence
-    assert _auto_choice("lstm", torch.zeros(32, 64, dtype=torch.bool), True) == "sequence"  # pad.sequence, one call
-    assert _auto_choice("norm_gru", flat, True).startswith("aligned(")
-    assert _auto_choice("lstm", flat, True, recompute="full").startswith("aligned(")
-    assert _auto_choice("norm_gru", scattered, True) == "sequence"
+    bucketed, packed = "segments.bucketed.<locals>.sequence", "segments.packed.<locals>.sequence"
+    assert _auto_choice("lstm", flat, True) == bucketed
+    assert _auto_choice("gru", flat, True) == bucketed  # full slices: the buckets are one call
+    assert _auto_choice("gru", flat, True, layers=2) == packed
+    assert _auto_choice("lstm", small, True) == bucketed
+    assert _auto_choice("gru", small, True) == packed  # many lengths: buckets would pad
+    assert _auto_choice("lstm", small, False) == packed  # many lengths: buckets would pad
+    assert _auto_choice("lstm", flat[:, :200], False) == bucketed  # one length: one call
+    assert _auto_choice("gru", flat[:, :200], False) == packed  # no fused GRU kernel: packed as fast, no padding
+    assert _auto_choice("lstm", scattered, False) == packed
+    assert _auto_choice("lstm", scattered, True) == bucketed
+    assert _auto_choice("lstm", scattered, True, layers=2) == "reference.sequence"
+    assert _auto_choice("gru", scattered, True) == "scan.sequence"
+    assert _auto_choice("lstm", torch.zeros(32, 64, dtype=torch.bool), True) == "pad.sequence"  # one call
+    assert _auto_choice("norm_gru", flat, True).startswith("segments.aligned(")
+    assert _auto_choice("lstm", flat, True, recompute="full").startswith("segments.aligned(")
+    assert _auto_choice("norm_gru", scattered, True) == "reference.sequence"
 
 
 def test_plan_is_shared_within_a_call_and_follows_in_place_changes(monkeypatch):

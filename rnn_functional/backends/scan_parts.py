@@ -122,21 +122,40 @@ def time_loop(step, init, xs, reads=(), reverse: bool = False, members: Members 
             xs = pytree.tree_map(lambda t: t.flip(0), xs)
         with torch._dynamo.config.patch(automatic_dynamic_shapes=False) if members.static_shapes else contextlib.nullcontext():
             return scan(step, _batched_like_step(init, *reads), xs)
-    t_len = pytree.tree_leaves(xs)[0].shape[0]
+    leaves, spec = pytree.tree_flatten(xs)
+    per_step = list(zip(*(t.unbind(0) for t in leaves)))  # [T] of each step's leaves: one unbind per tensor
+    rebuild = _builder(spec)
     carry, outs = init, []
-    for t in (range(t_len - 1, -1, -1) if reverse else range(t_len)):
-        carry, out = step(carry, _at(xs, t))
-        outs.append(out)
-    return carry, pytree.tree_map(lambda *per_step: torch.stack(per_step), *outs)
+    for t in (range(len(per_step) - 1, -1, -1) if reverse else range(len(per_step))):
+        carry, out = step(carry, rebuild(iter(per_step[t])))
+        outs.append(_leaves(out))
+    out_spec = pytree.tree_structure(out)
+    return carry, pytree.tree_unflatten([torch.stack(parts) for parts in zip(*outs)], out_spec)
 
 
-def _at(xs, t: int):
-    """Step ``t`` of ``xs`` (tensors in dicts and tuples): cheaper per step than pytree's unflatten."""
-    if isinstance(xs, dict):
-        return {k: _at(v, t) for k, v in xs.items()}
-    if isinstance(xs, tuple):
-        return tuple(_at(v, t) for v in xs)
-    return xs[t]
+def _builder(spec: pytree.TreeSpec):
+    """``leaves -> tree``: ``spec`` (dicts and tuples of tensors) filled from an iterator of its leaves;
+    built once per loop, cheaper per step than pytree's unflatten."""
+    if spec.type is type(None):
+        return lambda leaves: None
+    if spec.type not in (dict, tuple):
+        return next
+    parts = [_builder(c) for c in spec.children()]
+    if spec.type is tuple:
+        return lambda leaves: tuple(part(leaves) for part in parts)
+    keys = spec.context
+    return lambda leaves: {k: part(leaves) for k, part in zip(keys, parts)}
+
+
+def _leaves(tree) -> list:
+    """The tensors of ``tree`` (dicts and tuples), in pytree's order (dict keys in insertion order)."""
+    if tree is None:
+        return []
+    if isinstance(tree, dict):
+        return [t for v in tree.values() for t in _leaves(v)]
+    if isinstance(tree, tuple):
+        return [t for v in tree for t in _leaves(v)]
+    return [tree]
 
 
 def scan_states(cell: Cell, weights: tuple, carry: Carry, gi: torch.Tensor, mask, reset, keep: str,
@@ -151,7 +170,7 @@ def scan_states(cell: Cell, weights: tuple, carry: Carry, gi: torch.Tensor, mask
     """
     xs: dict[str, object] = {"gi": gi}
     if mask is not None:
-        xs["mask"] = mask
+        xs["mask"] = broadcast_mask(mask, gi)  # [T, N, 1]: broadcasts against each step's carry as it is
         if reset is not None:
             xs["reset"] = reset
     # under compile, outputs that alias nothing (scan's rule); eagerly the loop stacks them anyway
@@ -239,7 +258,7 @@ class HandWrittenLayer(torch.autograd.Function):
         else:
             xs["x"] = x
         if mask_t is not None:
-            xs["mask"] = mask_t
+            xs["mask"] = broadcast_mask(mask_t, x)  # [T, N, 1]
 
         own = contiguous_copy if members.count else (lambda t: t)  # the carry's layout as vmap leaves it: scan needs init's
 

@@ -89,11 +89,14 @@ class AtenKernels:
     ``sequence(layout, params, inputs, hx, dropout, training, batch_sizes) -> (out, hx')`` runs
     all layers over ``inputs`` ``[N, T, F]`` (or packed data with ``batch_sizes``); ``hx`` is a
     carry of layer-major ``[L, N, S]`` tensors. ``step(w, x [N, F], carry) -> carry`` runs one
-    layer one step, without projection.
+    layer one step, without projection. ``fused_on_cpu``: an unpacked ``sequence`` call runs as one fused
+    kernel on CPU (oneDNN's LSTM); False where ATen runs it as a loop of per-step ops (its GRU), which
+    the ``scan`` loop and a packed call match (``auto``'s eager rule reads it).
     """
 
     sequence: Callable
     step: Callable
+    fused_on_cpu: bool = False
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,20 @@ class Cell(abc.ABC):
         """One layer, one step: ``gi [N, G]`` (the input projection), carry of ``[N, S]`` -> carry'."""
         return self.layer_step_saving(gi, carry, w)[0]
 
+    def carry_rest_given_h(self, gi: torch.Tensor, h_prev: torch.Tensor, rest0: Carry, w: LayerWeights) -> Carry:
+        """The carry's parts after ``h`` at every step of a sequence whose ``h`` before each step is known.
+
+        ``gi [R, T, G]`` (input projections), ``h_prev [R, T, P]`` (``h`` before each step: the initial
+        ``h``, then the outputs), ``rest0`` the other parts before step 0 (tuple of ``[R, S]``) -> tuple
+        of ``[R, T, S]``. Default: :meth:`layer_step` over ``T``; a cell whose other parts follow from
+        ``h`` more cheaply overrides it.
+        """
+        carry, rest = rest0, []
+        for t in range(gi.shape[1]):
+            carry = self.layer_step(gi[:, t], (h_prev[:, t], *carry), w)[1:]
+            rest.append(carry)
+        return tuple(torch.stack(parts, dim=1) for parts in zip(*rest))
+
     def step_backward(self, gi: torch.Tensor, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
         """Backward of :meth:`layer_step`, recomputing its activations from ``gi`` and the carry before
         the step; ``d_new`` is the cotangent of the carry after it."""
@@ -163,7 +180,7 @@ class Cell(abc.ABC):
 
 def broadcast_mask(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``mask`` with trailing singleton dims so that it broadcasts against ``like``."""
-    return mask.reshape(mask.shape + (1,) * (like.ndim - mask.ndim))
+    return mask if mask.ndim == like.ndim else mask.reshape(mask.shape + (1,) * (like.ndim - mask.ndim))
 
 
 def apply_reset(carry: Carry, mask: torch.Tensor | None, reset: Carry | None) -> Carry:

@@ -71,8 +71,8 @@ class GRUCell(Cell):
         hidden = gh.shape[-1] // 3
         r, z = torch.sigmoid(gi[..., : 2 * hidden] + gh[..., : 2 * hidden]).chunk(2, dim=-1)
         h_n = gh[..., 2 * hidden :]
-        n = torch.tanh(gi[..., 2 * hidden :] + r * h_n)
-        return (n + z * (h - n),), (r, z, n, h_n)
+        n = torch.tanh(torch.addcmul(gi[..., 2 * hidden :], r, h_n))
+        return (torch.lerp(n, h, z),), (r, z, n, h_n)  # n + z * (h - n)
 
     def backward_factors(self, saved: Saved, carry: Carry, w: LayerWeights) -> Saved:
         """``(k_gi [.., 3H], k_gh [.., 3H], z [.., H])``: ``d_gi = cat([dh, dh, dh]) * k_gi``, likewise ``d_gh``."""

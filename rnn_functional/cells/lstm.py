@@ -57,7 +57,7 @@ class LSTMCell(Cell):
     params_doc = "torch.nn.LSTM state-dict keys (weight_ih_l0, weight_hh_l0, ...)"
     init_function = "init_lstm_params"
     out_dim = "P"
-    aten = AtenKernels(sequence=_aten_sequence, step=_aten_step)
+    aten = AtenKernels(sequence=_aten_sequence, step=_aten_step, fused_on_cpu=True)
     triton = TritonKernels(is_lstm=True)
 
     def read_layout(self, params: Mapping[str, torch.Tensor]) -> Layout:
@@ -72,13 +72,23 @@ class LSTMCell(Cell):
         h, c = carry
         i, f, g, o = (gi + F.linear(h, w.weight_hh, w.bias_hh)).chunk(4, dim=-1)
         i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
-        c_next = f * c + i * g
+        c_next = _cell_update(f, c, i * g)
         tanh_c = torch.tanh(c_next)
         h_next = o * tanh_c
         (weight_hr,) = w.extra
         if weight_hr is not None:
             h_next = F.linear(h_next, weight_hr)
         return (h_next, c_next), (i, f, g, o, tanh_c)
+
+    def carry_rest_given_h(self, gi: torch.Tensor, h_prev: torch.Tensor, rest0: Carry, w: LayerWeights) -> Carry:
+        """``(c [R, T, H],)``: the gates of every step in one batch (they read ``h``, not ``c``), then
+        ``c``'s elementwise recurrence alone over ``T``."""
+        (_, candidate), (_, f, *_) = self.layer_step_saving(gi, (h_prev, torch.zeros_like(h_prev[..., :1])), w)
+        c, cs = rest0[0], []  # candidate: the cell update from c = 0, i * g
+        for t in range(gi.shape[1]):
+            c = _cell_update(f[:, t], c, candidate[:, t])
+            cs.append(c)
+        return (torch.stack(cs, dim=1),)
 
     def backward_factors(self, saved: Saved, carry: Carry, w: LayerWeights) -> Saved:
         """``(k [.., 4H], a [.., H], f [.., H])`` (and ``o * tanh(c')`` with ``weight_hr``): the gate
@@ -99,6 +109,11 @@ class LSTMCell(Cell):
         dc = torch.addcmul(dc_new, dh_new, a)
         d_gates = torch.cat([dc, dc, dc, dh_new], dim=-1) * k
         return StepGrads((d_gates @ w.weight_hh, dc * f), d_gates, None, (d_hr,))
+
+
+def _cell_update(f: torch.Tensor, c: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
+    """``c' = f * c + i * g`` (``candidate = i * g``)."""
+    return torch.addcmul(candidate, f, c)
 
 
 LSTM = LSTMCell()

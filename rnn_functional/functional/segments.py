@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -55,7 +55,8 @@ class SegmentPlan:
 
     ``seg_of [N, T]`` and ``pos [N, T]``: each step's segment and its index within it; ``row [S]``
     and ``start [S]``: each segment's row and first step; ``lengths [S]`` (on the device) and
-    ``lengths_cpu [S]``: their step counts.
+    ``lengths_cpu [S]``: their step counts. ``buckets``: the length buckets of :func:`bucketed`, per
+    ``recompute`` flag, computed once (``auto``'s rule and the path it picks share them).
     """
 
     seg_of: torch.Tensor
@@ -65,6 +66,7 @@ class SegmentPlan:
     lengths: torch.Tensor
     lengths_cpu: torch.Tensor
     max_len: int
+    buckets: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def count(self) -> int:
@@ -182,38 +184,43 @@ def _other_finals(layout: Layout, params, x_block, h0: Carry, y_block, lengths: 
 
     ``x_block [R, T, F]`` and ``y_block [R, T, P]`` hold the rows' inputs and the kernel's outputs,
     ``h0`` their initial carries ``[R, 1, ·]``, ``lengths [R]`` (on the device) their step counts.
-    The cell's step runs from ``h0`` with ``h`` read from the outputs (the carry's other parts
-    depend on nothing else), so the result is the carry the kernel held at each row's last step.
+    The cell follows its other parts from ``h0`` with ``h`` read from the outputs
+    (:meth:`~rnn_functional.cells.Cell.carry_rest_given_h`; they depend on nothing else), so the
+    result is the carry the kernel held at each row's last step.
     """
     cell = layout.cell
     w = cell.layer_weights(params, layout, 0)
     gi = F.linear(x_block, w.weight_ih, w.bias_ih)
-    carry = tuple(s[:, 0] for s in h0)
-    others = []
-    for t in range(x_block.shape[1]):
-        h = carry[0] if t == 0 else y_block[:, t - 1]
-        carry = cell.layer_step(gi[:, t], (h, *carry[1:]), w)
-        others.append(carry[1:])
+    h_prev = torch.cat([h0[0], y_block[:, : x_block.shape[1] - 1]], dim=1)  # h before each step
+    rest = cell.carry_rest_given_h(gi, h_prev, tuple(s[:, 0] for s in h0[1:]), w)
     last = (lengths - 1).view(-1, 1, 1)
-    return tuple(torch.stack(parts, dim=1).gather(1, last.expand(-1, 1, parts[0].shape[-1])) for parts in zip(*others))
+    return tuple(parts.gather(1, last.expand(-1, 1, parts.shape[-1])) for parts in rest)
+
+
+def _plan_buckets(p: SegmentPlan, layout: Layout) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, int, int]]]:
+    """``(order, lengths_sorted, buckets)``: the segments of ``p`` sorted by decreasing length (stable) and
+    :func:`_buckets` of them for ``layout``'s carry (memoised on ``p``)."""
+    recompute = len(layout.state_sizes) > 1
+    if recompute not in p.buckets:
+        order = torch.argsort(p.lengths_cpu, descending=True, stable=True)
+        lengths_sorted = p.lengths_cpu[order]
+        p.buckets[recompute] = (order, lengths_sorted, _buckets(lengths_sorted.tolist(), recompute))
+    return p.buckets[recompute]
 
 
 def bucket_padding(p: SegmentPlan, layout: Layout) -> float:
     """Steps that :func:`bucketed` runs for the segments of ``p``, over their real steps (``>= 1``)."""
-    lengths = sorted(p.lengths_cpu.tolist(), reverse=True)
-    run = sum((end - first) * steps for first, end, steps in _buckets(lengths, recompute=len(layout.state_sizes) > 1))
-    return run / sum(lengths)
+    buckets = _plan_buckets(p, layout)[2]
+    return sum((end - first) * steps for first, end, steps in buckets) / p.seg_of.numel()  # real steps: N * T
 
 
 def bucketed(p: SegmentPlan) -> Callable:
     """The ``pad`` backend (one layer) run on the segments of ``p`` in length buckets, one unpacked call each."""
-    order = torch.argsort(p.lengths_cpu, descending=True, stable=True)
-    lengths_sorted = p.lengths_cpu[order]
 
     def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
         if layout.num_layers != 1:
             raise ValueError("segments.bucketed serves one layer; use segments.packed for more.")
-        buckets = _buckets(lengths_sorted.tolist(), recompute=len(layout.state_sizes) > 1)
+        order, lengths_sorted, buckets = _plan_buckets(p, layout)
         dev = x.device
         order_d, len_d = order.to(dev), lengths_sorted.to(dev)
         rank = torch.empty_like(order_d)

@@ -58,9 +58,6 @@ def eager_path(name: str, layout: Layout, opts: SequenceOptions, is_init: torch.
 # The loop's cost per step grows with its rows as ``rows + _LOOP_ROWS_PER_STEP``: a step of one row
 # costs as much as ~28 extra rows (CPU, H=128, fwd+bwd; docs/backends.md).
 _LOOP_ROWS_PER_STEP = 28
-# A packed call's backward on CPU zero-fills and adds its whole [steps, G] input-projection gradient
-# at every step: ``Lmax * steps`` grows quadratically; beyond this, the length buckets win (docs/backends.md).
-_PACKED_BACKWARD_LIMIT = 32768
 # Below this padding (steps run / real steps), the length buckets beat one packed call even without
 # the backward: full slices (one length, the last cut) run as one or two unpacked calls.
 _BUCKET_PADDING = 1.05
@@ -74,20 +71,24 @@ def _loop_cost(steps: int, rows: int) -> int:
 def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor | None, records_grad: bool,
                    plan: Callable[[], segments.SegmentPlan] | None = None) -> str:
     """The fastest exact eager path able to serve the call (a name of :func:`eager_path`). The rule, measured with
-    ``benchmarks/bench_flat.py`` (``docs/backends.md``, "auto on flat and ragged batches"):
+    ``benchmarks/bench_flat.py`` on CPU (``docs/backends.md``, "auto on flat and ragged batches"):
 
-    * no interior reset: ``pad`` (one fused kernel call), or ``reference`` where ``pad`` cannot
+    * no interior reset: ``pad`` (one kernel call), or ``reference`` where ``pad`` cannot
       serve (``recompute="full"``, a cell without ATen kernels);
-    * interior resets, ATen kernels available (``recompute="none"``):
+    * interior resets, ATen kernels available (``recompute="none"``); ``fused``: the cell's unpacked
+      kernel is one fused kernel on CPU (oneDNN's LSTM; ATen's GRU is a loop of per-step ops):
 
+      - autograd records the call, one layer, ``fused``: ``pad``, the length buckets (oneDNN's backward
+        is linear in the steps, where a packed call's backward on CPU zero-fills its input-projection
+        gradient at every step; and it beats any loop over ``T``, even for ``[B, T]`` batches);
       - autograd records the call and the longest segment ``Lmax`` is more than half of ``T`` (a
-        ``[B, T]`` batch with scattered resets): the ``reference`` loop over ``T`` (the segments
-        barely shorten the rows; the kernels' calls would add up to more steps than ``T``);
-      - one layer, and either autograd records the call and ``Lmax * steps`` exceeds
-        ``_PACKED_BACKWARD_LIMIT`` (a packed backward on CPU zero-fills its input-projection gradient
-        at every step), or the length buckets pad no more than ``_BUCKET_PADDING`` (full slices):
-        ``pad``, the length buckets of unpacked calls (oneDNN's LSTM on CPU);
-      - otherwise ``packed``: the segments packed into one call (no padding, no extra calls);
+        ``[B, T]`` batch with scattered resets, the segments barely shorten the rows): not ``fused``,
+        ``scan`` (its loop over ``T``, whose backward consumes the saved activations, beats ATen's
+        autograd-recorded step loop); ``fused`` with more layers, the ``reference`` loop;
+      - one layer, ``fused`` or autograd records the call, and the length buckets pad no more than
+        ``_BUCKET_PADDING`` (full slices): ``pad``;
+      - otherwise ``packed``: the segments packed into one call (no padding, no extra calls; every
+        forward-only GRU call);
     * interior resets, no ATen kernels: the ``reference`` loop, over the segments (``Lmax`` steps of
       ``S`` rows) where that costs less than over the rows (``T`` steps of ``N`` rows), see :func:`_loop_cost`.
     """
@@ -96,9 +97,13 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
         return "pad" if aten else "reference"
     p = plan() if plan else segments.plan(is_init)
     n, t_len = is_init.shape
-    if aten and (not records_grad or 2 * p.max_len <= t_len):
-        if layout.num_layers == 1 and ((records_grad and p.max_len * n * t_len > _PACKED_BACKWARD_LIMIT)
-                                       or segments.bucket_padding(p, layout) <= _BUCKET_PADDING):
+    if aten:
+        fused, one_layer = layout.cell.aten.fused_on_cpu, layout.num_layers == 1
+        if records_grad and fused and one_layer:
+            return "pad"
+        if records_grad and 2 * p.max_len > t_len:
+            return "reference" if fused else "scan"
+        if one_layer and (fused or records_grad) and segments.bucket_padding(p, layout) <= _BUCKET_PADDING:
             return "pad"
         return "packed"
     return "segments" if _loop_cost(p.max_len, p.count) < _loop_cost(t_len, n) else "reference"
