@@ -4,8 +4,8 @@ whose backward is a hand-written reverse scan (see :mod:`.scan`).
 
 The layer's math is written once, for one model; :class:`Members` says how it applies: directly
 (``Members(0)``, the ``scan`` backend's layout), or ``torch.vmap``-ed over a leading members dim
-(``Members(E)``, every tensor ``[E or 1, ...]``; one of size 1 is shared by the members and never
-expanded: e.g. a shared input's projection is one GEMM against every member's weights).
+(``Members(E)``, every tensor ``[E or 1, ...]``; one of size 1 is shared by the members and not
+expanded, except the input of the projection, see :meth:`Members.linear`).
 """
 
 from __future__ import annotations
