@@ -255,7 +255,8 @@ def table(doc: dict) -> str:
         cells = [_cell_ms(res[n], res.get(BASELINE)) if n in res else "" for n in names]
         shape = f"{c['batch']} x {c['time']} x {c['hidden']}"
         threads, malloc = _variant(r)
-        lines.append(f"| {c['cell'].upper()} | {shape} | {threads} | {malloc} | {c['members']} | " + " | ".join(cells) + " |")
+        head = f"| {c['cell'].upper()} | {shape} | {threads} | {malloc} | {c['members']} | "
+        lines.append(head + " | ".join(cells) + " |")
     compile_lines = []
     for r in (r for r in rows if _variant(r) == DEFAULT_VARIANT):
         first = {n: v["first_call_s"] for n, v in r["results"].items()
@@ -353,7 +354,8 @@ def main() -> None:
     ap.add_argument("--time", type=int, default=64)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (1 is steadier on a shared CPU)")
-    ap.add_argument("--malloc", choices=sorted(MALLOC), default="default", help="; ".join(f"{k}: {v}" for k, v in MALLOC.items()))
+    ap.add_argument("--malloc", choices=sorted(MALLOC), default="default",
+                    help="; ".join(f"{k}: {v}" for k, v in MALLOC.items()))
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--contenders", nargs="+", choices=SWEEP + EXTRA, help=f"default: {', '.join(SWEEP)}")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="sweep JSON the row is merged into")
