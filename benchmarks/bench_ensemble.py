@@ -2,7 +2,8 @@
 
     python benchmarks/bench_ensemble.py [--cell lstm|gru] [--members 8] [--batch 32] [--time 64]
                                         [--hidden 128] [--threads 1] [--repeats R]
-                                        [--contenders NAME ...] [--out results/ensemble_sweep_cpu.json]
+                                        [--malloc default|keep] [--contenders NAME ...]
+                                        [--out results/ensemble_sweep_cpu.json]
     python benchmarks/bench_ensemble.py --report [--out ...]   # table + plot + docs from the JSON
 
 One invocation measures one cell (one cell type, one E): forward + backward of ``y.sum()``
@@ -10,14 +11,14 @@ One invocation measures one cell (one cell type, one E): forward + backward of `
 layer, F = H. The contenders run side by side in one process (``_timing.interleaved``:
 rotating rounds, median); compiling takes 10-40 s per compiled contender on a 2-core CPU, so
 a sweep runs one cell per invocation, each merged into the JSON as a row keyed by
-``(cell, E, B, T, H, threads)`` (re-running a cell replaces its row)::
+``(cell, E, B, T, H, threads, malloc)`` (re-running a cell replaces its row)::
 
     for cell in lstm gru; do for e in 1 4 8 16; do
       python benchmarks/bench_ensemble.py --threads 1 --cell $cell --members $e
-    done; done
+    done; done   # and the variants of REPRODUCE below (--malloc keep, --threads 2)
     python benchmarks/bench_ensemble.py --report   # other shapes (--batch, --hidden) get rows of their own
 
-Contenders (``--contenders``; the first four by default):
+Contenders (``--contenders``; the first five by default):
 
 - ``eager loop``: one ``backend="auto"`` call per member (with interior resets ``auto`` picks
   ``reference``; see docs/backends.md).
@@ -27,10 +28,19 @@ Contenders (``--contenders``; the first four by default):
   its backward is compiled with it), called once per member.
 - ``compiled vmap``: ``torch.compile(torch.vmap(...), fullgraph=True)`` forward, its backward
   compiled with it.
+- ``GEMM floor``: only the matrix products of the E members' fwd+bwd, as bare ``torch.mm`` calls
+  (per member: input projection, its input and weight gradients, T recurrent products forward and
+  T backward, the recurrent weight gradient). No ensemble can beat the compiled loop by more than
+  ``compiled loop / GEMM floor`` without doing those products faster.
 - ``eager vmap (scan)``: eager vmap forced to ``scan`` (why ``auto`` does not pick it there).
 - ``compiled vmap fwd``: the compiled vmap, forward only, under ``no_grad``.
 - ``compiled vmap (reference)``: the compiled vmap forced to ``reference`` (the time loop
   unrolled: minutes to compile at T=64).
+
+``--malloc keep`` makes glibc serve every allocation from its heap and never hand freed memory back
+to the OS (``mallopt(M_MMAP_MAX, 0)``, ``mallopt(M_TRIM_THRESHOLD, 2**31 - 1)``, before anything is
+allocated): by default, the compiled ensemble's buffers, E times a member's (tens of MB), are mapped
+fresh on every call and page-faulted in (docs/ensembles.md, "Speed"), while a member's stay reused.
 
 A contender that fails records its error. ``--report`` prints the table of every row, draws
 ``<out stem>.png`` (speed-up over the compiled loop against E) and rewrites the ensemble
@@ -40,6 +50,7 @@ section of ``docs/benchmarks.md`` (between its GENERATED markers) from the JSON.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import shutil
 import sys
@@ -59,15 +70,22 @@ DOC_PAGE = HERE.parent / "docs" / "benchmarks.md"
 DOC_ASSETS = HERE.parent / "docs" / "assets" / "benchmarks"
 BEGIN = "<!-- BEGIN GENERATED (benchmarks/bench_ensemble.py --report) -->"
 END = "<!-- END GENERATED (ensembles) -->"
-SWEEP = ["eager loop", "eager vmap", "compiled loop", "compiled vmap"]
+SWEEP = ["eager loop", "eager vmap", "compiled loop", "compiled vmap", "GEMM floor"]
 EXTRA = ["eager vmap (scan)", "compiled vmap fwd", "compiled vmap (reference)"]
 BASELINE = "compiled loop"  # the issue's target: the compiled ensemble against this
 REPRODUCE = """for cell in lstm gru; do for e in 1 4 8 16; do   # one process per row, merged into the JSON
   python benchmarks/bench_ensemble.py --threads 1 --cell $cell --members $e
+  python benchmarks/bench_ensemble.py --threads 1 --malloc keep --cell $cell --members $e \\
+    --contenders "compiled loop" "compiled vmap" "GEMM floor"
+done; for m in default keep; do
+  python benchmarks/bench_ensemble.py --threads 2 --malloc $m --cell $cell --members 8 \\
+    --contenders "compiled loop" "compiled vmap" "GEMM floor"
 done; done
 python benchmarks/bench_ensemble.py --report   # this table and plot"""
 MAIN_SHAPE = (32, 64, 128)  # (B, T, H): the sweep's shape, the one plotted
-KEY = ("cell", "members", "batch", "time", "hidden", "threads")
+KEY = ("cell", "members", "batch", "time", "hidden", "threads", "malloc")
+MALLOC = {"default": "glibc defaults", "keep": "glibc heap kept (no mmap, no trim)"}
+DEFAULT_VARIANT = (1, "default")  # (threads, malloc) of the rows the plot draws in full
 _NOISE = ("While executing", "Original traceback", "Set TORCHDYNAMO", "from user code", "For more information")
 
 
@@ -119,6 +137,20 @@ def build_contenders(cell: str, e: int, b: int, t: int, h: int, names: list[str]
     def compiled(fn: Callable) -> Callable:
         return torch.compile(fn, fullgraph=True)
 
+    def gemm_floor() -> Callable[[], None]:
+        gates, n = stacked["weight_hh_l0"].shape[1], b * t
+        inp, h_t = torch.randn(n, h), torch.randn(b, h)
+        d_gates, d_gates_t = torch.randn(n, gates), torch.randn(b, gates)
+        w_ih, w_hh = torch.randn(gates, h), torch.randn(gates, h)
+
+        def member() -> None:
+            torch.mm(inp, w_ih.t()), torch.mm(d_gates, w_ih), torch.mm(d_gates.t(), inp)  # projection, d_x, d_W_ih
+            for _ in range(t):
+                torch.mm(h_t, w_hh.t()), torch.mm(d_gates_t, w_hh)  # recurrent product, its backward
+            torch.mm(d_gates.t(), inp)  # d_W_hh (K = B*T, as d_W_ih)
+
+        return lambda: [member() for _ in range(e)]
+
     def forward_only(fn: Callable) -> Callable[[], None]:
         def run() -> None:
             with torch.no_grad():
@@ -133,6 +165,7 @@ def build_contenders(cell: str, e: int, b: int, t: int, h: int, names: list[str]
         "compiled loop": lambda: loop(compiled(member_out)),
         "compiled vmap": lambda: (lambda f: lambda: backward(f(stacked)))(compiled(ensemble_out)),
         "compiled vmap fwd": lambda: forward_only(compiled(ensemble_out)),
+        "GEMM floor": gemm_floor,
         "compiled vmap (reference)": lambda: (lambda f: lambda: backward(f(stacked)))(
             compiled(lambda p: ensemble_out(p, "reference"))
         ),
@@ -141,7 +174,15 @@ def build_contenders(cell: str, e: int, b: int, t: int, h: int, names: list[str]
 
 
 def row_key(config: dict) -> tuple:
-    return tuple(config[k] for k in KEY)
+    return tuple(config.get(k, "default") for k in KEY)  # rows measured before --malloc: glibc defaults
+
+
+def keep_heap() -> None:
+    """glibc: every allocation from the heap, freed memory never returned to the OS (see module doc)."""
+    libc = ctypes.CDLL(None)
+    m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
+    if not (libc.mallopt(m_mmap_max, 0) and libc.mallopt(m_trim_threshold, 2**31 - 1)):
+        raise RuntimeError("--malloc keep: mallopt failed (glibc only)")
 
 
 def merge_row(path: Path, row: dict) -> dict:
@@ -160,12 +201,14 @@ def merge_row(path: Path, row: dict) -> dict:
 def measure(args: argparse.Namespace) -> dict:
     """Time one cell; returns its JSON row."""
     torch.set_num_threads(args.threads)
+    if args.malloc == "keep":
+        keep_heap()
     device = torch.device("cpu")
     names = args.contenders or SWEEP
     contenders = build_contenders(args.cell, args.members, args.batch, args.time, args.hidden, names)
     results = interleaved(contenders, device, warmup=2, repeats=args.repeats, max_seconds=60.0)
     config = {"cell": args.cell, "members": args.members, "batch": args.batch, "time": args.time,
-              "hidden": args.hidden, "threads": args.threads, "input": args.hidden, "layers": 1,
+              "hidden": args.hidden, "threads": args.threads, "malloc": args.malloc, "input": args.hidden, "layers": 1,
               "reset_prob": 0.05, "dtype": "float32"}
     row = {"config": config, "environment": environment(device), "results": results}
     for base in ("eager loop", BASELINE):
@@ -182,8 +225,13 @@ def _shape(row: dict) -> tuple[int, int, int]:
     return c["batch"], c["time"], c["hidden"]
 
 
+def _variant(row: dict) -> tuple[int, str]:
+    return row["config"]["threads"], row["config"].get("malloc", "default")
+
+
 def _display_order(row: dict) -> tuple:
-    return row["config"]["cell"], _shape(row) != MAIN_SHAPE, _shape(row), row["config"]["members"]
+    return (row["config"]["cell"], _shape(row) != MAIN_SHAPE, _shape(row), _variant(row) != DEFAULT_VARIANT,
+            _variant(row), row["config"]["members"])
 
 
 def _cell_ms(res: dict, base: dict | None) -> str:
@@ -200,14 +248,17 @@ def table(doc: dict) -> str:
     the compiled loop)."""
     rows = sorted(doc["rows"], key=_display_order)
     names = [n for n in SWEEP + EXTRA if any(n in r["results"] for r in rows)]
-    lines = ["| cell | B x T x H | E | " + " | ".join(names) + " |", "|---|---|---:|" + "---:|" * len(names)]
+    lines = ["| cell | B x T x H | threads | malloc | E | " + " | ".join(names) + " |",
+             "|---|---|---:|---|---:|" + "---:|" * len(names)]
     for r in rows:
         res, c = r["results"], r["config"]
         cells = [_cell_ms(res[n], res.get(BASELINE)) if n in res else "" for n in names]
         shape = f"{c['batch']} x {c['time']} x {c['hidden']}"
-        lines.append(f"| {c['cell'].upper()} | {shape} | {c['members']} | " + " | ".join(cells) + " |")
+        threads, malloc = _variant(r)
+        head = f"| {c['cell'].upper()} | {shape} | {threads} | {malloc} | {c['members']} | "
+        lines.append(head + " | ".join(cells) + " |")
     compile_lines = []
-    for r in rows:
+    for r in (r for r in rows if _variant(r) == DEFAULT_VARIANT):
         first = {n: v["first_call_s"] for n, v in r["results"].items()
                  if n.startswith("compiled") and "first_call_s" in v}
         if first:
@@ -234,20 +285,23 @@ def plot(doc: dict, png: Path) -> None:
     cells = sorted({r["config"]["cell"] for r in doc["rows"]})
     fig, axes = plt.subplots(1, len(cells), figsize=(5 * len(cells), 3.6), squeeze=False)
     for ax, cell in zip(axes[0], cells):
-        rows = sorted((r for r in doc["rows"] if r["config"]["cell"] == cell and _shape(r) == MAIN_SHAPE),
-                      key=lambda r: r["config"]["members"])
-        for name in SWEEP + EXTRA:
-            pts = [(r["config"]["members"], r["results"][BASELINE]["median_s"] / r["results"][name]["median_s"])
-                   for r in rows if "median_s" in r["results"].get(name, {})
-                   and "median_s" in r["results"].get(BASELINE, {})]
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=name)
+        at_shape = [r for r in doc["rows"] if r["config"]["cell"] == cell and _shape(r) == MAIN_SHAPE]
+        variants = sorted({_variant(r) for r in at_shape}, key=lambda v: (v != DEFAULT_VARIANT, v))
+        for variant in variants:  # every contender for the default variant, the compiled vmap for the others
+            rows = sorted((r for r in at_shape if _variant(r) == variant), key=lambda r: r["config"]["members"])
+            for name in SWEEP + EXTRA if variant == DEFAULT_VARIANT else ["compiled vmap"]:
+                pts = [(r["config"]["members"], r["results"][BASELINE]["median_s"] / r["results"][name]["median_s"])
+                       for r in rows if "median_s" in r["results"].get(name, {})
+                       and "median_s" in r["results"].get(BASELINE, {})]
+                label = name if variant == DEFAULT_VARIANT else f"{name}, {variant[0]} thread(s), malloc {variant[1]}"
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", linestyle="-" if variant == DEFAULT_VARIANT else "--", label=label)
         ax.axhline(1.5, color="grey", linestyle=":", linewidth=1, label="target 1.5x")
         ax.set_xscale("log", base=2)
-        es = [r["config"]["members"] for r in rows]
+        es = sorted({r["config"]["members"] for r in at_shape})
         ax.set_xticks(es, [str(e) for e in es])
         ax.set_xlabel("members E")
-        ax.set_ylabel("speed-up over compiled loop")
+        ax.set_ylabel("speed-up over compiled loop (same variant)")
         ax.set_title(f"{cell.upper()} fwd+bwd, B x T x H = " + " x ".join(map(str, MAIN_SHAPE)))
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=7)
@@ -258,16 +312,18 @@ def plot(doc: dict, png: Path) -> None:
 
 def section(doc: dict, png_name: str) -> str:
     """The ensemble section of ``docs/benchmarks.md`` (markers included) for the sweep JSON ``doc``."""
-    c, env = doc["rows"][0]["config"], doc["rows"][0]["environment"]
+    env = doc["rows"][0]["environment"]
     loads = [r["environment"]["load_average_1m"] for r in doc["rows"]
              if r["environment"].get("load_average_1m") is not None]
     load = f"; 1-min load average {min(loads):.1f}-{max(loads):.1f}" if loads else ""
     return (
         f"{BEGIN}\n\n### Ensembles: training E members (`bench_ensemble.py`)\n\n"
         "Batch B, time T, hidden H per row (F = H), L=1, 5% random resets, forward+backward, shared input; "
-        f"{env['device_name']} ({c['threads']} torch thread), one process per (cell, E), contenders "
+        f"{env['device_name']}, torch threads and glibc malloc setting per row (`--malloc keep`: "
+        f"{MALLOC['keep']}; `default`: {MALLOC['default']}), one process per row, contenders "
         f"interleaved{load}; torch {env['torch']}. ms per call: median over rounds (speed-up over the "
-        f"compiled loop).\n\n{table(doc)}\n\n```bash\n{REPRODUCE}\n```\n\n"
+        f"compiled loop of the same row; `GEMM floor`: the members' matrix products alone as bare `mm` calls, "
+        f"see docs/ensembles.md).\n\n{table(doc)}\n\n```bash\n{REPRODUCE}\n```\n\n"
         f"![{png_name}](assets/benchmarks/{png_name})\n\n{END}"
     )
 
@@ -298,6 +354,8 @@ def main() -> None:
     ap.add_argument("--time", type=int, default=64)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (1 is steadier on a shared CPU)")
+    ap.add_argument("--malloc", choices=sorted(MALLOC), default="default",
+                    help="; ".join(f"{k}: {v}" for k, v in MALLOC.items()))
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--contenders", nargs="+", choices=SWEEP + EXTRA, help=f"default: {', '.join(SWEEP)}")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="sweep JSON the row is merged into")
