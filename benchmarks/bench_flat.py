@@ -2,6 +2,7 @@
 
     python benchmarks/bench_flat.py [--threads N] [--repeats R] [--quick]
     python benchmarks/bench_flat.py --table | --summary    (the docs' tables, from the results)
+    python benchmarks/bench_flat.py --plot                 (results/flat_cpu.png and its docs copy)
 
 Recurrent mode, eager, CPU, H=128, F=64, one layer; every case is timed in one process with
 the contenders interleaved (``_timing.interleaved``) on the same weights and TensorDicts:
@@ -277,6 +278,40 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(out).rstrip()
 
 
+def plot(rows: list[dict], out: Path) -> list[Path]:
+    """``out`` (PNG) and its copy in ``docs/assets/benchmarks/``: per mode and cell, every case's speed-up of
+    ``auto`` over TorchRL's fastest backend (fastest calls) with the issue's 1.3x line, and our fastest exact
+    path's, to show how much of a gap is ``auto``'s choice."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes, cells = list(dict.fromkeys(r["mode"] for r in rows)), list(dict.fromkeys(r["cell"] for r in rows))
+    fig, axes = plt.subplots(len(modes), len(cells), figsize=(9 * len(cells), 5 * len(modes)), squeeze=False)
+    for (i, mode), (j, cell) in ((m, c) for m in enumerate(modes) for c in enumerate(cells)):
+        ax, picked = axes[i][j], [r for r in rows if r["mode"] == mode and r["cell"] == cell]
+        trl = [min(t for n, t in r["ms_min"].items() if n.startswith("torchrl")) for r in picked]
+        best = [min(t for n, t in r["ms_min"].items() if n.startswith("ours ") and n != "ours auto") for r in picked]
+        xs = range(len(picked))
+        ax.bar([x - 0.2 for x in xs], [t / r["ms_min"]["ours auto"] for t, r in zip(trl, picked)], 0.4, label="ours auto")
+        ax.bar([x + 0.2 for x in xs], [t / b for t, b in zip(trl, best)], 0.4, label="ours, fastest exact path")
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.axhline(1.3, color="red", lw=0.8, ls="--", label="issue 13 target (1.3x)")
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels([r["case"] for r in picked], rotation=40, ha="right", fontsize=7)
+        ax.set_ylabel("speed-up over TorchRL's fastest backend")
+        ax.set_title(f"{cell.upper()}, {mode} (CPU, 1 thread, H=128, fastest of the rounds)")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths = [out, Path(__file__).resolve().parents[1] / "docs" / "assets" / "benchmarks" / out.name]
+    for path in paths:
+        fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return paths
+
+
 def main(argv: list[str] | None = None) -> Path:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
@@ -287,9 +322,13 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--only", default="", help="run the cases whose name contains this")
     ap.add_argument("--table", action="store_true", help="print the Markdown table of --out and exit")
     ap.add_argument("--summary", action="store_true", help="print the compact Markdown table of --out and exit")
+    ap.add_argument("--plot", action="store_true", help="plot --out (a PNG beside it and in docs/assets) and exit")
     ap.add_argument("--append", action="store_true", help="keep the rows of --out of other cases")
     ap.add_argument("--out", type=Path, default=RESULTS / "flat_cpu.json")
     args = ap.parse_args(argv)
+    if args.plot:
+        print("wrote", *plot(json.loads(args.out.read_text())["rows"], args.out.with_suffix(".png")))
+        return args.out
     if args.table or args.summary:
         print((markdown if args.table else summary)(json.loads(args.out.read_text())["rows"]))
         return args.out
