@@ -80,18 +80,14 @@ def _layer_impl(cell: str, recompute: bool, inp, mask, carry0, reset, weights):
     """The op on plain tensors: the ``scan`` backend's layer, its math vmapped over the members."""
     tensors = (inp, mask, *carry0, *(reset or ()), *weights)
     members = max(t.shape[0] for t in tensors if t is not None)
-    if members == 1:  # one model (size-1 members dims in a scan's carry break Inductor's stride checks)
-        one = lambda t: None if t is None else t.squeeze(0)  # noqa: E731
-        outs = HandWrittenLayer.apply(
-            _CELLS[cell], recompute, Members(0, static_shapes=True), len(carry0), reset is not None, one(inp), one(mask),
-            *map(one, (*carry0, *(reset or ()), *weights)),
-        )
-        return [s.unsqueeze(0) for s in outs[: len(carry0)]]  # [T, N, S] -> [1, T, N, S]
+    # one member runs as one model (size-1 members dims in a scan's carry break Inductor's stride checks)
+    one = (lambda t: None if t is None else t.squeeze(0)) if members == 1 else (lambda t: t)
     outs = HandWrittenLayer.apply(
-        _CELLS[cell], recompute, Members(members, static_shapes=True), len(carry0), reset is not None, inp, mask,
-        *carry0, *(reset or ()), *weights,
+        _CELLS[cell], recompute, Members(0 if members == 1 else members, static_shapes=True), len(carry0),
+        reset is not None, *map(one, tensors),
     )
-    return [s.transpose(0, 1) for s in outs[: len(carry0)]]  # [T, E, N, S] -> [E, T, N, S]
+    # [T, N, S] -> [1, T, N, S], or [T, E, N, S] -> [E, T, N, S]
+    return [s.unsqueeze(0) if members == 1 else s.transpose(0, 1) for s in outs[: len(carry0)]]
 
 
 def _fold_vmapped_dim(info, in_dims, cell, recompute, inp, mask, carry0, reset, weights):

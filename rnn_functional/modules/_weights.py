@@ -48,10 +48,6 @@ class RNNChild:
         """The ``torch.nn`` child holding the weights (``self.lstm`` / ``self.gru``)."""
         return getattr(self, self._cell.child_attr)
 
-    def _params(self) -> dict[str, torch.Tensor]:
-        """The weights the forward uses, under ``torch.nn`` state-dict names (a new dict)."""
-        return dict(self._weights)
-
 
 def build_rnn(
     cell: ModuleCell,

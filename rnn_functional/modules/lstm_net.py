@@ -198,11 +198,11 @@ class LSTMNet(RNNChild, nn.Module):
                 )
         if sequence:  # outputs the final state at the last step, zeros before it
             y, (h, c) = run_sequence(
-                LSTM_CELL, x, (hidden0_in[:, 0], hidden1_in[:, 0]), None, self._params(), None,
+                LSTM_CELL, x, (hidden0_in[:, 0], hidden1_in[:, 0]), None, self._weights, None,
                 backend=self.lstm_backend, dropout=self._dropout, training=self.training,
             )
         else:
-            y, (h, c) = run_step(LSTM_CELL, x, (hidden0_in, hidden1_in), self._params(), None, dropout=self._dropout,
+            y, (h, c) = run_step(LSTM_CELL, x, (hidden0_in, hidden1_in), self._weights, None, dropout=self._dropout,
                                  training=self.training, backend=self.lstm_backend)
         out = (self.linear(y), hidden0_in, hidden1_in, h, c)
         return tuple(o.squeeze(0) for o in out) if unbatched else out

@@ -101,7 +101,7 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
 
     @dispatch
     def _forward_from_tensors(self, tensordict: TensorDictBase) -> TensorDictBase:
-        return self.forward_with_params(tensordict, self._params())
+        return self.forward_with_params(tensordict, self._weights)
 
     def forward_with_params(self, tensordict: TensorDictBase, params) -> TensorDictBase:
         """:meth:`forward` with explicit weights (``torch.nn`` state-dict names) instead of the child's.
