@@ -21,6 +21,7 @@ import datetime as _dt
 import gc
 import os
 import platform
+import random
 import re
 import statistics
 import time
@@ -48,6 +49,8 @@ def interleaved(
     warmup: int = 2,
     repeats: int = 7,
     max_seconds: float = 20.0,
+    keep_rounds: bool = False,
+    shuffle: bool = False,
 ) -> dict[str, dict]:
     """Median seconds per call of each contender, timed in rotating interleaved rounds.
 
@@ -59,6 +62,11 @@ def interleaved(
         max_seconds: a contender whose timed calls add up to more than this is dropped from
             later rounds (it keeps at least 3 samples), so a very slow baseline cannot eat the
             whole time budget.
+        keep_rounds: also return each timed call, in round order (``"rounds_s"``), to compare
+            contenders round by round (the calls of one round run back to back, under the same load).
+        shuffle: each round in a fresh random order (seeded) instead of the rotated one, where every
+            contender always follows the same neighbour (whose freed memory or evicted caches it
+            may pay for).
 
     Returns:
         name -> ``{"median_s", "min_s", "samples", "first_call_s"}`` (``first_call_s``: the first
@@ -83,8 +91,11 @@ def interleaved(
             continue
         samples[name] = []
         live.append(name)
+    rng = random.Random(0)
     for r in range(repeats):
         order = live[r % len(live):] + live[: r % len(live)] if live else []
+        if shuffle:
+            rng.shuffle(order)
         for name in order:
             fn = contenders[name]
             sync(device)
@@ -95,7 +106,7 @@ def interleaved(
         live = [n for n in live if len(samples[n]) < 3 or sum(samples[n]) < max_seconds]
     for name, s in samples.items():
         results[name] = {"median_s": statistics.median(s), "min_s": min(s), "samples": len(s),
-                         "first_call_s": first[name]}
+                         "first_call_s": first[name], **({"rounds_s": s} if keep_rounds else {})}
     return results
 
 

@@ -3,9 +3,13 @@
     python benchmarks/bench_flat.py [--threads N] [--repeats R] [--quick]
     python benchmarks/bench_flat.py --table | --summary    (the docs' tables, from the results)
     python benchmarks/bench_flat.py --plot                 (results/flat_cpu.png and its docs copy)
+    python benchmarks/bench_flat.py --confirm --repeats 21 [--only 'N=200 slices =64|resets 5%']
+    python benchmarks/bench_flat.py --confirm-table        (auto against our paths, round by round)
 
 Recurrent mode, eager, CPU, H=128, F=64, one layer; every case is timed in one process with
-the contenders interleaved (``_timing.interleaved``) on the same weights and TensorDicts:
+the contenders interleaved (``_timing.interleaved``, a random order per round: in a rotated order
+``auto`` always ran after the same contender and paid up to 1.3x for it) on the same weights and
+TensorDicts:
 
 * flat ``[N]`` batches of concatenated slices, ``is_init`` True at every slice start, N in
   {200, 1024, 4096}, slice lengths {8, 20, 64}, either full slices (the last one cut to fit N)
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -134,7 +139,8 @@ def forced_eager_path(path: str):
         selection._eager_fastest = real
 
 
-def contenders(trm, cell: str, batch: tuple, is_init: torch.Tensor, mode: str) -> dict:
+def contenders(trm, cell: str, batch: tuple, is_init: torch.Tensor, mode: str, ours_only: bool = False) -> dict:
+    """name -> one timed call of each contender; ``ours_only``: ``auto`` and our forced exact paths."""
     lstm = cell == "lstm"
     keys = (dict(in_keys=["x", "h", "c"], out_keys=["y", ("next", "h"), ("next", "c")]) if lstm
             else dict(in_keys=["x", "h"], out_keys=["y", ("next", "h")]))
@@ -156,17 +162,19 @@ def contenders(trm, cell: str, batch: tuple, is_init: torch.Tensor, mode: str) -
     long_flat = len(batch) == 1 and batch[0] > 200
     for path in ("pad", "packed", "segments", "scan_segments") + (() if long_flat else ("reference", "scan")):
         modules[f"ours {path}"] = (ours, path)
-    for backend in ("pad",) if long_flat else ("pad", "scan"):
-        modules[f"torchrl {backend}"] = (theirs_cls(**{child: getattr(base, child)}, recurrent_backend=backend, **keys), None)
-    py = theirs_cls(F_IN, HIDDEN, python_based=True, **keys)
-    getattr(py, child).load_state_dict(getattr(base, child).state_dict())
-    modules["torchrl python_based"] = (py, None)
+    kernel, blocks = None, []
+    if not ours_only:
+        for backend in ("pad",) if long_flat else ("pad", "scan"):
+            modules[f"torchrl {backend}"] = (theirs_cls(**{child: getattr(base, child)}, recurrent_backend=backend, **keys), None)
+        py = theirs_cls(F_IN, HIDDEN, python_based=True, **keys)
+        getattr(py, child).load_state_dict(getattr(base, child).state_dict())
+        modules["torchrl python_based"] = (py, None)
 
-    # the floor: the bare unpacked ATen calls (no resets, nothing around them) on the length buckets
-    # of the case's segments, as our ``pad`` path runs them (one [S, Lmax] block for full slices)
-    kernel = (torch.nn.LSTM if lstm else torch.nn.GRU)(F_IN, HIDDEN, batch_first=True)
-    blocks = [torch.randn(end - first, steps, F_IN) for first, end, steps in bucket_shapes(cell, is_init)]
-    modules["aten floor"] = (kernel, None)
+        # the floor: the bare unpacked ATen calls (no resets, nothing around them) on the length buckets
+        # of the case's segments, as our ``pad`` path runs them (one [S, Lmax] block for full slices)
+        kernel = (torch.nn.LSTM if lstm else torch.nn.GRU)(F_IN, HIDDEN, batch_first=True)
+        blocks = [torch.randn(end - first, steps, F_IN) for first, end, steps in bucket_shapes(cell, is_init)]
+        modules["aten floor"] = (kernel, None)
 
     with torch.no_grad(), trm.set_recurrent_mode(True):  # same outputs before timing
         want = base(data.clone(False))["y"]
@@ -227,6 +235,50 @@ def auto_path(cell: str, is_init: torch.Tensor, mode: str) -> str:
     mask = mask.unsqueeze(0) if mask.ndim == 1 else mask
     params = (rf.init_lstm_params if cell == "lstm" else rf.init_gru_params)(F_IN, HIDDEN)
     return selection._eager_fastest(read_layout(params, cell), SequenceOptions(), mask, mode == "fwd+bwd")
+
+
+def _quartiles(ratios: list[float]) -> tuple[float, float, float]:
+    q1, q2, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def confirm_row(res: dict, pick: str) -> dict:
+    """Round-by-round ratios of one confirmation case: ``auto`` and the forced column of its pick
+    against our best exact path (the one with the lowest median), and ``auto`` against its pick (the
+    cost of deciding). Each ratio is taken within a round (calls back to back, same load) and
+    summarised by its quartiles. ``verdict``: ``miss`` where even the lower quartile of pick / best
+    exceeds 1.10, ``noise`` where only the median does, else ``ok``."""
+    rounds = {n: r["rounds_s"] for n, r in res.items() if "rounds_s" in r}
+    n_rounds = min(len(s) for s in rounds.values())
+    forced = {n: statistics.median(s) for n, s in rounds.items() if n != "ours auto"}
+    best = min(forced, key=forced.get)
+
+    def ratio(a: str, b: str) -> list[float]:
+        return [rounds[a][i] / rounds[b][i] for i in range(n_rounds)]
+
+    row = {"best": best[5:], "pick": pick, "rounds": n_rounds, "ms": {n: 1e3 * t for n, t in forced.items()},
+           "ms_auto": 1e3 * statistics.median(rounds["ours auto"]),
+           "auto_vs_best": _quartiles(ratio("ours auto", best)),
+           "pick_vs_best": _quartiles(ratio(f"ours {pick}", best)),
+           "auto_vs_pick": _quartiles(ratio("ours auto", f"ours {pick}"))}
+    q1, q2, _ = row["pick_vs_best"]
+    row["verdict"] = "miss" if q1 > 1.10 else "noise" if q2 > 1.10 else "ok"
+    return row
+
+
+def confirm_table(rows: list[dict]) -> str:
+    """Markdown table of the confirmation rows: medians (ms) and ratio quartiles ``q2 [q1-q3]``."""
+    def q(v):
+        return f"{v[1]:.2f} [{v[0]:.2f}-{v[2]:.2f}]"
+
+    out = ["| case | cell | mode | S | Lmax | auto picks | pick ms | best (ms) | pick / best | auto / best "
+           "| auto / pick | verdict |", "|---" * 12 + "|"]
+    for r in rows:
+        pick_ms, best_ms = r["ms"][f"ours {r['pick']}"], r["ms"][f"ours {r['best']}"]
+        out.append(f"| {r['case']} | {r['cell']} | {r['mode']} | {r['segments']} | {r['longest']} | {r['pick']} "
+                   f"| {pick_ms:.1f} | {r['best']} ({best_ms:.1f}) "
+                   f"| {q(r['pick_vs_best'])} | {q(r['auto_vs_best'])} | {q(r['auto_vs_pick'])} | {r['verdict']} |")
+    return "\n".join(out)
 
 
 def write(out: Path, device: torch.device, rows: list[dict]) -> None:
@@ -319,13 +371,21 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--quick", action="store_true", help="N in {200, 1024} only")
     ap.add_argument("--cells", default="lstm,gru")
     ap.add_argument("--modes", default="fwd+bwd,fwd")
-    ap.add_argument("--only", default="", help="run the cases whose name contains this")
+    ap.add_argument("--only", default="", help="run the cases whose name contains this (alternatives split by '|')")
     ap.add_argument("--table", action="store_true", help="print the Markdown table of --out and exit")
     ap.add_argument("--summary", action="store_true", help="print the compact Markdown table of --out and exit")
     ap.add_argument("--plot", action="store_true", help="plot --out (a PNG beside it and in docs/assets) and exit")
     ap.add_argument("--append", action="store_true", help="keep the rows of --out of other cases")
-    ap.add_argument("--out", type=Path, default=RESULTS / "flat_cpu.json")
+    ap.add_argument("--confirm", action="store_true",
+                    help="auto against each of our exact paths only, ratios per round (--repeats >= 15); "
+                         "writes --out (default results/flat_confirm_cpu.json)")
+    ap.add_argument("--confirm-table", action="store_true", help="print the confirmation table of --out and exit")
+    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    args.out = args.out or RESULTS / ("flat_confirm_cpu.json" if args.confirm or args.confirm_table else "flat_cpu.json")
+    if args.confirm_table:
+        print(confirm_table(json.loads(args.out.read_text())["rows"]))
+        return args.out
     if args.plot:
         print("wrote", *plot(json.loads(args.out.read_text())["rows"], args.out.with_suffix(".png")))
         return args.out
@@ -338,13 +398,22 @@ def main(argv: list[str] | None = None) -> Path:
 
     device = torch.device("cpu")
     rows = json.loads(args.out.read_text())["rows"] if args.append and args.out.exists() else []
-    for spec in (c for c in cases(args.quick) if args.only in case_name(c)):
+    for spec in (c for c in cases(args.quick) if any(o in case_name(c) for o in args.only.split("|"))):
         batch, is_init = make_case(spec, torch.Generator().manual_seed(7))
         stats = segment_stats(is_init)
         for cell in args.cells.split(","):
             for mode in args.modes.split(","):
+                if args.confirm:
+                    res = interleaved(contenders(trm, cell, batch, is_init, mode, ours_only=True), device, warmup=3,
+                                      repeats=args.repeats, max_seconds=60.0, keep_rounds=True, shuffle=True)
+                    row = {"case": case_name(spec), **spec, **stats, "cell": cell, "mode": mode,
+                           **confirm_row(res, auto_path(cell, is_init, mode))}
+                    rows = [r for r in rows if (r["case"], r["cell"], r["mode"]) != (row["case"], cell, mode)] + [row]
+                    write(args.out, device, rows)
+                    print(confirm_table([row]).splitlines()[-1], flush=True)
+                    continue
                 res = interleaved(contenders(trm, cell, batch, is_init, mode), device, repeats=args.repeats,
-                                  max_seconds=4.0)
+                                  max_seconds=4.0, shuffle=True)
                 ms = {n: r["median_s"] * 1e3 for n, r in res.items() if "median_s" in r}
                 ms_min = {n: r["min_s"] * 1e3 for n, r in res.items() if "min_s" in r}
                 trl = {n: t for n, t in ms.items() if n.startswith("torchrl")}
