@@ -231,9 +231,11 @@ def _auto_choice(cell, is_init, records_grad, recompute="none", layers=1):
 
 
 def test_auto_rule():
-    """auto under autograd: the length buckets with oneDNN's fused LSTM (one layer); for the GRU (ATen's is a
-    per-step loop) the buckets for full slices, packed for many lengths, the scan loop for [B, T] with
-    scattered resets. Forward only: the buckets for the LSTM's full slices, packed otherwise."""
+    """auto under autograd: the length buckets with oneDNN's fused LSTM (one layer), unless they cost 1.5x more
+    than the scan loop over T (a [B, T] batch with segments of many lengths); for the GRU (ATen's is a per-step
+    loop) the scan loop over at most 4 segments, the buckets for full slices, packed for many lengths, the scan
+    loop over T for [B, T] with scattered resets. Forward only: the buckets for the LSTM's full slices, packed
+    otherwise."""
     flat = torch.zeros(1, 4096, dtype=torch.bool)
     flat[0, ::20] = True  # full slices of 20
     small = torch.zeros(1, 200, dtype=torch.bool)
@@ -250,7 +252,15 @@ def test_auto_rule():
     assert _auto_choice("lstm", flat[:, :200], False) == bucketed  # one length: one call
     assert _auto_choice("gru", flat[:, :200], False) == packed  # no fused GRU kernel: packed as fast, no padding
     assert _auto_choice("lstm", scattered, False) == packed
-    assert _auto_choice("lstm", scattered, True) == bucketed
+    assert _auto_choice("lstm", scattered, True) == "scan.sequence"  # 64 segments of 2-62 steps
+    few = torch.zeros(32, 64, dtype=torch.bool)
+    few[:4, 30] = True  # 36 segments, 28 of them full rows: one call and a short one
+    assert _auto_choice("lstm", few, True) == bucketed
+    four, five = torch.zeros(1, 200, dtype=torch.bool), torch.zeros(1, 200, dtype=torch.bool)
+    four[0, ::64], five[0, ::40] = True, True
+    assert _auto_choice("gru", four, True) == "segments.aligned(sequence)"  # scan_segments
+    assert _auto_choice("gru", five, True) == bucketed
+    assert _auto_choice("gru", four, False) == packed
     assert _auto_choice("lstm", scattered, True, layers=2) == "reference.sequence"
     assert _auto_choice("gru", scattered, True) == "scan.sequence"
     assert _auto_choice("lstm", torch.zeros(32, 64, dtype=torch.bool), True) == "pad.sequence"  # one call

@@ -141,6 +141,15 @@ def packed(p: SegmentPlan) -> Callable:
     return sequence
 
 
+def _call_cost(steps: int, rows: int, short_steps: int, short_rows: int, recompute: bool) -> float:
+    """Estimated cost, in row-steps, of one bucket call of ``steps`` steps over ``rows`` rows, ``short_rows``
+    of which end before its last step (the longest of them after ``short_steps``); see :func:`_buckets`."""
+    cost = steps * (rows + _CALL_STEP_ROWS)
+    if recompute and short_rows:
+        cost += short_steps * (_RECOMPUTE_STEP_ROWS + short_rows / 2)
+    return cost
+
+
 def _buckets(lengths_sorted: list[int], recompute: bool) -> list[tuple[int, int, int]]:
     """``(first, end, steps)`` row ranges of segments sorted by decreasing length, one kernel call each.
 
@@ -166,9 +175,9 @@ def _buckets(lengths_sorted: list[int], recompute: bool) -> list[tuple[int, int,
     best, cut = [0.0] + [float("inf")] * len(distinct), [0] * (len(distinct) + 1)
     for j in range(1, len(distinct) + 1):
         for i in range(j):
-            cost = best[i] + distinct[i] * (ends[j] - ends[i] + _CALL_STEP_ROWS)
-            if recompute and j - 1 > i:
-                cost += distinct[i + 1] * (_RECOMPUTE_STEP_ROWS + (ends[j] - ends[i + 1]) / 2)
+            short = j - 1 > i  # the bucket holds rows shorter than its steps
+            cost = best[i] + _call_cost(distinct[i], ends[j] - ends[i], distinct[i + 1] if short else 0,
+                                        ends[j] - ends[i + 1] if short else 0, recompute)
             if cost < best[j]:
                 best[j], cut[j] = cost, i
     out, j = [], len(distinct)
@@ -212,6 +221,18 @@ def bucket_padding(p: SegmentPlan, layout: Layout) -> float:
     """Steps that :func:`bucketed` runs for the segments of ``p``, over their real steps (``>= 1``)."""
     buckets = _plan_buckets(p, layout)[2]
     return sum((end - first) * steps for first, end, steps in buckets) / p.seg_of.numel()  # real steps: N * T
+
+
+def bucket_cost(p: SegmentPlan, layout: Layout) -> float:
+    """The estimated cost of :func:`bucketed` on the segments of ``p`` (row-steps, :func:`_call_cost`)."""
+    _, lengths_sorted, buckets = _plan_buckets(p, layout)
+    recompute = len(layout.state_sizes) > 1
+    cost = 0.0
+    for first, end, steps in buckets:
+        full = int(lengths_sorted[first:end].eq(steps).sum())
+        short_steps = int(lengths_sorted[first + full]) if full < end - first else 0
+        cost += _call_cost(steps, end - first, short_steps, end - first - full, recompute)
+    return cost
 
 
 def bucketed(p: SegmentPlan) -> Callable:

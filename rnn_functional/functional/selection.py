@@ -61,6 +61,14 @@ _LOOP_ROWS_PER_STEP = 28
 # Below this padding (steps run / real steps), the length buckets beat one packed call even without
 # the backward: full slices (one length, the last cut) run as one or two unpacked calls.
 _BUCKET_PADDING = 1.05
+# Under autograd, oneDNN's LSTM on the length buckets beats the saved-activation loop over ``T`` unless
+# the buckets' estimated cost (``segments.bucket_cost``) exceeds this multiple of the loop's
+# (``_loop_cost``): a [B, T] batch whose segments spread over many lengths (docs/backends.md).
+_BUCKETS_OVER_LOOP = 1.5
+# Under autograd, a GRU call of at most this many segments runs fastest as the saved-activation loop over
+# them (``scan_segments``): with so few rows a step's cost is its fixed overhead, where ATen's GRU loop
+# records ~10 ops per step against the scan step's six and one GEMM backward (docs/backends.md).
+_SCAN_SEGMENT_ROWS = 4
 
 
 def _loop_cost(steps: int, rows: int) -> int:
@@ -80,11 +88,14 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
 
       - autograd records the call, one layer, ``fused``: ``pad``, the length buckets (oneDNN's backward
         is linear in the steps, where a packed call's backward on CPU zero-fills its input-projection
-        gradient at every step; and it beats any loop over ``T``, even for ``[B, T]`` batches);
+        gradient at every step), unless their estimated cost is more than ``_BUCKETS_OVER_LOOP`` times
+        the loop's over ``T`` (a ``[B, T]`` batch whose segments spread over many lengths): ``scan``;
       - autograd records the call and the longest segment ``Lmax`` is more than half of ``T`` (a
         ``[B, T]`` batch with scattered resets, the segments barely shorten the rows): not ``fused``,
         ``scan`` (its loop over ``T``, whose backward consumes the saved activations, beats ATen's
         autograd-recorded step loop); ``fused`` with more layers, the ``reference`` loop;
+      - autograd records the call, not ``fused``, at most ``_SCAN_SEGMENT_ROWS`` segments: ``scan_segments``
+        (that loop over the aligned segments; few rows: the per-step overhead decides);
       - one layer, ``fused`` or autograd records the call, and the length buckets pad no more than
         ``_BUCKET_PADDING`` (full slices): ``pad``;
       - otherwise ``packed``: the segments packed into one call (no padding, no extra calls; every
@@ -100,9 +111,11 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
     if aten:
         fused, one_layer = layout.cell.aten.fused_on_cpu, layout.num_layers == 1
         if records_grad and fused and one_layer:
-            return "pad"
+            return "scan" if segments.bucket_cost(p, layout) > _BUCKETS_OVER_LOOP * _loop_cost(t_len, n) else "pad"
         if records_grad and 2 * p.max_len > t_len:
             return "reference" if fused else "scan"
+        if records_grad and not fused and p.count <= _SCAN_SEGMENT_ROWS:
+            return "scan_segments"
         if one_layer and (fused or records_grad) and segments.bucket_padding(p, layout) <= _BUCKET_PADDING:
             return "pad"
         return "packed"
