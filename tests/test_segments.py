@@ -234,8 +234,8 @@ def test_auto_rule():
     """auto under autograd: the length buckets with oneDNN's fused LSTM (one layer), unless they cost 1.5x more
     than the scan loop over T (a [B, T] batch with segments of many lengths); for the GRU (ATen's is a per-step
     loop) the scan loop over at most 4 segments, the buckets for full slices, packed for many lengths, the scan
-    loop over T for [B, T] with scattered resets. Forward only: the buckets for the LSTM's full slices, packed
-    otherwise."""
+    loop over T for [B, T] with scattered resets. Forward only: the scan loop over T for [B, T] with many resets,
+    the buckets for the LSTM's full slices, packed otherwise."""
     flat = torch.zeros(1, 4096, dtype=torch.bool)
     flat[0, ::20] = True  # full slices of 20
     small = torch.zeros(1, 200, dtype=torch.bool)
@@ -261,6 +261,10 @@ def test_auto_rule():
     assert _auto_choice("gru", four, True) == "segments.aligned(sequence)"  # scan_segments
     assert _auto_choice("gru", five, True) == bucketed
     assert _auto_choice("gru", four, False) == packed
+    dense = torch.rand(32, 64, generator=torch.Generator().manual_seed(7)) < 0.2  # 20% resets: 428 segments of <= 36
+    assert _auto_choice("gru", dense, False) == "scan.sequence"
+    assert _auto_choice("lstm", dense, False) == "scan.sequence"
+    assert _auto_choice("lstm", scattered, False) == packed  # 64 segments
     assert _auto_choice("lstm", scattered, True, layers=2) == "reference.sequence"
     assert _auto_choice("gru", scattered, True) == "scan.sequence"
     assert _auto_choice("lstm", torch.zeros(32, 64, dtype=torch.bool), True) == "pad.sequence"  # one call

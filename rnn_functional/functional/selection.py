@@ -69,6 +69,10 @@ _BUCKETS_OVER_LOOP = 1.5
 # them (``scan_segments``): with so few rows a step's cost is its fixed overhead, where ATen's GRU loop
 # records ~10 ops per step against the scan step's six and one GEMM backward (docs/backends.md).
 _SCAN_SEGMENT_ROWS = 4
+# Forward only, the segments packed into one call lose to the scan loop over ``T`` once the loop over them
+# (``_loop_cost(Lmax, S)``) costs this multiple of the loop over the rows: a [B, T] batch with many resets
+# (10-20%), where the segments barely shorten the rows and their gathers grow with their count.
+_PACKED_OVER_LOOP = 2.6
 
 
 def _loop_cost(steps: int, rows: int) -> int:
@@ -96,6 +100,8 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
         autograd-recorded step loop); ``fused`` with more layers, the ``reference`` loop;
       - autograd records the call, not ``fused``, at most ``_SCAN_SEGMENT_ROWS`` segments: ``scan_segments``
         (that loop over the aligned segments; few rows: the per-step overhead decides);
+      - autograd does not record the call and ``_loop_cost(Lmax, S)`` exceeds ``_PACKED_OVER_LOOP`` times
+        ``_loop_cost(T, N)`` (a ``[B, T]`` batch with many resets): ``scan``, the loop over ``T``;
       - one layer, ``fused`` or autograd records the call, and the length buckets pad no more than
         ``_BUCKET_PADDING`` (full slices): ``pad``;
       - otherwise ``packed``: the segments packed into one call (no padding, no extra calls; every
@@ -116,6 +122,8 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
             return "reference" if fused else "scan"
         if records_grad and not fused and p.count <= _SCAN_SEGMENT_ROWS:
             return "scan_segments"
+        if not records_grad and _loop_cost(p.max_len, p.count) > _PACKED_OVER_LOOP * _loop_cost(t_len, n):
+            return "scan"
         if one_layer and (fused or records_grad) and segments.bucket_padding(p, layout) <= _BUCKET_PADDING:
             return "pad"
         return "packed"
