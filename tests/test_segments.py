@@ -265,6 +265,11 @@ def test_auto_rule():
     assert _auto_choice("gru", dense, False) == "scan.sequence"
     assert _auto_choice("lstm", dense, False) == "scan.sequence"
     assert _auto_choice("lstm", scattered, False) == packed  # 64 segments
+    sampled = torch.zeros(1, 13 * 64 + 80, dtype=torch.bool)
+    sampled[0, torch.tensor([64 * i for i in range(14)] + [13 * 64 + 30, 13 * 64 + 60])] = True  # 13 x 64, 30, 30, 20
+    assert 1.05 < segments.bucket_padding(segments.plan(sampled), read_layout(rf.init_lstm_params(3, 4), "lstm")) < 1.15
+    assert _auto_choice("lstm", sampled, False) == bucketed  # one call, padding 1.12: oneDNN's forward pays for it
+    assert _auto_choice("gru", sampled, True) == packed  # ATen's GRU: no faster kernel to pay for padding
     assert _auto_choice("lstm", scattered, True, layers=2) == "reference.sequence"
     assert _auto_choice("gru", scattered, True) == "scan.sequence"
     assert _auto_choice("lstm", torch.zeros(32, 64, dtype=torch.bool), True) == "pad.sequence"  # one call

@@ -61,6 +61,9 @@ _LOOP_ROWS_PER_STEP = 28
 # Below this padding (steps run / real steps), the length buckets beat one packed call even without
 # the backward: full slices (one length, the last cut) run as one or two unpacked calls.
 _BUCKET_PADDING = 1.05
+# The same for the forward of a fused kernel: oneDNN's unpacked LSTM runs a step of a row faster than
+# ATen's packed loop, which pays for some padding (SliceSampler slices, padding 1.12: buckets 1.17x faster).
+_FUSED_BUCKET_PADDING = 1.15
 # Under autograd, oneDNN's LSTM on the length buckets beats the saved-activation loop over ``T`` unless
 # the buckets' estimated cost (``segments.bucket_cost``) exceeds this multiple of the loop's
 # (``_loop_cost``): a [B, T] batch whose segments spread over many lengths (docs/backends.md).
@@ -103,7 +106,7 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
       - autograd does not record the call and ``_loop_cost(Lmax, S)`` exceeds ``_PACKED_OVER_LOOP`` times
         ``_loop_cost(T, N)`` (a ``[B, T]`` batch with many resets): ``scan``, the loop over ``T``;
       - one layer, ``fused`` or autograd records the call, and the length buckets pad no more than
-        ``_BUCKET_PADDING`` (full slices): ``pad``;
+        ``_BUCKET_PADDING`` (``_FUSED_BUCKET_PADDING`` for ``fused``; full slices): ``pad``;
       - otherwise ``packed``: the segments packed into one call (no padding, no extra calls; every
         forward-only GRU call);
     * interior resets, no ATen kernels: the ``reference`` loop, over the segments (``Lmax`` steps of
@@ -124,7 +127,8 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
             return "scan_segments"
         if not records_grad and _loop_cost(p.max_len, p.count) > _PACKED_OVER_LOOP * _loop_cost(t_len, n):
             return "scan"
-        if one_layer and (fused or records_grad) and segments.bucket_padding(p, layout) <= _BUCKET_PADDING:
+        limit = _FUSED_BUCKET_PADDING if fused else _BUCKET_PADDING
+        if one_layer and (fused or records_grad) and segments.bucket_padding(p, layout) <= limit:
             return "pad"
         return "packed"
     return "segments" if _loop_cost(p.max_len, p.count) < _loop_cost(t_len, n) else "reference"
