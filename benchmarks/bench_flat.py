@@ -327,7 +327,31 @@ def summary(rows: list[dict]) -> str:
                        f"| {r['auto_vs_ours_best_min']:.2f} [{r['auto_vs_ours_best']:.2f}] "
                        f"| {ms[pick] / ours[best]:.2f} [{med[pick] / min(ours_med.values()):.2f}] | {floor} |")
         out.append("")
-    return "\n".join(out).rstrip()
+    return "\n".join(out + counts(rows)).rstrip()
+
+
+def counts(rows: list[dict]) -> list[str]:
+    """The issue's two counts per mode, from the fastest calls [and the medians]: ``auto`` (and the forced
+    column of its pick) within 10% of our fastest exact path, and ``auto`` >= 1.3x TorchRL's fastest
+    backend on the flat rows and the ``[B, T]`` rows with resets."""
+    out = []
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        picked = [r for r in rows if r["mode"] == mode]
+        target = [r for r in picked if r["kind"] != "bt" or r["reset_prob"] > 0]
+
+        def n(pred) -> str:
+            return f"{sum(pred(r, 'ms_min') for r in picked)} [{sum(pred(r, 'ms') for r in picked)}]"
+
+        def ours_best(r, key):
+            return min(t for c, t in r[key].items() if c.startswith("ours ") and c != "ours auto")
+
+        fast = sum(r["speedup_auto_vs_torchrl_best_min"] >= 1.3 for r in target)
+        fast_med = sum(r["speedup_auto_vs_torchrl_best"] >= 1.3 for r in target)
+        out.append(f"- {mode}: `auto` within 10% of our best exact path in "
+                   f"{n(lambda r, k: r[k]['ours auto'] <= 1.1 * ours_best(r, k))} of {len(picked)} rows, its pick's "
+                   f"forced column in {n(lambda r, k: r[k]['ours ' + r['auto_path']] <= 1.1 * ours_best(r, k))}; "
+                   f"`auto` >= 1.3x TorchRL's best in {fast} [{fast_med}] of {len(target)} rows with resets.")
+    return out
 
 
 def plot(rows: list[dict], out: Path) -> list[Path]:
