@@ -282,7 +282,9 @@ def confirm_table(rows: list[dict]) -> str:
 
 
 def write(out: Path, device: torch.device, rows: list[dict]) -> None:
-    """The report so far (rewritten after every case: a long run that stops keeps its rows)."""
+    """The report so far (rewritten after every case: a long run that stops keeps its rows), in grid order."""
+    order = {name: i for i, name in enumerate(case_name(c) for c in cases(False))}
+    rows = sorted(rows, key=lambda r: (order.get(r["case"], len(order)), r["cell"] != "lstm", r["mode"] != "fwd+bwd"))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"environment": environment(device), "F": F_IN, "H": HIDDEN, "rows": rows}, indent=2))
 

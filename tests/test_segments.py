@@ -220,8 +220,8 @@ def test_pad_sequence_refuses_interior_resets():
                      SequenceOptions())
 
 
-def _auto_choice(cell, is_init, records_grad, recompute="none", layers=1):
-    params = SEQUENCES[cell][0](3, 4, layers)
+def _auto_choice(cell, is_init, records_grad, recompute="none", layers=1, hidden=4):
+    params = SEQUENCES[cell][0](3, hidden, layers)
     from rnn_functional.backends import SequenceOptions
     from rnn_functional.functional._core import read_layout
 
@@ -270,6 +270,10 @@ def test_auto_rule():
     assert 1.05 < segments.bucket_padding(segments.plan(sampled), read_layout(rf.init_lstm_params(3, 4), "lstm")) < 1.15
     assert _auto_choice("lstm", sampled, False) == bucketed  # one call, padding 1.12: oneDNN's forward pays for it
     assert _auto_choice("gru", sampled, True) == packed  # ATen's GRU: no faster kernel to pay for padding
+    ragged, starts = torch.zeros(1, 4096, dtype=torch.bool), torch.arange(1, 65).repeat(2).cumsum(0)
+    ragged[0, starts[starts < 4096]] = True  # slices of 1..64 steps
+    assert _auto_choice("gru", ragged[:, :2048], True, hidden=128) == packed
+    assert _auto_choice("gru", ragged[:, :4096], True, hidden=128) == bucketed  # packed's gradient fill: too large
     assert _auto_choice("lstm", scattered, True, layers=2) == "reference.sequence"
     assert _auto_choice("gru", scattered, True) == "scan.sequence"
     assert _auto_choice("lstm", torch.zeros(32, 64, dtype=torch.bool), True) == "pad.sequence"  # one call

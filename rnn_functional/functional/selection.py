@@ -72,6 +72,10 @@ _BUCKETS_OVER_LOOP = 1.5
 # them (``scan_segments``): with so few rows a step's cost is its fixed overhead, where ATen's GRU loop
 # records ~10 ops per step against the scan step's six and one GEMM backward (docs/backends.md).
 _SCAN_SEGMENT_ROWS = 4
+# Under autograd, a packed call's backward on CPU fills its whole input-projection gradient (``N * T`` rows of
+# ``G * H``) at every step; from this many ``N * T * H`` elements that fill outgrows the caches and the length
+# buckets win even with padding (GRU, H=128: N=4096 buckets 1.05-1.41x faster, N=2048 packed up to 1.11x).
+_PACKED_GRAD_FILL = 2**19
 # Forward only, the segments packed into one call lose to the scan loop over ``T`` once the loop over them
 # (``_loop_cost(Lmax, S)``) costs this multiple of the loop over the rows: a [B, T] batch with many resets
 # (10-20%), where the segments barely shorten the rows and their gathers grow with their count.
@@ -106,7 +110,8 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
       - autograd does not record the call and ``_loop_cost(Lmax, S)`` exceeds ``_PACKED_OVER_LOOP`` times
         ``_loop_cost(T, N)`` (a ``[B, T]`` batch with many resets): ``scan``, the loop over ``T``;
       - one layer, ``fused`` or autograd records the call, and the length buckets pad no more than
-        ``_BUCKET_PADDING`` (``_FUSED_BUCKET_PADDING`` for ``fused``; full slices): ``pad``;
+        ``_BUCKET_PADDING`` (``_FUSED_BUCKET_PADDING`` for ``fused``; full slices), or autograd records a
+        call of at least ``_PACKED_GRAD_FILL`` elements ``N * T * H``: ``pad``;
       - otherwise ``packed``: the segments packed into one call (no padding, no extra calls; every
         forward-only GRU call);
     * interior resets, no ATen kernels: the ``reference`` loop, over the segments (``Lmax`` steps of
@@ -128,7 +133,8 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
         if not records_grad and _loop_cost(p.max_len, p.count) > _PACKED_OVER_LOOP * _loop_cost(t_len, n):
             return "scan"
         limit = _FUSED_BUCKET_PADDING if fused else _BUCKET_PADDING
-        if one_layer and (fused or records_grad) and segments.bucket_padding(p, layout) <= limit:
+        large = records_grad and n * t_len * layout.hidden_size >= _PACKED_GRAD_FILL
+        if one_layer and (fused or records_grad) and (large or segments.bucket_padding(p, layout) <= limit):
             return "pad"
         return "packed"
     return "segments" if _loop_cost(p.max_len, p.count) < _loop_cost(t_len, n) else "reference"
