@@ -74,7 +74,8 @@ _BUCKETS_OVER_LOOP = 1.5
 _SCAN_SEGMENT_ROWS = 4
 # Under autograd, a packed call's backward on CPU fills its whole input-projection gradient (``N * T`` rows of
 # ``G * H``) at every step; from this many ``N * T * H`` elements that fill outgrows the caches and the length
-# buckets win even with padding (GRU, H=128: N=4096 buckets 1.05-1.41x faster, N=2048 packed up to 1.11x).
+# buckets win even with padding (GRU, H=128, N=4096: buckets 1.05-1.41x faster for slices of up to 32-64
+# steps, a tie up to 20; N=2048: packed up to 1.11x faster).
 _PACKED_GRAD_FILL = 2**19
 # Forward only, the segments packed into one call lose to the scan loop over ``T`` once the loop over them
 # (``_loop_cost(Lmax, S)``) costs this multiple of the loop over the rows: a [B, T] batch with many resets
