@@ -15,6 +15,10 @@ calls and the per-call time is reported (median over rounds, and the minimum):
 * ``compiled module, skip_guard_eval_unsafe``: the same compiled module called inside
   ``torch.compiler.set_stance(skip_guard_eval_unsafe=True)`` (guards are not re-checked: unsafe
   if anything they check changes; see docs/compile.md, "Policy step").
+* ``compiled module, cpp_wrapper``: ``torch.compile(module, fullgraph=True, options={"cpp_wrapper":
+  True})``: Inductor's C++ wrapper runs the graph's kernels from C++ instead of a Python function
+  (a per-compile option, no global config; see docs/compile.md, "Policy step"). Its compiled code
+  shares the forward's Dynamo cache with ``compiled module`` (two entries, one per backend).
 * ``compiled step function (tensors)``: ``torch.compile(lstm_step, fullgraph=True)`` on the
   tensors, no TensorDict and no module: what TensorDict and the module add on top of the math.
 * ``TensorDict construction``: building the fresh input TensorDict alone (part of both module rows).
@@ -81,10 +85,12 @@ def contenders(cell: str, inner: int, cpu_times: dict[str, list[float]]) -> dict
         return step_fn(x, state, params, is_init=is_init)
 
     compiled_module = torch.compile(module, fullgraph=True)
+    cpp_wrapped = torch.compile(module, fullgraph=True, options={"cpp_wrapper": True})
     compiled_step = torch.compile(step, fullgraph=True)
     with torch.no_grad():  # same results before timing
         want = module(make_td())["y"]
         torch.testing.assert_close(compiled_module(make_td())["y"], want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(cpp_wrapped(make_td())["y"], want, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(compiled_step(x, core_state, params, is_init)[0], want, rtol=1e-5, atol=1e-6)
 
     def repeat(name: str, fn, stance: dict | None = None):
@@ -100,6 +106,7 @@ def contenders(cell: str, inner: int, cpu_times: dict[str, list[float]]) -> dict
         "eager module": (lambda: module(make_td()), None),
         "compiled module": (lambda: compiled_module(make_td()), None),
         "compiled module, skip_guard_eval_unsafe": (lambda: compiled_module(make_td()), {"skip_guard_eval_unsafe": True}),
+        "compiled module, cpp_wrapper": (lambda: cpp_wrapped(make_td()), None),
         "compiled step function (tensors)": (lambda: compiled_step(x, core_state, params, is_init), None),
         "TensorDict construction": (make_td, None),
         f"nn.{cell_cls.__name__} (tensors, no reset)": (lambda: bare(x, bare_state), None),

@@ -434,6 +434,21 @@ def test_call_errors():
     torch.testing.assert_close(y0, module(zeros)["y"])
 
 
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_step_dtype_checked_after_to(cell):
+    """The step reads the params' layout checked when the weights were bound (and re-bound by ``.to()``):
+    inputs of another dtype than the weights' are refused, naming the argument and the fix."""
+    module = make_module(cell, dtype=torch.float32)
+    td = make_td(cell, (3,), dtype=torch.float32)
+    y32 = module(td.clone())["y"]
+    module.double()
+    assert module._step_layout.dtype == torch.float64
+    with pytest.raises(ValueError, match=r"x: expected dtype torch.float64 .* got torch.float32.*\.to\("):
+        module(td.clone())
+    td64 = td.apply(lambda t: t.double() if t.is_floating_point() else t)
+    torch.testing.assert_close(module(td64)["y"], y32.double(), rtol=1e-5, atol=1e-6)
+
+
 def test_kwargs_call_through_dispatch():
     module = rf.GRUModule(3, 4, in_key="obs", out_key="out")
     out, h = module(obs=torch.randn(2, 3), is_init=torch.ones(2, 1, dtype=torch.bool))
