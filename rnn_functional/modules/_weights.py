@@ -45,6 +45,11 @@ class RNNChild:
         self._dropout = float(rnn.dropout)
         self._state_shapes = tuple((self._num_layers, width) for width in self._cell.state_widths(rnn))
 
+    def __setstate__(self, state: dict) -> None:
+        """Unpickled or deep-copied: re-bind, so that the layout names the cell objects, not copies."""
+        super().__setstate__(state)
+        self._bind_rnn(self._rnn)
+
     def _apply(self, fn, recurse: bool = True):
         """``.to()``, ``.double()``, ...: re-bind, the weights' dtype or device may have changed."""
         out = super()._apply(fn, recurse)
