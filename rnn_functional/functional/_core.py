@@ -195,6 +195,35 @@ def run_step(cell: Cell, x, state, params, is_init, backend: str) -> tuple[torch
     return y, _from_carry(cell, tuple(carry))
 
 
+def run_validated_step(
+    layout: Layout, params: Mapping[str, torch.Tensor], x: torch.Tensor, carry: Carry, is_init: torch.Tensor | None
+) -> tuple[torch.Tensor, Carry]:
+    """:func:`run_step` (``backend="auto"``) for a caller that has checked its inputs against ``layout``.
+
+    ``x [*B, F]`` with ``*B`` non-empty, carry tensors ``[*B, L, S]``, ``is_init`` bool ``[*B]`` or
+    ``[*B, 1]``; returns ``(y [*B, P], carry)``. The modules' compiled step: they check shapes
+    against their configuration and the params once, when the weights are bound, so the traced
+    step skips :func:`_canonicalize`, whose function and attribute reads each add a guard that every
+    compiled call re-checks. Dtype and device are still checked here (free under ``torch.compile``).
+    """
+    weight = params["weight_hh_l0"]
+    for i, t in enumerate((x, *carry)):
+        if t.dtype != weight.dtype or t.device != weight.device:
+            name = "x" if i == 0 else f"state ({layout.cell.state_names[i - 1]})"
+            raise ValueError(
+                f"{name}: expected dtype {weight.dtype} on {weight.device} (the params'), got {t.dtype} on "
+                f"{t.device}. Convert it with .to(dtype=..., device=...) or convert the params."
+            )
+    batch_shape = tuple(x.shape[:-1])
+    n = math.prod(batch_shape)
+    flat = tuple(t.reshape(n, *t.shape[-2:]) for t in carry)
+    mask = None if is_init is None else is_init.reshape(n)
+    step = selection.resolve_step("auto", layout, x)
+    y, new_carry = step(layout, params, x.reshape(n, x.shape[-1]), apply_reset(flat, mask, None))
+    y, *new_carry = _restore(batch_shape, (y, *new_carry))
+    return y, tuple(new_carry)
+
+
 def run_sequence(cell: Cell, x, state, params, is_init, reset_state, backend: str, opts: SequenceOptions,
                  slice_len: int | None = None, num_slices: int | None = None):
     """Validate, pick the backend, run the sequence. Returns ``(y, state_T)`` or, with

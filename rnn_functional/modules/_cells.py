@@ -13,6 +13,9 @@ import torch
 from tensordict.utils import NestedKey
 from torch import nn
 
+from ..cells import Cell
+from ..cells.gru import GRU
+from ..cells.lstm import LSTM
 from ..ensemble import ensemble_init_gru_params, ensemble_init_lstm_params
 from ..functional import gru_sequence, gru_step, lstm_sequence, lstm_step
 
@@ -30,6 +33,7 @@ class ModuleCell:
         hyper_names: the ``nn_class`` constructor hyper-parameters a module exposes.
         state_names: the state tensors, in the core's order (``("h", "c")``).
         default_in_keys / default_out_keys: TorchRL's hidden-state keys after the input/output.
+        core: the core's cell (``rnn_functional.cells.lstm.LSTM``): reads and checks the params' layout.
         step / sequence: the functional core (``lstm_step`` / ``lstm_sequence``).
         ensemble_init: stacked initialisation of E members (``ensemble_init_lstm_params``).
         state_widths: ``rnn -> (width of each state)``, e.g. ``(P, H)`` for an LSTM.
@@ -42,6 +46,7 @@ class ModuleCell:
     state_names: tuple[str, ...]
     default_in_keys: tuple[NestedKey, ...]
     default_out_keys: tuple[NestedKey, ...]
+    core: Cell
     step: Callable
     sequence: Callable
     ensemble_init: Callable
@@ -80,6 +85,7 @@ LSTM_CELL = ModuleCell(
     state_names=("h", "c"),
     default_in_keys=("recurrent_state_h", "recurrent_state_c"),
     default_out_keys=(("next", "recurrent_state_h"), ("next", "recurrent_state_c")),
+    core=LSTM,
     step=lstm_step,
     sequence=lstm_sequence,
     ensemble_init=ensemble_init_lstm_params,
@@ -94,6 +100,7 @@ GRU_CELL = ModuleCell(
     state_names=("h",),
     default_in_keys=("recurrent_state",),
     default_out_keys=(("next", "recurrent_state"),),
+    core=GRU,
     step=gru_step,
     sequence=gru_sequence,
     ensemble_init=ensemble_init_gru_params,

@@ -11,6 +11,8 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 
+from ..cells import Layout
+from ..functional._core import run_validated_step
 from ._cells import ModuleCell
 
 __all__ = ["read_inputs", "run_step", "run_sequence", "write_outputs"]
@@ -131,14 +133,21 @@ def run_step(
     dropout: float,
     training: bool,
     backend: str | None,
+    layout: Layout | None = None,
 ) -> tuple[Tensor, States]:
     """``(y [*B, P], states [*B, L, S])``: one step, zero states where ``is_init``.
 
+    ``layout``: the params' layout when the caller checked them (the module's own weights, checked
+    when bound) and ``read_inputs`` checked the rest: the step then skips the core's validation
+    (:func:`~rnn_functional.functional._core.run_validated_step`), which is what a compiled policy
+    step pays for in guards on every call.
     The core's step functions have no dropout: a training step with dropout runs as a
     length-1 sequence (same reset, inter-layer dropout) on the sequence ``backend`` (read only
     then; ``None`` is fine otherwise).
     """
     if not (training and dropout > 0):
+        if layout is not None and states is not None and x.numel() > 0:
+            return run_validated_step(layout, params, x, states, is_init)
         y, state = cell.step(x, cell.pack(states), params, is_init=is_init)
         return y, cell.unpack(state)
     if is_init is not None and is_init.shape == x.shape[:-1]:

@@ -25,8 +25,9 @@ class RNNChild:
     """Mixin for an ``nn.Module`` whose weights live in the child named ``_cell.child_attr``.
 
     Assigning that child (in ``__init__`` or later, e.g. ``module.lstm = nn.LSTM(...)``)
-    re-binds the references the forward reads: the child's parameter dict and the
-    hyper-parameters the forward needs (a snapshot taken at assignment).
+    re-binds the references the forward reads: the child's parameter dict, the
+    hyper-parameters the forward needs and the params' layout, checked once (a snapshot taken at
+    assignment and after ``.to()``).
     """
 
     _cell: ClassVar[ModuleCell]
@@ -38,10 +39,22 @@ class RNNChild:
 
     def _bind_rnn(self, rnn: nn.RNNBase) -> None:
         self._weights = rnn._parameters  # the same dict object, never a copy
+        self._step_layout = self._cell.core.read_layout(rnn._parameters)  # checked once, read by the step
         self._input_size = int(rnn.input_size)
         self._num_layers = int(rnn.num_layers)
         self._dropout = float(rnn.dropout)
         self._state_shapes = tuple((self._num_layers, width) for width in self._cell.state_widths(rnn))
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickled or deep-copied: re-bind, so that the layout names the cell objects, not copies."""
+        super().__setstate__(state)
+        self._bind_rnn(self._rnn)
+
+    def _apply(self, fn, recurse: bool = True):
+        """``.to()``, ``.double()``, ...: re-bind, the weights' dtype or device may have changed."""
+        out = super()._apply(fn, recurse)
+        self._bind_rnn(self._rnn)
+        return out
 
     @property
     def _rnn(self) -> nn.RNNBase:

@@ -130,8 +130,9 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
         else:
             dropout = self._dropout if self.training else 0.0
             backend = self._sequence_backend() if dropout > 0 else None  # only a step with dropout runs a sequence
+            layout = self._step_layout if params is self._weights else None  # checked when the weights were bound
             y, out_states = run_step(cell, x, states, params, is_init, dropout=dropout, training=self.training,
-                                     backend=backend)
+                                     backend=backend, layout=layout)
         return write_outputs(tensordict, out_keys, y, out_states)
 
 

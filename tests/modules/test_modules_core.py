@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 import subprocess
 import sys
 
@@ -432,6 +434,25 @@ def test_call_errors():
     zeros["h"].zero_()
     zeros["c"].zero_()
     torch.testing.assert_close(y0, module(zeros)["y"])
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_step_dtype_checked_after_to(cell):
+    """The step reads the params' layout checked when the weights were bound (re-bound by ``.to()``, copies):
+    inputs of another dtype than the weights' are refused, naming the argument and the fix."""
+    module = make_module(cell, dtype=torch.float32)
+    td = make_td(cell, (3,), dtype=torch.float32)
+    y32 = module(td.clone())["y"]
+    module.double()
+    assert module._step_layout.dtype == torch.float64
+    with pytest.raises(ValueError, match=r"x: expected dtype torch.float64 .* got torch.float32.*\.to\("):
+        module(td.clone())
+    td64 = td.apply(lambda t: t.double() if t.is_floating_point() else t)
+    torch.testing.assert_close(module(td64)["y"], y32.double(), rtol=1e-5, atol=1e-6)
+    for copied in (copy.deepcopy(module), pickle.loads(pickle.dumps(module))):  # re-bound, not copied
+        assert copied._step_layout.cell is module._step_layout.cell
+        assert copied._weights is copied._rnn._parameters
+        torch.testing.assert_close(copied(td64)["y"], module(td64)["y"])
 
 
 def test_kwargs_call_through_dispatch():
