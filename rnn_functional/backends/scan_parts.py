@@ -10,7 +10,6 @@ expanded, except the input of the projection, see :meth:`Members.linear`).
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -91,6 +90,18 @@ class Members:
         """The inverse of :meth:`time_major`."""
         return t.movedim(0, time_dim + bool(self.count))
 
+    def rows_by_member(self, step_out: torch.Tensor) -> torch.Tensor:
+        """A step's gate cotangents ``[E, N, G]`` as a fresh ``[N, E, G]`` tensor (one model: ``step_out``).
+
+        Stacked over time, ``[T, N, E, G]``: each member's ``(t, n)`` rows are then equally spaced, so the
+        whole-sequence weight-gradient and input-gradient GEMMs read them in place (as one ``[T * N, G]``
+        matrix with row stride ``E * G``) where ``[T, E, N, G]`` would need a layout copy first."""
+        return step_out.transpose(0, 1).contiguous() if self.count else step_out
+
+    def from_rows_by_member(self, stacked: torch.Tensor) -> torch.Tensor:
+        """:meth:`rows_by_member` outputs stacked over time, ``[T, N, E, G]``, as ``[T, E, N, G]`` (a view)."""
+        return stacked.transpose(1, 2) if self.count else stacked
+
     def expand(self, t: torch.Tensor) -> torch.Tensor:
         """A carry ``[e, N, S]`` for every member (``[E, N, S]``, a view); one model: ``t``."""
         return t.expand(self.count, *t.shape[1:]) if self.count else t
@@ -121,16 +132,17 @@ def time_loop(step, init, xs, reads=(), reverse: bool = False, members: Members 
     from the last index to the first and the outputs are stacked in the order they ran (index 0
     is the last time step). Under ``torch.compile`` this is torch's ``scan`` (``reads``: the
     tensors the step closes over, see :func:`_batched_like_step`); eagerly a Python loop.
-    An ensemble layer (``members.static_shapes``) always scans with static shapes: it runs inside the
-    ensemble op while AOTAutograd traces, where ``scan`` compiles its step with Dynamo itself; from
+    An ensemble layer (``members.static_shapes``) always scans, over time indices
+    (:func:`_indexed_scan`) and with static shapes: it runs inside the ensemble op while AOTAutograd traces, where ``scan`` compiles its step with Dynamo itself; from
     the second shape on, automatic dynamic shapes would make sizes symbolic, which Inductor's
     subgraph pass rejects ("A subgraph argument other than striding has been modified").
     """
-    if torch.compiler.is_compiling() or members.static_shapes:
+    if members.static_shapes:
+        return _indexed_scan(step, init, xs, reads, reverse)
+    if torch.compiler.is_compiling():
         if reverse:
             xs = pytree.tree_map(lambda t: t.flip(0), xs)
-        with torch._dynamo.config.patch(automatic_dynamic_shapes=False) if members.static_shapes else contextlib.nullcontext():
-            return scan(step, _batched_like_step(init, *reads), xs)
+        return scan(step, _batched_like_step(init, *reads), xs)
     leaves, spec = pytree.tree_flatten(xs)
     per_step = list(zip(*(t.unbind(0) for t in leaves)))  # [T] of each step's leaves: one unbind per tensor
     rebuild = _builder(spec)
@@ -140,6 +152,30 @@ def time_loop(step, init, xs, reads=(), reverse: bool = False, members: Members 
         outs.append(_leaves(out))
     out_spec = pytree.tree_structure(out)
     return carry, pytree.tree_unflatten([torch.stack(parts) for parts in zip(*outs)], out_spec)
+
+
+def _indexed_scan(step, init, xs, reads, reverse: bool):
+    """:func:`time_loop` as an ensemble layer runs it: a ``scan`` (static shapes) over the time indices,
+    each step reading its slice of every tensor in ``xs`` by index from the step's closure.
+
+    Scanning over ``xs`` themselves would copy them: Inductor's lowering of ``scan`` clones every
+    tensor it scans over before its loop starts, and ``reverse`` (or flipping ``xs``) is another copy,
+    which the partitioner computes in the forward and keeps alive until the backward. At E members
+    these are E times a member's ``[T, N, ·]`` tensors, allocated (and page-faulted in) on every call.
+    Read from the closure, they are the scan's additional inputs, never copied; the per-step read is an
+    indexed load Inductor fuses into the step's kernels.
+    """
+    leaves, spec = pytree.tree_flatten(xs)
+    count = leaves[0].shape[0]
+    order = torch.arange(count - 1, -1, -1) if reverse else torch.arange(count)
+    order = order.to(leaves[0].device)
+
+    def indexed_step(carry, index):  # index: [] (int64)
+        at = index.reshape(1)
+        return step(carry, pytree.tree_unflatten([t.index_select(0, at).squeeze(0) for t in leaves], spec))
+
+    with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+        return scan(indexed_step, _batched_like_step(init, *reads), order)
 
 
 def _builder(spec: pytree.TreeSpec):
@@ -262,8 +298,12 @@ class HandWrittenLayer(torch.autograd.Function):
         pre = tuple(torch.cat([members.expand(c0).unsqueeze(0), s[:-1]]) for c0, s in zip(carry0, states))
         pre = apply_reset(pre, mask_t, tuple(members.time_major(r, 0) for r in reset) or None)
         xs = {"pre": pre, "g": tuple(grad_states)}
-        if saved:  # what each step's backward reads, computed for all steps at once (elementwise)
-            xs["factors"] = cell.backward_factors(saved, pre, w)
+        # what each step's backward reads: one model computes it for all steps at once (elementwise);
+        # an ensemble per step, inside the scan (E times a member's buffers, [T, E, N, ·] each, would be
+        # allocated and page-faulted in fresh on every call; see docs/ensembles.md, "Speed")
+        factors_per_step = bool(saved) and bool(members.count)
+        if saved:
+            xs["factors"] = saved if factors_per_step else cell.backward_factors(saved, pre, w)
         else:
             xs["x"] = x
         if mask_t is not None:
@@ -274,7 +314,8 @@ class HandWrittenLayer(torch.autograd.Function):
         def member_back(inputs, pre_t, wts, d_new):
             wl = LayerWeights.from_tensors(wts)
             if saved:
-                grads = cell.step_backward_saved(inputs, pre_t, wl, d_new)
+                factors = cell.backward_factors(inputs, pre_t, wl) if factors_per_step else inputs
+                grads = cell.step_backward_saved(factors, pre_t, wl, d_new)
             else:
                 grads = cell.step_backward(F.linear(inputs, wl.weight_ih, wl.bias_ih), pre_t, wl, d_new)
             d_gh = () if grads.d_gh is None else (grads.d_gh,)  # none: equal to d_gi (vmap returns tensors only)
@@ -283,7 +324,7 @@ class HandWrittenLayer(torch.autograd.Function):
         def back_step(acc, xs_t):
             d_new = tuple(a + b for a, b in zip(acc["d_carry"], xs_t["g"]))
             d_pre, d_gi, d_gh, d_extra = members.map(member_back, xs_t["factors" if saved else "x"], xs_t["pre"], weights, d_new)
-            out = {"d_gi": d_gi, **{"d_gh": d for d in d_gh}}
+            out = {"d_gi": members.rows_by_member(d_gi), **{"d_gh": members.rows_by_member(d) for d in d_gh}}
             m = xs_t.get("mask")
             if m is not None:  # where the carry was reset, its cotangent goes to reset_state (or nowhere)
                 if reset:
@@ -299,8 +340,8 @@ class HandWrittenLayer(torch.autograd.Function):
         # needs no ``reverse``, whose flips of its outputs would copy the [T, N, G*H] gate cotangents);
         # the weight gradients are sums over time, indifferent to the order.
         acc, outs = time_loop(back_step, init, xs, reads, reverse=True, members=members)
-        d_gi = outs["d_gi"]  # [T, (E,) N, G*H], reversed time
-        d_gh = outs.get("d_gh", d_gi)
+        d_gi = members.from_rows_by_member(outs["d_gi"])  # [T, (E,) N, G*H], reversed time
+        d_gh = members.from_rows_by_member(outs["d_gh"]) if "d_gh" in outs else d_gi
         d_extra = iter(d.sum(0) for d in outs.get("d_extra", ()))
         seq = members.map_time_major
         d_weights = (
