@@ -2,7 +2,7 @@
 
     python benchmarks/bench_ensemble.py [--cell lstm|gru] [--members 8] [--batch 32] [--time 64]
                                         [--hidden 128] [--threads 1] [--repeats R]
-                                        [--malloc default|keep] [--contenders NAME ...]
+                                        [--malloc default|keep|thp|hugetlb] [--contenders NAME ...]
                                         [--out results/ensemble_sweep_cpu.json]
     python benchmarks/bench_ensemble.py --report [--out ...]   # table + plot + docs from the JSON
 
@@ -42,6 +42,13 @@ to the OS (``mallopt(M_MMAP_MAX, 0)``, ``mallopt(M_TRIM_THRESHOLD, 2**31 - 1)``,
 allocated): by default, the compiled ensemble's buffers, E times a member's (tens of MB), are mapped
 fresh on every call and page-faulted in (docs/ensembles.md, "Speed"), while a member's stay reused.
 
+``--malloc thp`` sets ``THP_MEM_ALLOC_ENABLE=1``, PyTorch's own switch (read at its first allocation):
+its CPU allocator aligns blocks of 2 MB or more to 2 MB and ``madvise(MADV_HUGEPAGE)``-s them, so
+fresh memory faults in 2 MB at a time. ``--malloc hugetlb`` sets ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``
+(glibc >= 2.35: the same advice for glibc's heap and its large mmaps). Both are environment variables
+read once, so the script re-executes itself with the variable set. Each timed contender also records its
+minor page faults and system time per call (``getrusage`` over two more calls).
+
 A contender that fails records its error. ``--report`` prints the table of every row, draws
 ``<out stem>.png`` (speed-up over the compiled loop against E) and rewrites the ensemble
 section of ``docs/benchmarks.md`` (between its GENERATED markers) from the JSON.
@@ -52,12 +59,32 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
+import resource
 import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
+# allocator settings read from the environment once, at the process's (or torch's) first allocation:
+# ``--malloc thp|hugetlb`` re-executes this script with the variable set, before torch is imported
+ENV_MALLOC = {"thp": ("THP_MEM_ALLOC_ENABLE", "1"), "hugetlb": ("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")}
+
+
+def _reexec_with_malloc_env(argv: list[str]) -> None:
+    """Re-execute with the environment variable of ``--malloc thp|hugetlb`` set (no-op otherwise)."""
+    chosen = next((v for a, v in zip(argv, argv[1:]) if a == "--malloc"), None)
+    chosen = next((a.split("=", 1)[1] for a in argv if a.startswith("--malloc=")), chosen)
+    if chosen in ENV_MALLOC:
+        name, value = ENV_MALLOC[chosen]
+        if os.environ.get(name) != value:
+            os.execve(sys.executable, [sys.executable, *argv], {**os.environ, name: value})
+
+
+if __name__ == "__main__":
+    _reexec_with_malloc_env(sys.argv)
+
+import torch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # _timing, and this checkout's rnn_functional
@@ -84,7 +111,9 @@ done; done
 python benchmarks/bench_ensemble.py --report   # this table and plot"""
 MAIN_SHAPE = (32, 64, 128)  # (B, T, H): the sweep's shape, the one plotted
 KEY = ("cell", "members", "batch", "time", "hidden", "threads", "malloc")
-MALLOC = {"default": "glibc defaults", "keep": "glibc heap kept (no mmap, no trim)"}
+MALLOC = {"default": "glibc defaults", "keep": "glibc heap kept (no mmap, no trim)",
+          "thp": "THP_MEM_ALLOC_ENABLE=1 (torch: 2 MB-aligned, madvise(MADV_HUGEPAGE) blocks >= 2 MB)",
+          "hugetlb": "GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (glibc: transparent huge pages for its heap and mmaps)"}
 DEFAULT_VARIANT = (1, "default")  # (threads, malloc) of the rows the plot draws in full
 _NOISE = ("While executing", "Original traceback", "Set TORCHDYNAMO", "from user code", "For more information")
 
@@ -185,6 +214,17 @@ def keep_heap() -> None:
         raise RuntimeError("--malloc keep: mallopt failed (glibc only)")
 
 
+def kernel_load(fn: Callable[[], None], calls: int = 2) -> dict:
+    """Per call of ``fn`` (already warm): minor page faults and the process's system (kernel) time,
+    from ``getrusage`` over ``calls`` calls; the page faults of freshly mapped memory show here."""
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    for _ in range(calls):
+        fn()
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return {"minor_faults_per_call": (after.ru_minflt - before.ru_minflt) / calls,
+            "system_s_per_call": (after.ru_stime - before.ru_stime) / calls}
+
+
 def merge_row(path: Path, row: dict) -> dict:
     """Add ``row`` to the sweep JSON at ``path`` (replacing the row with the same key); returns the document."""
     doc = json.loads(path.read_text()) if path.exists() else {}
@@ -207,6 +247,9 @@ def measure(args: argparse.Namespace) -> dict:
     names = args.contenders or SWEEP
     contenders = build_contenders(args.cell, args.members, args.batch, args.time, args.hidden, names)
     results = interleaved(contenders, device, warmup=2, repeats=args.repeats, max_seconds=60.0)
+    for name, fn in contenders.items():
+        if "median_s" in results[name]:
+            results[name].update(kernel_load(fn))
     config = {"cell": args.cell, "members": args.members, "batch": args.batch, "time": args.time,
               "hidden": args.hidden, "threads": args.threads, "malloc": args.malloc, "input": args.hidden, "layers": 1,
               "reset_prob": 0.05, "dtype": "float32"}
