@@ -204,8 +204,11 @@ def _leaves(tree) -> list:
 
 
 def scan_states(cell: Cell, weights: tuple, carry: Carry, gi: torch.Tensor, mask, reset, keep: str,
-                members: Members = Members()):
+                members: Members = Members(), project: bool = False):
     """Run one layer over time-major ``gi [T, N, G*H]`` from ``carry`` (tuple of ``[N, S]``).
+
+    With ``project``, ``gi`` is the layer's input ``[T, N, F]`` and each step applies the input
+    projection to its own slice (an ensemble: see :meth:`HandWrittenLayer.forward`).
 
     ``weights``: :meth:`LayerWeights.tensors`. ``mask [T, N]`` / ``reset`` (tuple of ``[T, N, S]``)
     apply the resets. Returns ``(final carry, ys)``; ``ys`` per ``keep``: ``"h"`` the output
@@ -224,7 +227,8 @@ def scan_states(cell: Cell, weights: tuple, carry: Carry, gi: torch.Tensor, mask
 
     def step(layer_carry, xs_t):
         layer_carry = apply_reset(layer_carry, xs_t.get("mask"), xs_t.get("reset"))
-        new, saved = members.map(step_saving, xs_t["gi"], layer_carry, weights)
+        gi_t = members.linear(xs_t["gi"], *weights[:2]) if project else xs_t["gi"]
+        new, saved = members.map(step_saving, gi_t, layer_carry, weights)
         out = {"h": new[0], "states": new, "saved": (*new, *saved)}[keep]
         return tuple(own(s) for s in new), (own(out) if keep == "h" else tuple(own(s) for s in out))
 
@@ -269,9 +273,12 @@ class HandWrittenLayer(torch.autograd.Function):
     def forward(cell: Cell, recompute: bool, members: int | Members, n_carry: int, has_reset: bool, inp, mask, *rest):
         carry0, reset, weights = split_inputs(rest, n_carry, has_reset)
         members = Members.of(members)
-        gi = members.time_major(members.linear(inp, *weights[:2]), 1)  # [T, (e,) N, G*H]
+        # An ensemble projects its input step by step: the whole sequence's projection, [T, E, N, G*H], is
+        # E times a member's and would be allocated (and page-faulted in) afresh on every call.
+        project = bool(members.count)
+        gi = members.time_major(inp if project else members.linear(inp, *weights[:2]), 1)  # [T, (e,) N, F or G*H]
         mask, reset = members.time_major(mask, 0), reset and tuple(members.time_major(r, 0) for r in reset)
-        _, outs = scan_states(cell, weights, carry0, gi, mask, reset, "states" if recompute else "saved", members)
+        _, outs = scan_states(cell, weights, carry0, gi, mask, reset, "states" if recompute else "saved", members, project)
         return tuple(outs)
 
     @staticmethod
