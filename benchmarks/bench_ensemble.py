@@ -104,7 +104,10 @@ REPRODUCE = """for cell in lstm gru; do for e in 1 4 8 16; do   # one process pe
   python benchmarks/bench_ensemble.py --threads 1 --cell $cell --members $e
   python benchmarks/bench_ensemble.py --threads 1 --malloc keep --cell $cell --members $e \\
     --contenders "compiled loop" "compiled vmap" "GEMM floor"
-done; for m in default keep; do
+done; for m in thp hugetlb; do
+  python benchmarks/bench_ensemble.py --threads 1 --malloc $m --cell $cell --members 8 \\
+    --contenders "compiled loop" "compiled vmap" "GEMM floor"
+done; for m in default keep thp hugetlb; do
   python benchmarks/bench_ensemble.py --threads 2 --malloc $m --cell $cell --members 8 \\
     --contenders "compiled loop" "compiled vmap" "GEMM floor"
 done; done
@@ -291,11 +294,16 @@ def table(doc: dict) -> str:
     the compiled loop)."""
     rows = sorted(doc["rows"], key=_display_order)
     names = [n for n in SWEEP + EXTRA if any(n in r["results"] for r in rows)]
-    lines = ["| cell | B x T x H | threads | malloc | E | " + " | ".join(names) + " |",
-             "|---|---|---:|---|---:|" + "---:|" * len(names)]
+    faults = any("minor_faults_per_call" in v for r in rows for v in r["results"].values())
+    lines = ["| cell | B x T x H | threads | malloc | E | " + " | ".join(names)
+             + (" | page faults per call: compiled vmap / loop" if faults else "") + " |",
+             "|---|---|---:|---|---:|" + "---:|" * (len(names) + faults)]
     for r in rows:
         res, c = r["results"], r["config"]
         cells = [_cell_ms(res[n], res.get(BASELINE)) if n in res else "" for n in names]
+        if faults:
+            cells.append(" / ".join(f"{res[n]['minor_faults_per_call']:.0f}" if "minor_faults_per_call" in res.get(n, {})
+                                    else "-" for n in ("compiled vmap", BASELINE)))
         shape = f"{c['batch']} x {c['time']} x {c['hidden']}"
         threads, malloc = _variant(r)
         head = f"| {c['cell'].upper()} | {shape} | {threads} | {malloc} | {c['members']} | "
@@ -362,8 +370,9 @@ def section(doc: dict, png_name: str) -> str:
     return (
         f"{BEGIN}\n\n### Ensembles: training E members (`bench_ensemble.py`)\n\n"
         "Batch B, time T, hidden H per row (F = H), L=1, 5% random resets, forward+backward, shared input; "
-        f"{env['device_name']}, torch threads and glibc malloc setting per row (`--malloc keep`: "
-        f"{MALLOC['keep']}; `default`: {MALLOC['default']}), one process per row, contenders "
+        f"{env['device_name']}, torch threads and allocator setting per row (`--malloc`: "
+        + "; ".join(f"`{k}`: {v}" for k, v in MALLOC.items()) + "), one process per row, contenders "
+        f"
         f"interleaved{load}; torch {env['torch']}. ms per call: median over rounds (speed-up over the "
         f"compiled loop of the same row; `GEMM floor`: the members' matrix products alone as bare `mm` calls, "
         f"see docs/ensembles.md).\n\n{table(doc)}\n\n```bash\n{REPRODUCE}\n```\n\n"
