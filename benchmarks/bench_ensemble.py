@@ -372,7 +372,6 @@ def section(doc: dict, png_name: str) -> str:
         "Batch B, time T, hidden H per row (F = H), L=1, 5% random resets, forward+backward, shared input; "
         f"{env['device_name']}, torch threads and allocator setting per row (`--malloc`: "
         + "; ".join(f"`{k}`: {v}" for k, v in MALLOC.items()) + "), one process per row, contenders "
-        f"
         f"interleaved{load}; torch {env['torch']}. ms per call: median over rounds (speed-up over the "
         f"compiled loop of the same row; `GEMM floor`: the members' matrix products alone as bare `mm` calls, "
         f"see docs/ensembles.md).\n\n{table(doc)}\n\n```bash\n{REPRODUCE}\n```\n\n"
