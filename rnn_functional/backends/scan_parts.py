@@ -66,7 +66,8 @@ class Members:
         return torch.vmap(fn, in_dims=tuple(pytree.tree_unflatten(dims, spec)))(*per_member)
 
     def linear(self, inp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """Each member's ``F.linear(inp, weight, bias)``, ``[e, N, T, F] -> [E, N, T, G]``. An input shared
+        """Each member's ``F.linear(inp, weight, bias)``, ``[e, ..., F] -> [E, ..., G]`` (a sequence ``[e, N, T, F]``
+        or, in the ensemble's scan, one step's ``[e, N, F]``). An input shared
         by per-member weights is copied per member first: a batched GEMM reading one input for every member
         (batch stride 0) runs ~1.6x slower on CPU than one over contiguous copies (``torch.bmm``,
         ``[8, 2048, 128] @ [8, 128, 384]``, 1 thread: 36 vs 22 ms), far more than the copy costs."""
