@@ -334,7 +334,7 @@ def plot(doc: dict, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     cells = sorted({r["config"]["cell"] for r in doc["rows"]})
-    fig, axes = plt.subplots(1, len(cells), figsize=(5 * len(cells), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(cells), figsize=(5 * len(cells) + 3, 3.6), squeeze=False)
     for ax, cell in zip(axes[0], cells):
         at_shape = [r for r in doc["rows"] if r["config"]["cell"] == cell and _shape(r) == MAIN_SHAPE]
         variants = sorted({_variant(r) for r in at_shape}, key=lambda v: (v != DEFAULT_VARIANT, v))
@@ -345,8 +345,10 @@ def plot(doc: dict, png: Path) -> None:
                        for r in rows if "median_s" in r["results"].get(name, {})
                        and "median_s" in r["results"].get(BASELINE, {})]
                 label = name if variant == DEFAULT_VARIANT else f"{name}, {variant[0]} thread(s), malloc {variant[1]}"
-                if pts:
-                    ax.plot(*zip(*pts), marker="o", linestyle="-" if variant == DEFAULT_VARIANT else "--", label=label)
+                if pts:  # tab20: one colour per line (the default cycle repeats after 10); other variants as diamonds
+                    full = variant == DEFAULT_VARIANT
+                    ax.plot(*zip(*pts), marker="o" if full else "D", linestyle="-" if full else "--", label=label,
+                            color=plt.cm.tab20(len(ax.get_lines()) % 20))
         ax.axhline(1.5, color="grey", linestyle=":", linewidth=1, label="target 1.5x")
         ax.set_xscale("log", base=2)
         es = sorted({r["config"]["members"] for r in at_shape})
@@ -355,7 +357,7 @@ def plot(doc: dict, png: Path) -> None:
         ax.set_ylabel("speed-up over compiled loop (same variant)")
         ax.set_title(f"{cell.upper()} fwd+bwd, B x T x H = " + " x ".join(map(str, MAIN_SHAPE)))
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7)
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
