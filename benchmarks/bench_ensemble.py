@@ -2,7 +2,7 @@
 
     python benchmarks/bench_ensemble.py [--cell lstm|gru] [--members 8] [--batch 32] [--time 64]
                                         [--hidden 128] [--threads 1] [--repeats R]
-                                        [--malloc default|keep] [--contenders NAME ...]
+                                        [--malloc default|keep|thp|hugetlb] [--contenders NAME ...]
                                         [--out results/ensemble_sweep_cpu.json]
     python benchmarks/bench_ensemble.py --report [--out ...]   # table + plot + docs from the JSON
 
@@ -42,6 +42,13 @@ to the OS (``mallopt(M_MMAP_MAX, 0)``, ``mallopt(M_TRIM_THRESHOLD, 2**31 - 1)``,
 allocated): by default, the compiled ensemble's buffers, E times a member's (tens of MB), are mapped
 fresh on every call and page-faulted in (docs/ensembles.md, "Speed"), while a member's stay reused.
 
+``--malloc thp`` sets ``THP_MEM_ALLOC_ENABLE=1``, PyTorch's own switch (read at its first allocation):
+its CPU allocator aligns blocks of 2 MB or more to 2 MB and ``madvise(MADV_HUGEPAGE)``-s them, so
+fresh memory faults in 2 MB at a time. ``--malloc hugetlb`` sets ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``
+(glibc >= 2.35: the same advice for glibc's heap and its large mmaps). Both are environment variables
+read once, so the script re-executes itself with the variable set. Each timed contender also records its
+minor page faults and system time per call (``getrusage`` over two more calls).
+
 A contender that fails records its error. ``--report`` prints the table of every row, draws
 ``<out stem>.png`` (speed-up over the compiled loop against E) and rewrites the ensemble
 section of ``docs/benchmarks.md`` (between its GENERATED markers) from the JSON.
@@ -52,12 +59,32 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
+import resource
 import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
+# allocator settings read from the environment once, at the process's (or torch's) first allocation:
+# ``--malloc thp|hugetlb`` re-executes this script with the variable set, before torch is imported
+ENV_MALLOC = {"thp": ("THP_MEM_ALLOC_ENABLE", "1"), "hugetlb": ("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")}
+
+
+def _reexec_with_malloc_env(argv: list[str]) -> None:
+    """Re-execute with the environment variable of ``--malloc thp|hugetlb`` set (no-op otherwise)."""
+    chosen = next((v for a, v in zip(argv, argv[1:]) if a == "--malloc"), None)
+    chosen = next((a.split("=", 1)[1] for a in argv if a.startswith("--malloc=")), chosen)
+    if chosen in ENV_MALLOC:
+        name, value = ENV_MALLOC[chosen]
+        if os.environ.get(name) != value:
+            os.execve(sys.executable, [sys.executable, *argv], {**os.environ, name: value})
+
+
+if __name__ == "__main__":
+    _reexec_with_malloc_env(sys.argv)
+
+import torch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # _timing, and this checkout's rnn_functional
@@ -77,14 +104,19 @@ REPRODUCE = """for cell in lstm gru; do for e in 1 4 8 16; do   # one process pe
   python benchmarks/bench_ensemble.py --threads 1 --cell $cell --members $e
   python benchmarks/bench_ensemble.py --threads 1 --malloc keep --cell $cell --members $e \\
     --contenders "compiled loop" "compiled vmap" "GEMM floor"
-done; for m in default keep; do
+done; for m in thp hugetlb; do
+  python benchmarks/bench_ensemble.py --threads 1 --malloc $m --cell $cell --members 8 \\
+    --contenders "compiled loop" "compiled vmap" "GEMM floor"
+done; for m in default keep thp hugetlb; do
   python benchmarks/bench_ensemble.py --threads 2 --malloc $m --cell $cell --members 8 \\
     --contenders "compiled loop" "compiled vmap" "GEMM floor"
 done; done
 python benchmarks/bench_ensemble.py --report   # this table and plot"""
 MAIN_SHAPE = (32, 64, 128)  # (B, T, H): the sweep's shape, the one plotted
 KEY = ("cell", "members", "batch", "time", "hidden", "threads", "malloc")
-MALLOC = {"default": "glibc defaults", "keep": "glibc heap kept (no mmap, no trim)"}
+MALLOC = {"default": "glibc defaults", "keep": "glibc heap kept (no mmap, no trim)",
+          "thp": "THP_MEM_ALLOC_ENABLE=1 (torch: 2 MB-aligned, madvise(MADV_HUGEPAGE) blocks >= 2 MB)",
+          "hugetlb": "GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (glibc: transparent huge pages for its heap and mmaps)"}
 DEFAULT_VARIANT = (1, "default")  # (threads, malloc) of the rows the plot draws in full
 _NOISE = ("While executing", "Original traceback", "Set TORCHDYNAMO", "from user code", "For more information")
 
@@ -185,6 +217,17 @@ def keep_heap() -> None:
         raise RuntimeError("--malloc keep: mallopt failed (glibc only)")
 
 
+def kernel_load(fn: Callable[[], None], calls: int = 2) -> dict:
+    """Per call of ``fn`` (already warm): minor page faults and the process's system (kernel) time,
+    from ``getrusage`` over ``calls`` calls; the page faults of freshly mapped memory show here."""
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    for _ in range(calls):
+        fn()
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return {"minor_faults_per_call": (after.ru_minflt - before.ru_minflt) / calls,
+            "system_s_per_call": (after.ru_stime - before.ru_stime) / calls}
+
+
 def merge_row(path: Path, row: dict) -> dict:
     """Add ``row`` to the sweep JSON at ``path`` (replacing the row with the same key); returns the document."""
     doc = json.loads(path.read_text()) if path.exists() else {}
@@ -207,6 +250,9 @@ def measure(args: argparse.Namespace) -> dict:
     names = args.contenders or SWEEP
     contenders = build_contenders(args.cell, args.members, args.batch, args.time, args.hidden, names)
     results = interleaved(contenders, device, warmup=2, repeats=args.repeats, max_seconds=60.0)
+    for name, fn in contenders.items():
+        if "median_s" in results[name]:
+            results[name].update(kernel_load(fn))
     config = {"cell": args.cell, "members": args.members, "batch": args.batch, "time": args.time,
               "hidden": args.hidden, "threads": args.threads, "malloc": args.malloc, "input": args.hidden, "layers": 1,
               "reset_prob": 0.05, "dtype": "float32"}
@@ -248,11 +294,16 @@ def table(doc: dict) -> str:
     the compiled loop)."""
     rows = sorted(doc["rows"], key=_display_order)
     names = [n for n in SWEEP + EXTRA if any(n in r["results"] for r in rows)]
-    lines = ["| cell | B x T x H | threads | malloc | E | " + " | ".join(names) + " |",
-             "|---|---|---:|---|---:|" + "---:|" * len(names)]
+    faults = any("minor_faults_per_call" in v for r in rows for v in r["results"].values())
+    lines = ["| cell | B x T x H | threads | malloc | E | " + " | ".join(names)
+             + (" | page faults per call: compiled vmap / loop" if faults else "") + " |",
+             "|---|---|---:|---|---:|" + "---:|" * (len(names) + faults)]
     for r in rows:
         res, c = r["results"], r["config"]
         cells = [_cell_ms(res[n], res.get(BASELINE)) if n in res else "" for n in names]
+        if faults:
+            cells.append(" / ".join(f"{res[n]['minor_faults_per_call']:.0f}" if "minor_faults_per_call" in res.get(n, {})
+                                    else "-" for n in ("compiled vmap", BASELINE)))
         shape = f"{c['batch']} x {c['time']} x {c['hidden']}"
         threads, malloc = _variant(r)
         head = f"| {c['cell'].upper()} | {shape} | {threads} | {malloc} | {c['members']} | "
@@ -283,7 +334,7 @@ def plot(doc: dict, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     cells = sorted({r["config"]["cell"] for r in doc["rows"]})
-    fig, axes = plt.subplots(1, len(cells), figsize=(5 * len(cells), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(cells), figsize=(5 * len(cells) + 3, 3.6), squeeze=False)
     for ax, cell in zip(axes[0], cells):
         at_shape = [r for r in doc["rows"] if r["config"]["cell"] == cell and _shape(r) == MAIN_SHAPE]
         variants = sorted({_variant(r) for r in at_shape}, key=lambda v: (v != DEFAULT_VARIANT, v))
@@ -294,8 +345,10 @@ def plot(doc: dict, png: Path) -> None:
                        for r in rows if "median_s" in r["results"].get(name, {})
                        and "median_s" in r["results"].get(BASELINE, {})]
                 label = name if variant == DEFAULT_VARIANT else f"{name}, {variant[0]} thread(s), malloc {variant[1]}"
-                if pts:
-                    ax.plot(*zip(*pts), marker="o", linestyle="-" if variant == DEFAULT_VARIANT else "--", label=label)
+                if pts:  # tab20: one colour per line (the default cycle repeats after 10); other variants as diamonds
+                    full = variant == DEFAULT_VARIANT
+                    ax.plot(*zip(*pts), marker="o" if full else "D", linestyle="-" if full else "--", label=label,
+                            color=plt.cm.tab20(len(ax.get_lines()) % 20))
         ax.axhline(1.5, color="grey", linestyle=":", linewidth=1, label="target 1.5x")
         ax.set_xscale("log", base=2)
         es = sorted({r["config"]["members"] for r in at_shape})
@@ -304,7 +357,7 @@ def plot(doc: dict, png: Path) -> None:
         ax.set_ylabel("speed-up over compiled loop (same variant)")
         ax.set_title(f"{cell.upper()} fwd+bwd, B x T x H = " + " x ".join(map(str, MAIN_SHAPE)))
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7)
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
@@ -319,8 +372,8 @@ def section(doc: dict, png_name: str) -> str:
     return (
         f"{BEGIN}\n\n### Ensembles: training E members (`bench_ensemble.py`)\n\n"
         "Batch B, time T, hidden H per row (F = H), L=1, 5% random resets, forward+backward, shared input; "
-        f"{env['device_name']}, torch threads and glibc malloc setting per row (`--malloc keep`: "
-        f"{MALLOC['keep']}; `default`: {MALLOC['default']}), one process per row, contenders "
+        f"{env['device_name']}, torch threads and allocator setting per row (`--malloc`: "
+        + "; ".join(f"`{k}`: {v}" for k, v in MALLOC.items()) + "), one process per row, contenders "
         f"interleaved{load}; torch {env['torch']}. ms per call: median over rounds (speed-up over the "
         f"compiled loop of the same row; `GEMM floor`: the members' matrix products alone as bare `mm` calls, "
         f"see docs/ensembles.md).\n\n{table(doc)}\n\n```bash\n{REPRODUCE}\n```\n\n"

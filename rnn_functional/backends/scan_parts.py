@@ -10,7 +10,6 @@ expanded, except the input of the projection, see :meth:`Members.linear`).
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -67,7 +66,8 @@ class Members:
         return torch.vmap(fn, in_dims=tuple(pytree.tree_unflatten(dims, spec)))(*per_member)
 
     def linear(self, inp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """Each member's ``F.linear(inp, weight, bias)``, ``[e, N, T, F] -> [E, N, T, G]``. An input shared
+        """Each member's ``F.linear(inp, weight, bias)``, ``[e, ..., F] -> [E, ..., G]`` (a sequence ``[e, N, T, F]``
+        or, in the ensemble's scan, one step's ``[e, N, F]``). An input shared
         by per-member weights is copied per member first: a batched GEMM reading one input for every member
         (batch stride 0) runs ~1.6x slower on CPU than one over contiguous copies (``torch.bmm``,
         ``[8, 2048, 128] @ [8, 128, 384]``, 1 thread: 36 vs 22 ms), far more than the copy costs."""
@@ -90,6 +90,18 @@ class Members:
     def from_time_major(self, t: torch.Tensor, time_dim: int) -> torch.Tensor:
         """The inverse of :meth:`time_major`."""
         return t.movedim(0, time_dim + bool(self.count))
+
+    def rows_by_member(self, step_out: torch.Tensor) -> torch.Tensor:
+        """A step's gate cotangents ``[E, N, G]`` as a fresh ``[N, E, G]`` tensor (one model: ``step_out``).
+
+        Stacked over time, ``[T, N, E, G]``: each member's ``(t, n)`` rows are then equally spaced, so the
+        whole-sequence weight-gradient and input-gradient GEMMs read them in place (as one ``[T * N, G]``
+        matrix with row stride ``E * G``) where ``[T, E, N, G]`` would need a layout copy first."""
+        return step_out.transpose(0, 1).contiguous() if self.count else step_out
+
+    def from_rows_by_member(self, stacked: torch.Tensor) -> torch.Tensor:
+        """:meth:`rows_by_member` outputs stacked over time, ``[T, N, E, G]``, as ``[T, E, N, G]`` (a view)."""
+        return stacked.transpose(1, 2) if self.count else stacked
 
     def expand(self, t: torch.Tensor) -> torch.Tensor:
         """A carry ``[e, N, S]`` for every member (``[E, N, S]``, a view); one model: ``t``."""
@@ -121,16 +133,17 @@ def time_loop(step, init, xs, reads=(), reverse: bool = False, members: Members 
     from the last index to the first and the outputs are stacked in the order they ran (index 0
     is the last time step). Under ``torch.compile`` this is torch's ``scan`` (``reads``: the
     tensors the step closes over, see :func:`_batched_like_step`); eagerly a Python loop.
-    An ensemble layer (``members.static_shapes``) always scans with static shapes: it runs inside the
-    ensemble op while AOTAutograd traces, where ``scan`` compiles its step with Dynamo itself; from
+    An ensemble layer (``members.static_shapes``) always scans, over time indices
+    (:func:`_indexed_scan`) and with static shapes: it runs inside the ensemble op while AOTAutograd traces, where ``scan`` compiles its step with Dynamo itself; from
     the second shape on, automatic dynamic shapes would make sizes symbolic, which Inductor's
     subgraph pass rejects ("A subgraph argument other than striding has been modified").
     """
-    if torch.compiler.is_compiling() or members.static_shapes:
+    if members.static_shapes:
+        return _indexed_scan(step, init, xs, reads, reverse)
+    if torch.compiler.is_compiling():
         if reverse:
             xs = pytree.tree_map(lambda t: t.flip(0), xs)
-        with torch._dynamo.config.patch(automatic_dynamic_shapes=False) if members.static_shapes else contextlib.nullcontext():
-            return scan(step, _batched_like_step(init, *reads), xs)
+        return scan(step, _batched_like_step(init, *reads), xs)
     leaves, spec = pytree.tree_flatten(xs)
     per_step = list(zip(*(t.unbind(0) for t in leaves)))  # [T] of each step's leaves: one unbind per tensor
     rebuild = _builder(spec)
@@ -140,6 +153,30 @@ def time_loop(step, init, xs, reads=(), reverse: bool = False, members: Members 
         outs.append(_leaves(out))
     out_spec = pytree.tree_structure(out)
     return carry, pytree.tree_unflatten([torch.stack(parts) for parts in zip(*outs)], out_spec)
+
+
+def _indexed_scan(step, init, xs, reads, reverse: bool):
+    """:func:`time_loop` as an ensemble layer runs it: a ``scan`` (static shapes) over the time indices,
+    each step reading its slice of every tensor in ``xs`` by index from the step's closure.
+
+    Scanning over ``xs`` themselves would copy them: Inductor's lowering of ``scan`` clones every
+    tensor it scans over before its loop starts, and ``reverse`` (or flipping ``xs``) is another copy,
+    which the partitioner computes in the forward and keeps alive until the backward. At E members
+    these are E times a member's ``[T, N, ·]`` tensors, allocated (and page-faulted in) on every call.
+    Read from the closure, they are the scan's additional inputs, never copied; the per-step read is an
+    indexed load Inductor fuses into the step's kernels.
+    """
+    leaves, spec = pytree.tree_flatten(xs)
+    count = leaves[0].shape[0]
+    order = torch.arange(count - 1, -1, -1) if reverse else torch.arange(count)
+    order = order.to(leaves[0].device)
+
+    def indexed_step(carry, index):  # index: [] (int64)
+        at = index.reshape(1)
+        return step(carry, pytree.tree_unflatten([t.index_select(0, at).squeeze(0) for t in leaves], spec))
+
+    with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+        return scan(indexed_step, _batched_like_step(init, *reads), order)
 
 
 def _builder(spec: pytree.TreeSpec):
@@ -168,8 +205,11 @@ def _leaves(tree) -> list:
 
 
 def scan_states(cell: Cell, weights: tuple, carry: Carry, gi: torch.Tensor, mask, reset, keep: str,
-                members: Members = Members()):
+                members: Members = Members(), project: bool = False):
     """Run one layer over time-major ``gi [T, N, G*H]`` from ``carry`` (tuple of ``[N, S]``).
+
+    With ``project``, ``gi`` is the layer's input ``[T, N, F]`` and each step applies the input
+    projection to its own slice (an ensemble: see :meth:`HandWrittenLayer.forward`).
 
     ``weights``: :meth:`LayerWeights.tensors`. ``mask [T, N]`` / ``reset`` (tuple of ``[T, N, S]``)
     apply the resets. Returns ``(final carry, ys)``; ``ys`` per ``keep``: ``"h"`` the output
@@ -188,7 +228,8 @@ def scan_states(cell: Cell, weights: tuple, carry: Carry, gi: torch.Tensor, mask
 
     def step(layer_carry, xs_t):
         layer_carry = apply_reset(layer_carry, xs_t.get("mask"), xs_t.get("reset"))
-        new, saved = members.map(step_saving, xs_t["gi"], layer_carry, weights)
+        gi_t = members.linear(xs_t["gi"], *weights[:2]) if project else xs_t["gi"]
+        new, saved = members.map(step_saving, gi_t, layer_carry, weights)
         out = {"h": new[0], "states": new, "saved": (*new, *saved)}[keep]
         return tuple(own(s) for s in new), (own(out) if keep == "h" else tuple(own(s) for s in out))
 
@@ -233,9 +274,12 @@ class HandWrittenLayer(torch.autograd.Function):
     def forward(cell: Cell, recompute: bool, members: int | Members, n_carry: int, has_reset: bool, inp, mask, *rest):
         carry0, reset, weights = split_inputs(rest, n_carry, has_reset)
         members = Members.of(members)
-        gi = members.time_major(members.linear(inp, *weights[:2]), 1)  # [T, (e,) N, G*H]
+        # An ensemble projects its input step by step: the whole sequence's projection, [T, E, N, G*H], is
+        # E times a member's and would be allocated (and page-faulted in) afresh on every call.
+        project = bool(members.count)
+        gi = members.time_major(inp if project else members.linear(inp, *weights[:2]), 1)  # [T, (e,) N, F or G*H]
         mask, reset = members.time_major(mask, 0), reset and tuple(members.time_major(r, 0) for r in reset)
-        _, outs = scan_states(cell, weights, carry0, gi, mask, reset, "states" if recompute else "saved", members)
+        _, outs = scan_states(cell, weights, carry0, gi, mask, reset, "states" if recompute else "saved", members, project)
         return tuple(outs)
 
     @staticmethod
@@ -262,8 +306,12 @@ class HandWrittenLayer(torch.autograd.Function):
         pre = tuple(torch.cat([members.expand(c0).unsqueeze(0), s[:-1]]) for c0, s in zip(carry0, states))
         pre = apply_reset(pre, mask_t, tuple(members.time_major(r, 0) for r in reset) or None)
         xs = {"pre": pre, "g": tuple(grad_states)}
-        if saved:  # what each step's backward reads, computed for all steps at once (elementwise)
-            xs["factors"] = cell.backward_factors(saved, pre, w)
+        # what each step's backward reads: one model computes it for all steps at once (elementwise);
+        # an ensemble per step, inside the scan (E times a member's buffers, [T, E, N, ·] each, would be
+        # allocated and page-faulted in fresh on every call; see docs/ensembles.md, "Speed")
+        factors_per_step = bool(saved) and bool(members.count)
+        if saved:
+            xs["factors"] = saved if factors_per_step else cell.backward_factors(saved, pre, w)
         else:
             xs["x"] = x
         if mask_t is not None:
@@ -274,7 +322,8 @@ class HandWrittenLayer(torch.autograd.Function):
         def member_back(inputs, pre_t, wts, d_new):
             wl = LayerWeights.from_tensors(wts)
             if saved:
-                grads = cell.step_backward_saved(inputs, pre_t, wl, d_new)
+                factors = cell.backward_factors(inputs, pre_t, wl) if factors_per_step else inputs
+                grads = cell.step_backward_saved(factors, pre_t, wl, d_new)
             else:
                 grads = cell.step_backward(F.linear(inputs, wl.weight_ih, wl.bias_ih), pre_t, wl, d_new)
             d_gh = () if grads.d_gh is None else (grads.d_gh,)  # none: equal to d_gi (vmap returns tensors only)
@@ -283,7 +332,7 @@ class HandWrittenLayer(torch.autograd.Function):
         def back_step(acc, xs_t):
             d_new = tuple(a + b for a, b in zip(acc["d_carry"], xs_t["g"]))
             d_pre, d_gi, d_gh, d_extra = members.map(member_back, xs_t["factors" if saved else "x"], xs_t["pre"], weights, d_new)
-            out = {"d_gi": d_gi, **{"d_gh": d for d in d_gh}}
+            out = {"d_gi": members.rows_by_member(d_gi), **{"d_gh": members.rows_by_member(d) for d in d_gh}}
             m = xs_t.get("mask")
             if m is not None:  # where the carry was reset, its cotangent goes to reset_state (or nowhere)
                 if reset:
@@ -299,8 +348,8 @@ class HandWrittenLayer(torch.autograd.Function):
         # needs no ``reverse``, whose flips of its outputs would copy the [T, N, G*H] gate cotangents);
         # the weight gradients are sums over time, indifferent to the order.
         acc, outs = time_loop(back_step, init, xs, reads, reverse=True, members=members)
-        d_gi = outs["d_gi"]  # [T, (E,) N, G*H], reversed time
-        d_gh = outs.get("d_gh", d_gi)
+        d_gi = members.from_rows_by_member(outs["d_gi"])  # [T, (E,) N, G*H], reversed time
+        d_gh = members.from_rows_by_member(outs["d_gh"]) if "d_gh" in outs else d_gi
         d_extra = iter(d.sum(0) for d in outs.get("d_extra", ()))
         seq = members.map_time_major
         d_weights = (
