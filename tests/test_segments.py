@@ -233,8 +233,8 @@ def _auto_choice(cell, is_init, records_grad, recompute="none", layers=1, hidden
 def test_auto_rule():
     """auto under autograd: the length buckets with oneDNN's fused LSTM (one layer), unless they cost 1.5x more
     than the scan loop over T (a [B, T] batch with segments of many lengths); for the GRU (ATen's is a per-step
-    loop) the scan loop over at most 4 segments, the buckets for full slices, packed for many lengths, the scan
-    loop over T for [B, T] with scattered resets. Forward only: the scan loop over T for [B, T] with many resets,
+    loop) the scan loop over at most 4 segments, the buckets for full slices, the scan loop over at most 16
+    segments of differing lengths, packed for more, the scan loop over T for [B, T] with scattered resets. Forward only: the scan loop over T for [B, T] with many resets,
     the buckets for the LSTM's full slices, packed otherwise."""
     flat = torch.zeros(1, 4096, dtype=torch.bool)
     flat[0, ::20] = True  # full slices of 20
@@ -247,7 +247,7 @@ def test_auto_rule():
     assert _auto_choice("gru", flat, True) == bucketed  # full slices: the buckets are one call
     assert _auto_choice("gru", flat, True, layers=2) == packed
     assert _auto_choice("lstm", small, True) == bucketed
-    assert _auto_choice("gru", small, True) == packed  # many lengths: buckets would pad
+    assert _auto_choice("gru", small, True) == packed  # 20 segments of many lengths: buckets would pad
     assert _auto_choice("lstm", small, False) == packed  # many lengths: buckets would pad
     assert _auto_choice("lstm", flat[:, :200], False) == bucketed  # one length: one call
     assert _auto_choice("gru", flat[:, :200], False) == packed  # no fused GRU kernel: packed as fast, no padding
@@ -269,7 +269,7 @@ def test_auto_rule():
     sampled[0, torch.tensor([64 * i for i in range(14)] + [13 * 64 + 30, 13 * 64 + 60])] = True  # 13 x 64, 30, 30, 20
     assert 1.05 < segments.bucket_padding(segments.plan(sampled), read_layout(rf.init_lstm_params(3, 4), "lstm")) < 1.15
     assert _auto_choice("lstm", sampled, False) == bucketed  # one call, padding 1.12: oneDNN's forward pays for it
-    assert _auto_choice("gru", sampled, True) == packed  # ATen's GRU: no faster kernel to pay for padding
+    assert _auto_choice("gru", sampled, True) == "segments.aligned(sequence)"  # 16 segments: scan_segments
     ragged, starts = torch.zeros(1, 4096, dtype=torch.bool), torch.arange(1, 65).repeat(2).cumsum(0)
     ragged[0, starts[starts < 4096]] = True  # slices of 1..64 steps
     assert _auto_choice("gru", ragged[:, :2048], True, hidden=128) == packed
