@@ -234,7 +234,8 @@ def test_auto_rule():
     """auto under autograd: the length buckets with oneDNN's fused LSTM (one layer), unless they cost 1.5x more
     than the scan loop over T (a [B, T] batch with segments of many lengths); for the GRU (ATen's is a per-step
     loop) the scan loop over at most 4 segments, the buckets for full slices, the scan loop over at most 16
-    segments of differing lengths, packed for more, the scan loop over T for [B, T] with scattered resets. Forward only: the scan loop over T for [B, T] with many resets,
+    segments of differing lengths that it pads at most 1.25x, packed otherwise, the scan loop over T for [B, T]
+    with scattered resets. Forward only: the scan loop over T for [B, T] with many resets,
     the buckets for the LSTM's full slices, packed otherwise."""
     flat = torch.zeros(1, 4096, dtype=torch.bool)
     flat[0, ::20] = True  # full slices of 20
@@ -269,7 +270,11 @@ def test_auto_rule():
     sampled[0, torch.tensor([64 * i for i in range(14)] + [13 * 64 + 30, 13 * 64 + 60])] = True  # 13 x 64, 30, 30, 20
     assert 1.05 < segments.bucket_padding(segments.plan(sampled), read_layout(rf.init_lstm_params(3, 4), "lstm")) < 1.15
     assert _auto_choice("lstm", sampled, False) == bucketed  # one call, padding 1.12: oneDNN's forward pays for it
-    assert _auto_choice("gru", sampled, True) == "segments.aligned(sequence)"  # 16 segments: scan_segments
+    assert _auto_choice("gru", sampled, True) == "segments.aligned(sequence)"  # 16 segments padded 1.12: scan_segments
+    spread = torch.zeros(1, 256, dtype=torch.bool)
+    spread[0, torch.tensor([64, 10, 20, 30, 40, 50, 25, 17]).cumsum(0)[:-1]] = True
+    spread[0, 0] = True  # 8 segments of 10-64 steps: the loop over them would pad 2.0
+    assert _auto_choice("gru", spread, True) == packed
     ragged, starts = torch.zeros(1, 4096, dtype=torch.bool), torch.arange(1, 65).repeat(2).cumsum(0)
     ragged[0, starts[starts < 4096]] = True  # slices of 1..64 steps
     assert _auto_choice("gru", ragged[:, :2048], True, hidden=128) == packed

@@ -73,9 +73,12 @@ _BUCKETS_OVER_LOOP = 1.5
 # records ~10 ops per step against the scan step's six and one GEMM backward (docs/backends.md).
 _SCAN_SEGMENT_ROWS = 4
 # Up to this many segments the same loop still beats packed and padded buckets once the slices' lengths
-# differ (SliceSampler, 8-16 segments of up to 64 steps: packed 1.09-1.18x, buckets 1.13-1.21x slower;
-# 24 segments: packed and buckets win); full slices keep their one bucket call (16 of 64: 0.92x).
+# differ, as long as it pads them (``S * Lmax`` row-steps over the ``N * T`` real ones) no more than
+# ``_SCAN_SEGMENT_PADDING`` (SliceSampler-like, 8-16 segments of up to 64 steps, padding 1.12-1.25: packed
+# 1.09-1.18x, buckets 1.13-1.21x slower; padding 1.40-1.61 at 16 segments or 24 segments: packed wins);
+# full slices keep their bucket call (16 of 64: buckets 0.92x). docs/backends.md.
 _SCAN_SEGMENT_ROWS_RAGGED = 16
+_SCAN_SEGMENT_PADDING = 1.25
 # Under autograd, a packed call's backward on CPU fills its whole input-projection gradient (``N * T`` rows of
 # ``G * H``) at every step; from this many ``N * T * H`` elements that fill outgrows the caches and the length
 # buckets win even with padding (GRU, H=128, N=4096: buckets 1.05-1.41x faster for slices of up to 32-64
@@ -118,7 +121,8 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
         ``_BUCKET_PADDING`` (``_FUSED_BUCKET_PADDING`` for ``fused``; full slices), or autograd records a
         call of at least ``_PACKED_GRAD_FILL`` elements ``N * T * H``: ``pad``;
       - autograd records the call, not ``fused``, at most ``_SCAN_SEGMENT_ROWS_RAGGED`` segments (of
-        differing lengths, else ``pad`` above): ``scan_segments``;
+        differing lengths, else ``pad`` above) padded to ``Lmax`` by at most ``_SCAN_SEGMENT_PADDING``:
+        ``scan_segments``;
       - otherwise ``packed``: the segments packed into one call (no padding, no extra calls; every
         forward-only GRU call);
     * interior resets, no ATen kernels: the ``reference`` loop, over the segments (``Lmax`` steps of
@@ -143,7 +147,8 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
         large = records_grad and n * t_len * layout.hidden_size >= _PACKED_GRAD_FILL
         if one_layer and (fused or records_grad) and (large or segments.bucket_padding(p, layout) <= limit):
             return "pad"
-        if records_grad and not fused and p.count <= _SCAN_SEGMENT_ROWS_RAGGED:
+        few_ragged = p.count <= _SCAN_SEGMENT_ROWS_RAGGED and p.count * p.max_len <= _SCAN_SEGMENT_PADDING * n * t_len
+        if records_grad and not fused and few_ragged:
             return "scan_segments"
         return "packed"
     return "segments" if _loop_cost(p.max_len, p.count) < _loop_cost(t_len, n) else "reference"
