@@ -232,7 +232,8 @@ def _auto_choice(cell, is_init, records_grad, recompute="none", layers=1, hidden
 
 def test_auto_rule():
     """auto under autograd: the length buckets with oneDNN's fused LSTM (one layer), unless they cost 1.5x more
-    than the scan loop over T (a [B, T] batch with segments of many lengths); for the GRU (ATen's is a per-step
+    than the scan loop over T (a [B, T] batch with segments of many lengths) or pad ragged slices of a call
+    small enough for packed's gradient fills (packed); for the GRU (ATen's is a per-step
     loop) the scan loop over at most 4 segments, the buckets for full slices, the scan loop over at most 16
     segments of differing lengths that it pads at most 1.25x, packed otherwise, the scan loop over T for [B, T]
     with scattered resets. Forward only: the scan loop over T for [B, T] with many resets,
@@ -247,7 +248,8 @@ def test_auto_rule():
     assert _auto_choice("lstm", flat, True) == bucketed
     assert _auto_choice("gru", flat, True) == bucketed  # full slices: the buckets are one call
     assert _auto_choice("gru", flat, True, layers=2) == packed
-    assert _auto_choice("lstm", small, True) == bucketed
+    assert _auto_choice("lstm", small, True) == packed  # ragged, small: packed's gradient fills stay cheap
+    assert _auto_choice("lstm", small, True, hidden=128) == bucketed  # 27 fills of 200 x 128: the buckets
     assert _auto_choice("gru", small, True) == packed  # 20 segments of many lengths: buckets would pad
     assert _auto_choice("lstm", small, False) == packed  # many lengths: buckets would pad
     assert _auto_choice("lstm", flat[:, :200], False) == bucketed  # one length: one call
@@ -256,7 +258,7 @@ def test_auto_rule():
     assert _auto_choice("lstm", scattered, True) == "scan.sequence"  # 64 segments of 2-62 steps
     few = torch.zeros(32, 64, dtype=torch.bool)
     few[:4, 30] = True  # 36 segments, 28 of them full rows: one call and a short one
-    assert _auto_choice("lstm", few, True) == bucketed
+    assert _auto_choice("lstm", few, True, hidden=128) == bucketed
     four, five = torch.zeros(1, 200, dtype=torch.bool), torch.zeros(1, 200, dtype=torch.bool)
     four[0, ::64], five[0, ::40] = True, True
     assert _auto_choice("gru", four, True) == "segments.aligned(sequence)"  # scan_segments

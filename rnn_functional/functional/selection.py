@@ -68,6 +68,11 @@ _FUSED_BUCKET_PADDING = 1.15
 # the buckets' estimated cost (``segments.bucket_cost``) exceeds this multiple of the loop's
 # (``_loop_cost``): a [B, T] batch whose segments spread over many lengths (docs/backends.md).
 _BUCKETS_OVER_LOOP = 1.5
+# ... and beats one packed call unless the lengths differ (the buckets pad more than ``_BUCKET_PADDING``)
+# and the packed backward's gradient fills (``Lmax`` of ``N * T * H`` elements each) stay below this: short
+# ragged slices in a small batch (LSTM, H=128, N=200-400, slices <= 8-12: packed 1.15-1.19x faster; N >= 600
+# or slices <= 20: a tie; slices <= 32, or N=1024: buckets 1.1-1.3x faster).
+_PACKED_FILL_STEPS = 2**19
 # Under autograd, a GRU call of at most this many segments runs fastest as the saved-activation loop over
 # them (``scan_segments``): with so few rows a step's cost is its fixed overhead, where ATen's GRU loop
 # records ~10 ops per step against the scan step's six and one GEMM backward (docs/backends.md).
@@ -108,7 +113,9 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
       - autograd records the call, one layer, ``fused``: ``pad``, the length buckets (oneDNN's backward
         is linear in the steps, where a packed call's backward on CPU zero-fills its input-projection
         gradient at every step), unless their estimated cost is more than ``_BUCKETS_OVER_LOOP`` times
-        the loop's over ``T`` (a ``[B, T]`` batch whose segments spread over many lengths): ``scan``;
+        the loop's over ``T`` (a ``[B, T]`` batch whose segments spread over many lengths): ``scan``, or
+        ``packed`` where the buckets pad more than ``_BUCKET_PADDING`` and packed's ``Lmax`` gradient fills of
+        ``N * T * H`` elements stay under ``_PACKED_FILL_STEPS`` (short ragged slices, small batch);
       - autograd records the call and the longest segment ``Lmax`` is more than half of ``T`` (a
         ``[B, T]`` batch with scattered resets, the segments barely shorten the rows): not ``fused``,
         ``scan`` (its loop over ``T``, whose backward consumes the saved activations, beats ATen's
@@ -136,7 +143,10 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
     if aten:
         fused, one_layer = layout.cell.aten.fused_on_cpu, layout.num_layers == 1
         if records_grad and fused and one_layer:
-            return "scan" if segments.bucket_cost(p, layout) > _BUCKETS_OVER_LOOP * _loop_cost(t_len, n) else "pad"
+            if segments.bucket_cost(p, layout) > _BUCKETS_OVER_LOOP * _loop_cost(t_len, n):
+                return "scan"
+            small_fill = p.max_len * n * t_len * layout.hidden_size <= _PACKED_FILL_STEPS
+            return "packed" if small_fill and segments.bucket_padding(p, layout) > _BUCKET_PADDING else "pad"
         if records_grad and 2 * p.max_len > t_len:
             return "reference" if fused else "scan"
         if records_grad and not fused and p.count <= _SCAN_SEGMENT_ROWS:
