@@ -110,6 +110,17 @@ def interleaved(
     return results
 
 
+def repeated_no_grad(fn: Callable[[], object], inner: int) -> Callable[[], None]:
+    """A zero-argument callable running ``fn`` ``inner`` times under ``torch.no_grad()`` (one timed sample)."""
+
+    def run() -> None:
+        with torch.no_grad():
+            for _ in range(inner):
+                fn()
+
+    return run
+
+
 def _cpu_peak(fn: Callable[[], object]) -> int:
     from torch.profiler import ProfilerActivity, profile
 

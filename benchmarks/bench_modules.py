@@ -30,7 +30,7 @@ from tensordict import TensorDict
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import environment, interleaved  # noqa: E402
+from _timing import environment, interleaved, repeated_no_grad  # noqa: E402
 
 import rnn_functional as rf  # noqa: E402
 
@@ -68,11 +68,7 @@ def step_contenders(trm, inner: int) -> dict:
     h0, c0 = h[:, 0], c[:, 0]
 
     def repeat(fn):
-        def run():
-            with torch.no_grad():
-                for _ in range(inner):
-                    fn()
-        return run
+        return repeated_no_grad(fn, inner)
 
     return {
         "ours LSTMModule": repeat(lambda: ours(tds["ours"])),

@@ -58,7 +58,7 @@ from tensordict import TensorDict
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import environment, interleaved  # noqa: E402
+from _timing import environment, interleaved, repeated_no_grad  # noqa: E402
 
 import rnn_functional as rf  # noqa: E402
 
@@ -67,10 +67,10 @@ SHAPE = {"B": 32, "F": 64, "H": 128, "L": 1, "reset_prob": 0.05}
 MODULES = {"lstm": (rf.LSTMModule, nn.LSTMCell, rf.lstm_step), "gru": (rf.GRUModule, nn.GRUCell, rf.gru_step)}
 
 
-def contenders(cell: str, inner: int, cpu_times: dict[str, list[float]]) -> dict:
-    """name -> zero-argument callable running ``inner`` calls of that contender; each run appends its
-    thread CPU time to ``cpu_times[name]``."""
-    module_cls, cell_cls, step_fn = MODULES[cell]
+def setup(cell: str):
+    """The policy step's module, its inputs (``x`` [B, F], states [B, L, H] each, ``is_init`` [B, 1]),
+    a fresh-TensorDict factory, and the bare ``torch.nn`` cell on the same weights with its state."""
+    module_cls, cell_cls, _ = MODULES[cell]
     B, F, H, L = (SHAPE[k] for k in ("B", "F", "H", "L"))
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
@@ -85,11 +85,20 @@ def contenders(cell: str, inner: int, cpu_times: dict[str, list[float]]) -> dict
             getattr(bare, name).copy_(module._weights[f"{name}_l0"])
     bare_state = tuple(s[:, 0] for s in states)
     bare_state = bare_state if cell == "lstm" else bare_state[0]
-    core_state = tuple(states) if cell == "lstm" else states[0]
-    params = dict(module._weights)
 
     def make_td() -> TensorDict:
         return TensorDict({"x": x, **dict(zip(hidden_keys, states)), "is_init": is_init}, [B])
+
+    return module, x, states, is_init, make_td, bare, bare_state
+
+
+def contenders(cell: str, inner: int, cpu_times: dict[str, list[float]]) -> dict:
+    """name -> zero-argument callable running ``inner`` calls of that contender; each run appends its
+    thread CPU time to ``cpu_times[name]``."""
+    _, cell_cls, step_fn = MODULES[cell]
+    module, x, states, is_init, make_td, bare, bare_state = setup(cell)
+    core_state = tuple(states) if cell == "lstm" else states[0]
+    params = dict(module._weights)
 
     def step(x, state, params, is_init):
         return step_fn(x, state, params, is_init=is_init)
@@ -131,18 +140,7 @@ def breakdown(cell: str, inner: int, repeats: int) -> dict[str, float]:
 
     from torch._inductor.output_code import CompiledFxGraph
 
-    module_cls, cell_cls, _ = MODULES[cell]
-    B, F, H, L = (SHAPE[k] for k in ("B", "F", "H", "L"))
-    g = torch.Generator().manual_seed(0)
-    torch.manual_seed(0)
-    module = module_cls(F, H, L, in_key="x", out_key="y")
-    hidden_keys = module.in_keys[1:-1]
-    x = torch.randn(B, F, generator=g)
-    states = [torch.randn(B, L, H, generator=g) for _ in hidden_keys]
-    is_init = torch.rand(B, 1, generator=g) < SHAPE["reset_prob"]
-
-    def make_td() -> TensorDict:
-        return TensorDict({"x": x, **dict(zip(hidden_keys, states)), "is_init": is_init}, [B])
+    module, x, _, _, make_td, bare, bare_state = setup(cell)
 
     torch._dynamo.reset()  # one cache entry on the forward: this policy's
     policy = torch.compile(module, fullgraph=True)
@@ -164,9 +162,6 @@ def breakdown(cell: str, inner: int, repeats: int) -> dict[str, float]:
     (entry,) = torch._dynamo.eval_frame._debug_get_cache_entry_list(forward.__code__)
     transformed = types.FunctionType(entry.code, forward.__globals__)  # the forward Dynamo runs, guards aside
     graph, inputs = captured["graph"], captured["inputs"]
-    bare = cell_cls(F, H)
-    bare_state = tuple(s[:, 0] for s in states)
-    bare_state = bare_state if cell == "lstm" else bare_state[0]
 
     def guarded():
         td = make_td()
@@ -183,14 +178,7 @@ def breakdown(cell: str, inner: int, repeats: int) -> dict[str, float]:
         "compiled module (+ TensorDict construction)": lambda: policy(make_td()),
     }
 
-    def repeat(fn):
-        def run():
-            with torch.no_grad():
-                for _ in range(inner):
-                    fn()
-        return run
-
-    res = interleaved({n: repeat(fn) for n, fn in calls.items()}, torch.device("cpu"), repeats=repeats, max_seconds=60)
+    res = interleaved({n: repeated_no_grad(fn, inner) for n, fn in calls.items()}, torch.device("cpu"), repeats=repeats, max_seconds=60)
     return {n: r["median_s"] / inner * 1e6 for n, r in res.items()}
 
 
