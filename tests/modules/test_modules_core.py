@@ -455,6 +455,35 @@ def test_step_dtype_checked_after_to(cell):
         torch.testing.assert_close(copied(td64)["y"], module(td64)["y"])
 
 
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_validated_step_non_contiguous_inputs_match_torch_nn(cell, monkeypatch):
+    """The module's step on its own weights (the validated step) with non-contiguous ``x``, states and
+    ``is_init`` (views of transposed storage, 2-d batch) equals ``torch.nn``, outputs and every gradient."""
+    from rnn_functional.modules import _forward
+
+    calls = []
+    validated = _forward.run_validated_step
+    monkeypatch.setattr(_forward, "run_validated_step", lambda *a: calls.append(1) or validated(*a))
+    module = make_module(cell, layers=2)
+    td = make_td(cell, (3, 2), layers=2, reset_prob=0.5)
+    leaves = {k: td[k].transpose(0, 1).contiguous().transpose(0, 1).requires_grad_(td[k].is_floating_point())
+              for k in ["x", *HIDDEN_KEYS[cell], "is_init"]}
+    assert not any(t.is_contiguous() for t in leaves.values())
+    out = module(TensorDict(dict(leaves), [3, 2]))
+    got = [out["y"], *(out["next", k] for k in HIDDEN_KEYS[cell])]
+    assert calls, "the module's step did not take the validated path"
+    rnn = torch_rnn(module)
+    states = [leaves[k] for k in HIDDEN_KEYS[cell]]
+    y, hn = nn_step(rnn, leaves["x"], leaves["is_init"], states)
+    for name, a, b in zip(["y", *HIDDEN_KEYS[cell]], got, [y, *hn]):
+        torch.testing.assert_close(a, b, msg=lambda m, name=name: f"{name}: {m}")
+    inputs = [leaves["x"], *states, *module.parameters()]
+    ours = torch.autograd.grad(weighted_sum(got), inputs)
+    theirs = torch.autograd.grad(weighted_sum([y, *hn]), inputs)
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        torch.testing.assert_close(a, b, msg=lambda m, i=i: f"gradient of input {i}: {m}")
+
+
 def test_kwargs_call_through_dispatch():
     module = rf.GRUModule(3, 4, in_key="obs", out_key="out")
     out, h = module(obs=torch.randn(2, 3), is_init=torch.ones(2, 1, dtype=torch.bool))
