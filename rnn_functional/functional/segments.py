@@ -49,42 +49,77 @@ _RECOMPUTE_STEP_ROWS = 16
 _MAX_DISTINCT = 256
 
 
-@dataclass(frozen=True)
+@dataclass
 class SegmentPlan:
     """Where the segments of an ``[N, T]`` call lie (``S`` segments, the longest ``max_len`` steps).
 
-    ``seg_of [N, T]`` and ``pos [N, T]``: each step's segment and its index within it; ``row [S]``
-    and ``start [S]``: each segment's row and first step; ``lengths [S]`` (on the device) and
-    ``lengths_cpu [S]``: their step counts. ``buckets``: the length buckets of :func:`bucketed`, per
-    ``recompute`` flag, computed once (``auto``'s rule and the path it picks share them).
+    ``shape``: ``(N, T)``; ``first [S]``: each segment's first step, row-major over ``N * T``; ``row [S]``
+    and ``start [S]``: its row and step; ``lengths [S]`` (on the device) and ``lengths_cpu [S]``: the
+    segments' step counts. :attr:`seg_of` and :attr:`pos` (``[N, T]``: each step's segment and its index
+    within it) are derived on first use, by the paths that gather; ``index`` holds them once known.
+    ``memo``: what the rule and the path it picks share (:attr:`slice_len`, the buckets of
+    :func:`bucketed` per ``recompute`` flag), computed once.
     """
 
-    seg_of: torch.Tensor
-    pos: torch.Tensor
+    shape: tuple[int, int]
+    first: torch.Tensor
     row: torch.Tensor
     start: torch.Tensor
     lengths: torch.Tensor
     lengths_cpu: torch.Tensor
     max_len: int
-    buckets: dict = field(default_factory=dict, compare=False, repr=False)
+    index: tuple[torch.Tensor, torch.Tensor] | None = None
+    memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def count(self) -> int:
         """``S``, the number of segments."""
-        return int(self.row.shape[0])
+        return int(self.first.shape[0])
+
+    def _index(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.index is None:
+            n, t_len = self.shape
+            marks = torch.zeros(n * t_len, dtype=torch.long, device=self.first.device).index_fill_(0, self.first, 1)
+            seg_of = marks.cumsum(0).reshape(n, t_len) - 1
+            pos = torch.arange(t_len, device=self.first.device).expand(n, t_len) - self.start[seg_of]
+            self.index = (seg_of, pos)
+        return self.index
+
+    @property
+    def seg_of(self) -> torch.Tensor:
+        return self._index()[0]
+
+    @property
+    def pos(self) -> torch.Tensor:
+        return self._index()[1]
+
+    @property
+    def slice_len(self) -> int | None:
+        """``L`` when every row is slices of ``L < T`` steps from ``t = 0``, its last one ``T mod L`` steps where
+        ``L`` does not divide ``T`` (whole ``SliceSampler`` slices); else None. From host values only."""
+        if "slice_len" not in self.memo:
+            n, t_len = self.shape
+            length = int(self.lengths_cpu[0])
+            whole, tail = divmod(t_len, length)
+            per_row = whole + (tail > 0)
+            regular = length < t_len and self.count == n * per_row
+            if regular:
+                pattern = torch.full((per_row,), length, dtype=self.lengths_cpu.dtype)
+                pattern[-1] = tail or length
+                regular = bool((self.lengths_cpu.view(n, per_row) == pattern).all())
+            self.memo["slice_len"] = length if regular else None
+        return self.memo["slice_len"]
 
 
 def plan(is_init: torch.Tensor) -> SegmentPlan:
-    """The segments of a call with resets ``is_init [N, T]`` (bool, ``N, T > 0``); syncs with the host."""
+    """The segments of a call with resets ``is_init [N, T]`` (bool, ``N, T > 0``); syncs with the host once."""
     n, t_len = is_init.shape
     starts = is_init.clone()
     starts[:, 0] = True
-    seg_of = starts.reshape(-1).cumsum(0).reshape(n, t_len) - 1
-    row, start = starts.nonzero(as_tuple=True)
-    pos = torch.arange(t_len, device=is_init.device).expand(n, t_len) - start[seg_of]
-    lengths = torch.bincount(seg_of.reshape(-1), minlength=row.shape[0])
+    first = starts.reshape(-1).nonzero().squeeze(1)
+    lengths = torch.diff(first, append=first.new_full((1,), n * t_len))
     lengths_cpu = lengths.cpu()
-    return SegmentPlan(seg_of, pos, row, start, lengths, lengths_cpu, int(lengths_cpu.max()))
+    return SegmentPlan((n, t_len), first, first // t_len, first % t_len, lengths, lengths_cpu, int(lengths_cpu.max()))
 
 
 def _initial_carries(p: SegmentPlan, carry: Carry, is_init: torch.Tensor, reset: Carry | None) -> Carry:
@@ -210,17 +245,17 @@ def _plan_buckets(p: SegmentPlan, layout: Layout) -> tuple[torch.Tensor, torch.T
     """``(order, lengths_sorted, buckets)``: the segments of ``p`` sorted by decreasing length (stable) and
     :func:`_buckets` of them for ``layout``'s carry (memoised on ``p``)."""
     recompute = len(layout.state_sizes) > 1
-    if recompute not in p.buckets:
+    if ("buckets", recompute) not in p.memo:
         order = torch.argsort(p.lengths_cpu, descending=True, stable=True)
         lengths_sorted = p.lengths_cpu[order]
-        p.buckets[recompute] = (order, lengths_sorted, _buckets(lengths_sorted.tolist(), recompute))
-    return p.buckets[recompute]
+        p.memo["buckets", recompute] = (order, lengths_sorted, _buckets(lengths_sorted.tolist(), recompute))
+    return p.memo["buckets", recompute]
 
 
 def bucket_padding(p: SegmentPlan, layout: Layout) -> float:
     """Steps that :func:`bucketed` runs for the segments of ``p``, over their real steps (``>= 1``)."""
     buckets = _plan_buckets(p, layout)[2]
-    return sum((end - first) * steps for first, end, steps in buckets) / p.seg_of.numel()  # real steps: N * T
+    return sum((end - first) * steps for first, end, steps in buckets) / (p.shape[0] * p.shape[1])  # real steps: N * T
 
 
 def bucket_cost(p: SegmentPlan, layout: Layout) -> float:

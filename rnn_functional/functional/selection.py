@@ -14,7 +14,7 @@ import torch
 
 from ..backends import SEQUENCE, SequenceOptions, available_backends, checkpointed, pad, triton_backend
 from ..cells import Layout, multi_layer_step
-from . import segments
+from . import segments, slices
 from .options import CallContext, call_context, check_options
 
 STEP_BACKENDS = ("auto", "reference", "pad", "triton")
@@ -50,6 +50,8 @@ def eager_path(name: str, layout: Layout, opts: SequenceOptions, is_init: torch.
     plan = plan() if plan else segments.plan(is_init)
     if name in ("segments", "scan_segments"):
         return segments.aligned(loop, plan)
+    if name == "pad" and plan.slice_len:
+        return slices.whole_slices(plan.slice_len)
     if name == "pad" and layout.num_layers == 1:
         return segments.bucketed(plan)
     return segments.packed(plan)
@@ -140,6 +142,8 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
         return "pad" if aten else "reference"
     p = plan() if plan else segments.plan(is_init)
     n, t_len = is_init.shape
+    if aten and p.slice_len:
+        return "pad"
     if aten:
         fused, one_layer = layout.cell.aten.fused_on_cpu, layout.num_layers == 1
         if records_grad and fused and one_layer:

@@ -27,10 +27,11 @@ from collections.abc import Callable
 
 import torch
 
-from ..cells import Carry
+from ..backends import SequenceOptions, pad
+from ..cells import Carry, Layout
 from . import segments
 
-__all__ = ["check_value", "check_hint", "split", "merge", "padded"]
+__all__ = ["check_value", "check_hint", "split", "merge", "padded", "whole_slices"]
 
 _RAGGED = "Pass slice_len=None (and num_slices=None) for batches of other shapes."
 
@@ -150,6 +151,35 @@ def padded(impl: Callable, is_init: torch.Tensor, slice_len: int, num_slices: in
     step = torch.arange(n * t_len, device=is_init.device)
     first = step.new_zeros(num_slices).scatter_reduce(0, seg_of, step, "amin", include_self=False)
     pos = (step - first[seg_of]).clamp(max=slice_len - 1).reshape(n, t_len)
-    plan = segments.SegmentPlan(seg_of.reshape(n, t_len), pos, first // t_len, first % t_len, lengths, lengths,
-                                slice_len)
+    plan = segments.SegmentPlan((n, t_len), first, first // t_len, first % t_len, lengths, lengths, slice_len,
+                                index=(seg_of.reshape(n, t_len), pos))
     return segments.aligned(impl, plan)
+
+
+def whole_slices(slice_len: int) -> Callable:
+    """The ``pad`` backend on a call whose rows are slices of ``slice_len`` steps from ``t = 0``, the last one
+    ``T mod slice_len`` steps where ``slice_len`` does not divide ``T`` (:attr:`.segments.SegmentPlan.slice_len`):
+    the whole slices run as one kernel call on the view ``[N * T // slice_len, slice_len]`` (:func:`split`),
+    the shorter last ones as a second call ``[N, T mod slice_len]``. No gather: every slice ends at its
+    call's last step, so the kernel's final carries are the slices' final carries. Eager only."""
+
+    def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
+        n, t_len = is_init.shape
+        whole = t_len - t_len % slice_len
+        head = split(slice_len, x[:, :whole], carry, is_init[:, :whole], _steps(reset, 0, whole))
+        y, final, per_step = merge(n, whole, *pad.unchecked_sequence(layout, params, *head, opts))
+        if whole < t_len:  # the last slices; is_init is True at their first step, which replaces the zeros
+            tail_carry = tuple(torch.zeros_like(s) for s in carry)
+            y_tail, final, tail_states = pad.unchecked_sequence(
+                layout, params, x[:, whole:], tail_carry, is_init[:, whole:], _steps(reset, whole, t_len), opts)
+            y = torch.cat([y, y_tail], dim=1)
+            if per_step is not None:
+                per_step = tuple(torch.cat(parts, dim=1) for parts in zip(per_step, tail_states))
+        return y, final, per_step
+
+    sequence.__qualname__ = f"whole_slices({slice_len})"
+    return sequence
+
+
+def _steps(reset: Carry | None, begin: int, end: int) -> Carry | None:
+    return None if reset is None else tuple(r[:, begin:end] for r in reset)
