@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import rnn_functional as rf
 from rnn_functional.backends import SequenceOptions
-from rnn_functional.functional import segments, selection
+from rnn_functional.functional import segments, selection, slices
 from rnn_functional.functional._core import read_layout
 
 SEQUENCES = {
@@ -138,6 +138,46 @@ def test_explicit_pad_backend_with_interior_resets_equals_reference():
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("cell", ATEN_CELLS)
+@pytest.mark.parametrize(("batch_shape", "t_len", "slice_len"), [((), 12, 4), ((), 14, 4), ((3,), 10, 3), ((2,), 6, 1)],
+                         ids=["flat", "flat-tail", "batched-tail", "batched-step"])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_whole_slices_fast_path_equals_reference(cell, batch_shape, t_len, slice_len, layers, monkeypatch):
+    """Rows of whole slices (the last one shorter where slice_len does not divide T) take the view path: outputs,
+    final carries, segment-end states and gradients of x, the incoming state (which the first slice of a row
+    without a reset at t=0 continues), reset_state and the params equal reference's; nothing aliases x."""
+    is_init = torch.zeros(*batch_shape, t_len, dtype=torch.bool)
+    is_init[..., ::slice_len] = True
+    is_init.view(-1, t_len)[0, 0] = False  # the first row continues the incoming state
+    ran = []
+    real = slices.whole_slices
+    monkeypatch.setattr(slices, "whole_slices", lambda length: ran.append(length) or real(length))
+    for with_reset in (False, True):
+        _check(cell, _problem(cell, batch_shape, t_len, is_init, layers, with_reset, seed=layers), "pad")
+    assert ran == [slice_len, slice_len]
+    params, x, state, *_ = _problem(cell, batch_shape, t_len, is_init, layers, False, 0)
+    with torch.no_grad():  # auto's pick (under autograd, a GRU call of <= 4 slices runs the scan loop over them)
+        y, final = SEQUENCES[cell][1](x, state, params, is_init=is_init)
+    assert ran == [slice_len] * 3
+    inputs = {t.untyped_storage().data_ptr() for t in (x, *(state if isinstance(state, tuple) else (state,)))}
+    for out in (y, *(final if isinstance(final, tuple) else (final,))):
+        assert out.untyped_storage().data_ptr() not in inputs
+
+
+def test_whole_slices_detection():
+    """SegmentPlan.slice_len: every row slices of L < T steps from t = 0 (the last one T mod L steps), else None."""
+    def slice_len(rows):
+        return segments.plan(torch.tensor(rows, dtype=torch.bool)).slice_len
+
+    assert slice_len([[1, 0, 0, 1, 0, 0, 1]]) == 3  # 3, 3 and a last slice of 1
+    assert slice_len([[0, 0, 1, 0], [1, 0, 1, 0]]) == 2  # t = 0 starts a slice with or without a reset
+    assert slice_len([[1, 1, 1]]) == 1
+    assert slice_len([[1, 0, 0]]) is None  # one segment: no interior reset
+    assert slice_len([[1, 0, 1, 0, 0]]) is None  # a longer last slice
+    assert slice_len([[1, 0, 1, 1]]) is None  # a short slice inside the row
+    assert slice_len([[1, 0, 1, 0], [1, 0, 0, 0]]) is None  # rows differ
+
+
 def test_plan_of_a_flat_row():
     """Segments, their rows, first steps, lengths and each step's place within its segment."""
     is_init = torch.tensor([[False, False, True, True, False, False, False], [True, False, False, True, False, False, True]])
@@ -245,15 +285,17 @@ def test_auto_rule():
     scattered = torch.zeros(32, 64, dtype=torch.bool)
     scattered[torch.arange(32), torch.arange(32) + 2] = True  # [B, T] = [32, 64], longest segment 62 > T / 2
     bucketed, packed = "segments.bucketed.<locals>.sequence", "segments.packed.<locals>.sequence"
-    assert _auto_choice("lstm", flat, True) == bucketed
-    assert _auto_choice("gru", flat, True) == bucketed  # full slices: the buckets are one call
-    assert _auto_choice("gru", flat, True, layers=2) == packed
+    assert _auto_choice("lstm", flat, True) == "slices.whole_slices(20)"  # whole slices: a view, one call
+    assert _auto_choice("gru", flat, True) == "slices.whole_slices(20)"
+    assert _auto_choice("gru", flat, True, layers=2) == "slices.whole_slices(20)"
+    assert _auto_choice("lstm", flat, False, layers=2) == "slices.whole_slices(20)"
     assert _auto_choice("lstm", small, True) == packed  # ragged, small: packed's gradient fills stay cheap
     assert _auto_choice("lstm", small, True, hidden=128) == bucketed  # 27 fills of 200 x 128: the buckets
     assert _auto_choice("gru", small, True) == packed  # 20 segments of many lengths: buckets would pad
     assert _auto_choice("lstm", small, False) == packed  # many lengths: buckets would pad
-    assert _auto_choice("lstm", flat[:, :200], False) == bucketed  # one length: one call
-    assert _auto_choice("gru", flat[:, :200], False) == packed  # no fused GRU kernel: packed as fast, no padding
+    assert _auto_choice("lstm", flat[:, :200], False) == "slices.whole_slices(20)"
+    assert _auto_choice("gru", flat[:, :200], False) == "slices.whole_slices(20)"
+    assert _auto_choice("lstm", flat.view(16, 256), True) == bucketed  # every row restarts its slices at t=0
     assert _auto_choice("lstm", scattered, False) == packed
     assert _auto_choice("lstm", scattered, True) == "scan.sequence"  # 64 segments of 2-62 steps
     few = torch.zeros(32, 64, dtype=torch.bool)
@@ -262,8 +304,8 @@ def test_auto_rule():
     four, five = torch.zeros(1, 200, dtype=torch.bool), torch.zeros(1, 200, dtype=torch.bool)
     four[0, ::64], five[0, ::40] = True, True
     assert _auto_choice("gru", four, True) == "segments.aligned(sequence)"  # scan_segments
-    assert _auto_choice("gru", five, True) == bucketed
-    assert _auto_choice("gru", four, False) == packed
+    assert _auto_choice("gru", five, True) == "slices.whole_slices(40)"
+    assert _auto_choice("gru", four, False) == "slices.whole_slices(64)"
     dense = torch.rand(32, 64, generator=torch.Generator().manual_seed(7)) < 0.2  # 20% resets: 428 segments of <= 36
     assert _auto_choice("gru", dense, False) == "scan.sequence"
     assert _auto_choice("lstm", dense, False) == "scan.sequence"

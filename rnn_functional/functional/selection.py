@@ -112,6 +112,10 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
     * interior resets, ATen kernels available (``recompute="none"``); ``fused``: the cell's unpacked
       kernel is one fused kernel on CPU (oneDNN's LSTM; ATen's GRU is a loop of per-step ops):
 
+      - whole slices (:attr:`.segments.SegmentPlan.slice_len`: every row slices of ``L`` steps from
+        ``t = 0``): ``pad``, one kernel call on the view ``[N * T / L, L]`` (and one on the shorter last
+        slices), no gather, any number of layers; unless autograd records a call of at most
+        ``_SCAN_SEGMENT_ROWS`` slices, not ``fused`` (below);
       - autograd records the call, one layer, ``fused``: ``pad``, the length buckets (oneDNN's backward
         is linear in the steps, where a packed call's backward on CPU zero-fills its input-projection
         gradient at every step), unless their estimated cost is more than ``_BUCKETS_OVER_LOOP`` times
@@ -142,10 +146,10 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
         return "pad" if aten else "reference"
     p = plan() if plan else segments.plan(is_init)
     n, t_len = is_init.shape
-    if aten and p.slice_len:
-        return "pad"
     if aten:
         fused, one_layer = layout.cell.aten.fused_on_cpu, layout.num_layers == 1
+        if p.slice_len and (fused or not records_grad or p.count > _SCAN_SEGMENT_ROWS):
+            return "pad"  # whole slices: one view-shaped kernel call (and one for the shorter last slices)
         if records_grad and fused and one_layer:
             if segments.bucket_cost(p, layout) > _BUCKETS_OVER_LOOP * _loop_cost(t_len, n):
                 return "scan"
