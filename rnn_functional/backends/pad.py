@@ -46,11 +46,6 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
             "backends.pad.sequence runs one kernel call and serves no interior reset; call it through "
             "rnn_functional's public functions (backend='pad'), which split the segments first."
         )
-    return unchecked_sequence(layout, params, x, carry, is_init, reset, opts)
-
-
-def unchecked_sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
-    """:func:`sequence` for a caller that knows ``is_init`` has no interior reset (it reads ``is_init[:, 0]`` only)."""
     run = aten_kernels(layout).sequence
     n, t_len = x.shape[0], x.shape[1]
     if is_init is not None:

@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch
 
 from ..backends import SequenceOptions, pad
-from ..cells import Carry, Layout
+from ..cells import Carry, Layout, apply_reset
 from . import segments
 
 __all__ = ["check_value", "check_hint", "split", "merge", "padded", "whole_slices"]
@@ -110,16 +110,16 @@ def _lengths(seg_of: torch.Tensor, bound: int) -> torch.Tensor:
 def split(slice_len: int, x: torch.Tensor, carry: Carry, is_init: torch.Tensor, reset: Carry | None):
     """A call ``x [N, T, F]`` as ``[N * K, slice_len, F]`` (``K = T / slice_len``): ``(x, carry, is_init, reset)``.
 
-    Row ``n * K + k`` is slice ``k`` of row ``n``; its carry is the call's for ``k = 0`` and zeros
-    otherwise (``is_init`` is True there, so the backend replaces it before the first step).
+    Row ``n * K + k`` is slice ``k`` of row ``n``; its carry is the call's for ``k = 0`` and, for ``k > 0``,
+    the slice's reset state (zeros without ``reset``): what the backend puts there, as ``is_init`` is True
+    at its first step. So the rows need no reset but at ``k = 0`` (:func:`whole_slices`).
     """
     n, t_len = is_init.shape
     k = t_len // slice_len
     rows = n * k
-    carry = tuple(
-        torch.cat([s.unsqueeze(1), s.new_zeros(n, k - 1, *s.shape[1:])], dim=1).reshape(rows, *s.shape[1:])
-        for s in carry
-    )
+    later = (tuple(s.new_zeros(n, k - 1, *s.shape[1:]) for s in carry) if reset is None
+             else tuple(r[:, slice_len::slice_len] for r in reset))
+    carry = tuple(torch.cat([s.unsqueeze(1), r], dim=1).reshape(rows, *s.shape[1:]) for s, r in zip(carry, later))
     x = x.reshape(rows, slice_len, x.shape[-1])
     is_init = is_init.reshape(rows, slice_len)
     reset = None if reset is None else tuple(r.reshape(rows, slice_len, *r.shape[2:]) for r in reset)
@@ -166,12 +166,13 @@ def whole_slices(slice_len: int) -> Callable:
     def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
         n, t_len = is_init.shape
         whole = t_len - t_len % slice_len
-        head = split(slice_len, x[:, :whole], carry, is_init[:, :whole], _steps(reset, 0, whole))
-        y, final, per_step = merge(n, whole, *pad.unchecked_sequence(layout, params, *head, opts))
-        if whole < t_len:  # the last slices; is_init is True at their first step, which replaces the zeros
-            tail_carry = tuple(torch.zeros_like(s) for s in carry)
-            y_tail, final, tail_states = pad.unchecked_sequence(
-                layout, params, x[:, whole:], tail_carry, is_init[:, whole:], _steps(reset, whole, t_len), opts)
+        carry = apply_reset(carry, is_init[:, 0], None if reset is None else tuple(r[:, 0] for r in reset))
+        x_s, carry_s, _, _ = split(slice_len, x[:, :whole], carry, is_init[:, :whole], _steps(reset, 0, whole))
+        y, final, per_step = merge(n, whole, *pad.sequence(layout, params, x_s, carry_s, None, None, opts))
+        if whole < t_len:  # the shorter last slices
+            tail_carry = (tuple(s.new_zeros(s.shape) for s in carry) if reset is None
+                          else tuple(r[:, whole] for r in reset))
+            y_tail, final, tail_states = pad.sequence(layout, params, x[:, whole:], tail_carry, None, None, opts)
             y = torch.cat([y, y_tail], dim=1)
             if per_step is not None:
                 per_step = tuple(torch.cat(parts, dim=1) for parts in zip(per_step, tail_states))
