@@ -223,7 +223,8 @@ def bucket_shapes(cell: str, is_init: torch.Tensor) -> list[tuple[int, int, int]
     mask = is_init.squeeze(-1)
     mask = mask.unsqueeze(0) if mask.ndim == 1 else mask
     params = (rf.init_lstm_params if cell == "lstm" else rf.init_gru_params)(F_IN, HIDDEN)
-    return selection.segments._plan_buckets(selection.segments.plan(mask), read_layout(params, cell))[2]
+    buckets = selection.segments._plan_buckets(selection.segments.plan(mask), read_layout(params, cell))[2]
+    return [(first, end, steps) for first, end, steps, _ in buckets]
 
 
 def auto_path(cell: str, is_init: torch.Tensor, mode: str) -> str:

@@ -46,6 +46,7 @@ from ..cells import Carry, Layout, apply_reset
 # much as ~16 more rows, a step of the recompute loop too (CPU, H=128, fwd+bwd; docs/backends.md).
 _CALL_STEP_ROWS = 16
 _RECOMPUTE_STEP_ROWS = 16
+_RECOMPUTE_ROW_STEPS = 0.5
 _MAX_DISTINCT = 256
 
 
@@ -57,6 +58,8 @@ class SegmentPlan:
     and ``start [S]``: its row and step; ``lengths [S]`` (on the device) and ``lengths_cpu [S]``: the
     segments' step counts. :attr:`seg_of` and :attr:`pos` (``[N, T]``: each step's segment and its index
     within it) are derived on first use, by the paths that gather; ``index`` holds them once known.
+    ``static``: a plan of static shapes (:func:`.slices.padded`, under ``torch.compile``) whose ``first``
+    and ``lengths`` are bounds-clamped estimates past the real segments: its paths index by ``index`` only.
     ``memo``: what the rule and the path it picks share (:attr:`slice_len`, the buckets of
     :func:`bucketed` per ``recompute`` flag), computed once.
     """
@@ -69,6 +72,7 @@ class SegmentPlan:
     lengths_cpu: torch.Tensor
     max_len: int
     index: tuple[torch.Tensor, torch.Tensor] | None = None
+    static: bool = False
     memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -92,6 +96,15 @@ class SegmentPlan:
     @property
     def pos(self) -> torch.Tensor:
         return self._index()[1]
+
+    @property
+    def last(self) -> torch.Tensor:
+        """``[N]``: the segment that ends each row."""
+        n, t_len = self.shape
+        if self.static:
+            return self.seg_of[:, -1]
+        row_ends = torch.arange(1, n + 1, device=self.first.device) * t_len
+        return torch.searchsorted(self.first, row_ends) - 1
 
     @property
     def slice_len(self) -> int | None:
@@ -122,29 +135,59 @@ def plan(is_init: torch.Tensor) -> SegmentPlan:
     return SegmentPlan((n, t_len), first, first // t_len, first % t_len, lengths, lengths_cpu, int(lengths_cpu.max()))
 
 
-def _initial_carries(p: SegmentPlan, carry: Carry, is_init: torch.Tensor, reset: Carry | None) -> Carry:
-    """Every segment's carry before its first step: tuple of ``[S, L, ·]``."""
-    carry = apply_reset(carry, is_init[:, 0], None if reset is None else tuple(r[:, 0] for r in reset))
-    seg_reset = None if reset is None else tuple(r[p.row, p.start] for r in reset)
-    return apply_reset(tuple(s[p.row] for s in carry), p.start > 0, seg_reset)
+def _initial_carries(p: SegmentPlan, carry: Carry, is_init: torch.Tensor, reset: Carry | None,
+                     order: torch.Tensor | None = None) -> Carry:
+    """Every segment's carry before its first step (in ``order`` where given): tuple of ``[S, L, ·]``.
+
+    A segment starts from its row's incoming carry unless ``is_init`` is True at its first step (always,
+    past ``t = 0``), where it starts from ``reset`` there, or zeros.
+    """
+    row, start = (p.row, p.start) if order is None else (p.row[order], p.start[order])
+    fill = None if reset is None else tuple(r[row, start] for r in reset)
+    return apply_reset(tuple(s[row] for s in carry), is_init[row, start], fill)
 
 
-def _scatter(p: SegmentPlan, y_block: torch.Tensor, col: torch.Tensor, seg_final: Carry, opts: SequenceOptions):
+def _dest(p: SegmentPlan, base: torch.Tensor) -> torch.Tensor:
+    """``[N * T]``: each step's row in a block whose segment ``s`` holds its steps at rows ``base[s] + pos``."""
+    if p.static:
+        seg_of, pos = p.index
+        return (base[seg_of] + pos).reshape(-1)
+    n, t_len = p.shape
+    steps = torch.arange(n * t_len, device=base.device)
+    return steps + torch.repeat_interleave(base - p.first, p.lengths, output_size=n * t_len)
+
+
+def _block(x: torch.Tensor, dest: torch.Tensor, rows: int) -> torch.Tensor:
+    """``x [N, T, F]`` as a block of ``rows`` rows ``[rows, F]``: step ``i`` at row ``dest[i]``, zeros elsewhere."""
+    return x.new_zeros(rows, x.shape[-1]).index_copy(0, dest, x.reshape(-1, x.shape[-1]))
+
+
+def _scatter(p: SegmentPlan, y_rows: torch.Tensor, dest: torch.Tensor, seg_final: Carry, opts: SequenceOptions,
+             outputs_are_h: bool = False, order: tuple[torch.Tensor, torch.Tensor] | None = None):
     """Block results back to the call's rows: ``(y [N, T, P], carry_T, per-step carries)``.
 
-    ``col [N, T]`` is each step's column in ``y_block [S, Lmax, P]``; the per-step carries
-    hold, at every step, the final carry of its segment (exact at every segment end).
+    ``y_rows [rows, P]``: the block's outputs, step ``i`` at row ``dest[i]``; ``seg_final``: each segment's
+    final carry ``[S, L, ·]``, in segment order or, with ``order = (order, rank)``, in the order ``order``
+    (``rank`` its inverse). The per-step carries are exact at every segment end (all that
+    ``keep_segment_ends`` reads): zeros elsewhere, or, for ``h`` where ``outputs_are_h`` (one layer of
+    ATen's kernels: ``h`` is the output), the outputs.
     """
-    y = y_block[p.seg_of, col]
-    final = tuple(s[p.seg_of[:, -1]] for s in seg_final)
-    per_step = tuple(s[p.seg_of] for s in seg_final) if opts.segment_states else None
+    n, t_len = p.shape
+    y = y_rows.index_select(0, dest).view(n, t_len, -1)
+    last = p.last if order is None else order[1][p.last]
+    final = tuple(s.index_select(0, last) for s in seg_final)
+    if not opts.segment_states:
+        return y, final, None
+    if p.static:  # clamped ends past the real segments: gather every step's segment
+        return y, final, tuple(s[p.seg_of] for s in seg_final)
+    ends = p.first + p.lengths - 1
+    ends = ends if order is None else ends[order[0]]
+    per_step = tuple(
+        y.unsqueeze(2) if i == 0 and outputs_are_h
+        else s.new_zeros(n * t_len, *s.shape[1:]).index_copy(0, ends, s).view(n, t_len, *s.shape[1:])
+        for i, s in enumerate(seg_final)
+    )
     return y, final, per_step
-
-
-def _block(p: SegmentPlan, x: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
-    """``x [N, T, F]`` laid out as ``[S, Lmax, F]``: step ``(n, t)`` at ``(seg_of, col)``, zeros elsewhere."""
-    block = x.new_zeros(p.count, p.max_len, x.shape[-1])
-    return block.index_put((p.seg_of.reshape(-1), col.reshape(-1)), x.reshape(-1, x.shape[-1]))
 
 
 def aligned(impl: Callable, p: SegmentPlan) -> Callable:
@@ -152,14 +195,15 @@ def aligned(impl: Callable, p: SegmentPlan) -> Callable:
 
     def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
         offset = p.max_len - p.lengths  # [S] front padding of each segment
-        col = p.pos + offset[p.seg_of]
+        dest = _dest(p, torch.arange(p.count, device=x.device) * p.max_len + offset)
         h0 = _initial_carries(p, carry, is_init, reset)
         first = torch.zeros(p.count, p.max_len, dtype=torch.bool, device=x.device)
         first[torch.arange(p.count, device=x.device), offset] = True
         to_h0 = tuple(s.unsqueeze(1).expand(s.shape[0], p.max_len, *s.shape[1:]) for s in h0)
         inner = dataclasses.replace(opts, segment_states=False)
-        y_block, seg_final, _ = impl(layout, params, _block(p, x, col), h0, first, to_h0, inner)
-        return _scatter(p, y_block, col, seg_final, opts)
+        x_block = _block(x, dest, p.count * p.max_len).view(p.count, p.max_len, -1)
+        y_block, seg_final, _ = impl(layout, params, x_block, h0, first, to_h0, inner)
+        return _scatter(p, y_block.reshape(-1, y_block.shape[-1]), dest, seg_final, opts)
 
     sequence.__qualname__ = f"aligned({getattr(impl, '__qualname__', impl)})"
     return sequence
@@ -170,8 +214,11 @@ def packed(p: SegmentPlan) -> Callable:
 
     def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
         h0 = _initial_carries(p, carry, is_init, reset)
-        y_block, seg_final = pad.ragged_sequence(layout, params, _block(p, x, p.pos), p.lengths_cpu, h0, opts)
-        return _scatter(p, y_block, p.pos, seg_final, opts)
+        dest = _dest(p, torch.arange(p.count, device=x.device) * p.max_len)
+        x_block = _block(x, dest, p.count * p.max_len).view(p.count, p.max_len, -1)
+        y_block, seg_final = pad.ragged_sequence(layout, params, x_block, p.lengths_cpu, h0, opts)
+        return _scatter(p, y_block.reshape(-1, y_block.shape[-1]), dest, seg_final, opts,
+                        outputs_are_h=layout.num_layers == 1)
 
     return sequence
 
@@ -181,7 +228,7 @@ def _call_cost(steps: int, rows: int, short_steps: int, short_rows: int, recompu
     of which end before its last step (the longest of them after ``short_steps``); see :func:`_buckets`."""
     cost = steps * (rows + _CALL_STEP_ROWS)
     if recompute and short_rows:
-        cost += short_steps * (_RECOMPUTE_STEP_ROWS + short_rows / 2)
+        cost += short_steps * (_RECOMPUTE_STEP_ROWS + short_rows * _RECOMPUTE_ROW_STEPS)
     return cost
 
 
@@ -241,21 +288,24 @@ def _other_finals(layout: Layout, params, x_block, h0: Carry, y_block, lengths: 
     return tuple(parts.gather(1, last.expand(-1, 1, parts.shape[-1])) for parts in rest)
 
 
-def _plan_buckets(p: SegmentPlan, layout: Layout) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, int, int]]]:
-    """``(order, lengths_sorted, buckets)``: the segments of ``p`` sorted by decreasing length (stable) and
-    :func:`_buckets` of them for ``layout``'s carry (memoised on ``p``)."""
+def _plan_buckets(p: SegmentPlan, layout: Layout) -> tuple[torch.Tensor, list[int], list[tuple[int, int, int, int]]]:
+    """``(order, lengths_sorted, buckets)``: the segments of ``p`` sorted by decreasing length (stable), their
+    lengths in that order, and :func:`_buckets` of them for ``layout``'s carry, each with the count of its
+    rows that end at its last step, ``(first, end, steps, full)`` (memoised on ``p``)."""
     recompute = len(layout.state_sizes) > 1
     if ("buckets", recompute) not in p.memo:
         order = torch.argsort(p.lengths_cpu, descending=True, stable=True)
-        lengths_sorted = p.lengths_cpu[order]
-        p.memo["buckets", recompute] = (order, lengths_sorted, _buckets(lengths_sorted.tolist(), recompute))
+        lengths_sorted = p.lengths_cpu[order].tolist()
+        buckets = [(first, end, steps, lengths_sorted[first:end].count(steps))
+                   for first, end, steps in _buckets(lengths_sorted, recompute)]
+        p.memo["buckets", recompute] = (order, lengths_sorted, buckets)
     return p.memo["buckets", recompute]
 
 
 def bucket_padding(p: SegmentPlan, layout: Layout) -> float:
     """Steps that :func:`bucketed` runs for the segments of ``p``, over their real steps (``>= 1``)."""
     buckets = _plan_buckets(p, layout)[2]
-    return sum((end - first) * steps for first, end, steps in buckets) / (p.shape[0] * p.shape[1])  # real steps: N * T
+    return sum((end - first) * steps for first, end, steps, _ in buckets) / (p.shape[0] * p.shape[1])
 
 
 def bucket_cost(p: SegmentPlan, layout: Layout) -> float:
@@ -263,50 +313,54 @@ def bucket_cost(p: SegmentPlan, layout: Layout) -> float:
     _, lengths_sorted, buckets = _plan_buckets(p, layout)
     recompute = len(layout.state_sizes) > 1
     cost = 0.0
-    for first, end, steps in buckets:
-        full = int(lengths_sorted[first:end].eq(steps).sum())
-        short_steps = int(lengths_sorted[first + full]) if full < end - first else 0
+    for first, end, steps, full in buckets:
+        short_steps = lengths_sorted[first + full] if full < end - first else 0
         cost += _call_cost(steps, end - first, short_steps, end - first - full, recompute)
     return cost
 
 
 def bucketed(p: SegmentPlan) -> Callable:
-    """The ``pad`` backend (one layer) run on the segments of ``p`` in length buckets, one unpacked call each."""
+    """The ``pad`` backend (one layer) run on the segments of ``p`` in length buckets, one unpacked call each.
+
+    The buckets' blocks ``[S_b, L_b, F]`` lie one after the other in one zero-filled buffer (each
+    segment's steps consecutive from its block row's start), filled by one ``index_copy`` and read
+    back by one ``index_select`` of the outputs.
+    """
 
     def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
         if layout.num_layers != 1:
             raise ValueError("segments.bucketed serves one layer; use segments.packed for more.")
         order, lengths_sorted, buckets = _plan_buckets(p, layout)
         dev = x.device
-        order_d, len_d = order.to(dev), lengths_sorted.to(dev)
-        rank = torch.empty_like(order_d)
-        rank[order_d] = torch.arange(p.count, device=dev)
-        flat = (rank[p.seg_of] * p.max_len + p.pos).reshape(-1)  # each step's row in the sorted [S * Lmax] block
-        x_block = x.new_zeros(p.count * p.max_len, x.shape[-1]).index_copy(0, flat, x.reshape(-1, x.shape[-1]))
-        x_block = x_block.view(p.count, p.max_len, -1)
-        h0 = tuple(s.index_select(0, order_d) for s in _initial_carries(p, carry, is_init, reset))
+        rows_per_bucket = torch.tensor([end - first for first, end, _, _ in buckets])
+        steps_sorted = torch.tensor([steps for *_, steps, _ in buckets]).repeat_interleave(rows_per_bucket)
+        base = torch.empty_like(steps_sorted)
+        base[order] = steps_sorted.cumsum(0) - steps_sorted  # each segment's first row in the buffer
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(p.count)
+        order_d, rank_d, len_d = order.to(dev), rank.to(dev), torch.tensor(lengths_sorted, device=dev)
+        dest = _dest(p, base.to(dev))
+        x_rows = _block(x, dest, int(steps_sorted.sum()))
+        h0 = _initial_carries(p, carry, is_init, reset, order_d)
         run = pad.aten_kernels(layout).sequence
-        ys, finals = [], []
-        for first, end, steps in buckets:
-            xb = x_block[first:end, :steps]
+        ys, finals, row = [], [], 0
+        for first, end, steps, full in buckets:
+            xb = x_rows[row: row + (end - first) * steps].view(end - first, steps, -1)
+            row += (end - first) * steps
             hb = tuple(s[first:end] for s in h0)
             yb, hx = run(layout, params, xb, pad.to_layer_major(hb), 0.0, False, None)
             lb = len_d[first:end]
             h_last = yb.gather(1, (lb - 1).view(-1, 1, 1).expand(-1, 1, yb.shape[-1]))  # [Sb, 1, P]
-            full = int(lengths_sorted[first:end].eq(steps).sum())  # a prefix of the bucket ends at its last step
-            others = tuple(s.transpose(0, 1)[:full] for s in hx[1:])
+            others = tuple(s.transpose(0, 1)[:full] for s in hx[1:])  # a prefix of the bucket ends at its last step
             if full < end - first:
                 rest = slice(full, end - first)
-                short = _other_finals(layout, params, xb[rest, : int(lengths_sorted[first + full])],
+                short = _other_finals(layout, params, xb[rest, : lengths_sorted[first + full]],
                                       tuple(s[rest] for s in hb), yb[rest], lb[rest])
                 others = tuple(torch.cat([a, b]) for a, b in zip(others, short))
             finals.append((h_last, *others))
-            ys.append(F.pad(yb, (0, 0, 0, p.max_len - steps)))
-        y = torch.cat(ys).reshape(p.count * p.max_len, -1).index_select(0, flat).view(*x.shape[:2], -1)
-        seg_final = tuple(torch.cat(parts).index_select(0, rank) for parts in zip(*finals))  # [S, 1, ·], segment order
-        final = tuple(s.index_select(0, p.seg_of[:, -1]) for s in seg_final)
-        per_step = tuple(s.index_select(0, p.seg_of.reshape(-1)).view(*p.seg_of.shape, *s.shape[1:])
-                         for s in seg_final) if opts.segment_states else None
-        return y, final, per_step
+            ys.append(yb.reshape(-1, yb.shape[-1]))
+        seg_final = tuple(torch.cat(parts) if len(parts) > 1 else parts[0] for parts in zip(*finals))  # sorted order
+        return _scatter(p, torch.cat(ys) if len(ys) > 1 else ys[0], dest, seg_final, opts, outputs_are_h=True,
+                        order=(order_d, rank_d))
 
     return sequence

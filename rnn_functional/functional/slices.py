@@ -152,7 +152,7 @@ def padded(impl: Callable, is_init: torch.Tensor, slice_len: int, num_slices: in
     first = step.new_zeros(num_slices).scatter_reduce(0, seg_of, step, "amin", include_self=False)
     pos = (step - first[seg_of]).clamp(max=slice_len - 1).reshape(n, t_len)
     plan = segments.SegmentPlan((n, t_len), first, first // t_len, first % t_len, lengths, lengths, slice_len,
-                                index=(seg_of.reshape(n, t_len), pos))
+                                index=(seg_of.reshape(n, t_len), pos), static=True)
     return segments.aligned(impl, plan)
 
 
