@@ -43,10 +43,11 @@ from ..backends import SequenceOptions, pad
 from ..cells import Carry, Layout, apply_reset
 
 # Cost model of the length buckets (:func:`_buckets`), in row-steps: a step of a kernel call costs as
-# much as ~16 more rows, a step of the recompute loop too (CPU, H=128, fwd+bwd; docs/backends.md).
+# much as ~16 more rows, a step of the recompute loop too, and a row-step of it (its gates' GEMMs, forward and
+# backward) as ~2 row-steps of the kernel (CPU, H=128, fwd+bwd; docs/backends.md).
 _CALL_STEP_ROWS = 16
 _RECOMPUTE_STEP_ROWS = 16
-_RECOMPUTE_ROW_STEPS = 0.5
+_RECOMPUTE_ROW_STEPS = 2.0
 _MAX_DISTINCT = 256
 
 
