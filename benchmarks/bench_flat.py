@@ -173,7 +173,7 @@ def contenders(trm, cell: str, batch: tuple, is_init: torch.Tensor, mode: str, o
         # the floor: the bare unpacked ATen calls (no resets, nothing around them) on the length buckets
         # of the case's segments, as our ``pad`` path runs them (one [S, Lmax] block for full slices)
         kernel = (torch.nn.LSTM if lstm else torch.nn.GRU)(F_IN, HIDDEN, batch_first=True)
-        blocks = [torch.randn(end - first, steps, F_IN) for first, end, steps in bucket_shapes(cell, is_init)]
+        blocks = [torch.randn(end - first, steps, F_IN) for first, end, steps in bucket_shapes(cell, is_init, mode != "fwd")]
         modules["aten floor"] = (kernel, None)
 
     with torch.no_grad(), trm.set_recurrent_mode(True):  # same outputs before timing
@@ -216,14 +216,14 @@ def segment_stats(is_init: torch.Tensor) -> dict:
     return {"rows": mask.shape[0], "steps": mask.shape[1], "segments": p.count, "longest": p.max_len}
 
 
-def bucket_shapes(cell: str, is_init: torch.Tensor) -> list[tuple[int, int, int]]:
+def bucket_shapes(cell: str, is_init: torch.Tensor, records_grad: bool = True) -> list[tuple[int, int, int]]:
     """``(first, end, steps)`` of the length buckets our ``pad`` path cuts the case's segments into."""
     from rnn_functional.functional._core import read_layout
 
     mask = is_init.squeeze(-1)
     mask = mask.unsqueeze(0) if mask.ndim == 1 else mask
     params = (rf.init_lstm_params if cell == "lstm" else rf.init_gru_params)(F_IN, HIDDEN)
-    buckets = selection.segments._plan_buckets(selection.segments.plan(mask), read_layout(params, cell))[2]
+    buckets = selection.segments._plan_buckets(selection.segments.plan(mask), read_layout(params, cell), records_grad)[2]
     return [(first, end, steps) for first, end, steps, _ in buckets]
 
 

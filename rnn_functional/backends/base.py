@@ -8,7 +8,7 @@ functional layer handles empty calls): ``x [N, T, F]``, ``carry`` a tuple of ``[
 with ``opts.segment_states``, per-step carries ``[N, T, L, S]`` that are exact at least at
 every segment end (the caller zeroes the other steps), else ``None``. (``pad.sequence`` serves
 resets at ``t = 0`` only: the functional layer splits a call with interior resets into its segments,
-:mod:`rnn_functional.functional.segments`, and runs them through ``pad.ragged_sequence``.)
+:mod:`rnn_functional.functional.segments`, and runs them through ``pad.packed_sequence``.)
 
 A step backend is ``step(layout, params, x [N, F], carry) -> (y [N, P], carry')`` with the
 resets already applied.

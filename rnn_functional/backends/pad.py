@@ -3,8 +3,8 @@
 Serves cells with :class:`~rnn_functional.cells.AtenKernels` (LSTM, GRU). :func:`sequence`
 runs a call without interior resets as one kernel call. A call with interior resets is split
 into its segments by the functional layer (:mod:`rnn_functional.functional.segments`), which
-hands the segments, side by side with their lengths, to :func:`ragged_sequence`: one kernel
-call over a ``PackedSequence``, so that each segment's final carry is its own last step.
+hands the segments, packed time-major by decreasing length, to :func:`packed_sequence`: one kernel
+call over a packed sequence, so that each segment's final carry is its own last step.
 
 Both are eager-only (the lengths are host-side counts; ATen's kernels have no vmap rule): the
 dispatcher (:func:`rnn_functional.functional.selection.resolve_backend`) routes ``pad`` to
@@ -14,7 +14,6 @@ dispatcher (:func:`rnn_functional.functional.selection.resolve_backend`) routes 
 from __future__ import annotations
 
 import torch
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ..cells import AtenKernels, Carry, Layout, apply_reset
 from .base import SequenceOptions, no_kernel_for
@@ -38,7 +37,7 @@ def to_batch_major(carry: Carry) -> Carry:
 def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
     """``x [N, T, F]`` -> ``(y [N, T, P], carry, per-step carries)``; see :mod:`.base`.
 
-    Serves resets at ``t = 0`` only (interior resets go through :func:`ragged_sequence`, split by
+    Serves resets at ``t = 0`` only (interior resets go through :func:`packed_sequence`, split by
     the functional layer). The per-step carries hold the final carry at every step.
     """
     if is_init is not None and bool(is_init[:, 1:].any()):
@@ -56,25 +55,23 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
     return y, final, per_step
 
 
-def ragged_sequence(layout: Layout, params, x, lengths: torch.Tensor, carry: Carry, opts: SequenceOptions):
-    """Rows of different lengths, no resets, in one kernel call.
+def packed_sequence(layout: Layout, params, data: torch.Tensor, batch_sizes: torch.Tensor, carry: Carry,
+                    opts: SequenceOptions) -> tuple[torch.Tensor, Carry]:
+    """Rows of different lengths, no resets, in one kernel call over their steps packed time-major.
 
     Args:
-        x: ``[S, Lmax, F]``, row ``s`` holding its steps at ``[0, lengths[s])`` (the rest is ignored).
-        lengths: ``[S]`` int64 on the CPU, every one in ``[1, Lmax]``.
-        carry: tuple of ``[S, L, ·]``, the carry before each row's first step.
+        data: ``[sum of lengths, F]``: step 0 of every row, then step 1 of the rows longer than 1, ...:
+            the rows sorted by decreasing length, ``batch_sizes[t]`` (the first) rows at step ``t``.
+        batch_sizes: ``[Lmax]`` int64 on the CPU, non-increasing, ``batch_sizes[0]`` the row count.
+        carry: tuple of ``[S, L, ·]``, each row's carry before its first step (in the same row order).
 
     Returns:
-        ``(y [S, Lmax, P], final)``: outputs (zeros past each row's length) and, per row, the carry
-        after its last step (tuple of ``[S, L, ·]``).
+        ``(out [sum of lengths, P], final)``: the outputs in ``data``'s order and each row's carry after
+        its last step (tuple of ``[S, L, ·]``).
     """
     run = aten_kernels(layout).sequence
-    packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
-    sorted_h0 = tuple(s.index_select(1, packed.sorted_indices) for s in to_layer_major(carry))
-    out_data, hx = run(layout, params, packed.data, sorted_h0, float(opts.dropout), bool(opts.training),
-                       packed.batch_sizes)
-    y, _ = pad_packed_sequence(packed._replace(data=out_data), batch_first=True, total_length=x.shape[1])
-    return y, tuple(s.index_select(1, packed.unsorted_indices).transpose(0, 1) for s in hx)
+    out, hx = run(layout, params, data, to_layer_major(carry), float(opts.dropout), bool(opts.training), batch_sizes)
+    return out, to_batch_major(hx)
 
 
 def step(layout: Layout, params, x: torch.Tensor, carry: Carry) -> tuple[torch.Tensor, Carry]:

@@ -16,7 +16,7 @@ Two schemes, both exact:
   its initial carry. Every segment then ends at the block's last step: its final carry is the
   backend's final carry. The padded steps compute values that the reset discards.
 * :func:`packed`, for the ``pad`` backend: the segments are left-aligned with their lengths and
-  run by ATen's kernels as one packed sequence (:func:`rnn_functional.backends.pad.ragged_sequence`).
+  run by ATen's kernels as one packed sequence (:func:`rnn_functional.backends.pad.packed_sequence`).
 * :func:`bucketed`, for the ``pad`` backend with one layer: the segments, sorted by length, are cut
   into a few buckets (by a cost model: padding against more calls); each bucket runs as one plain (unpacked) ATen call on its left-aligned ``[S_b, L_b]`` block. Unpacked calls keep the fast
   kernels (oneDNN's LSTM on CPU) and their backward is linear in the steps, where a packed call's
@@ -48,6 +48,8 @@ from ..cells import Carry, Layout, apply_reset
 _CALL_STEP_ROWS = 16
 _RECOMPUTE_STEP_ROWS = 16
 _RECOMPUTE_ROW_STEPS = 2.0
+# Forward only, a recompute row-step (no backward) and a call cost less: the cut of docs/backends.md's forward rows.
+_RECOMPUTE_ROW_STEPS_NO_GRAD = 0.5
 _MAX_DISTINCT = 256
 
 
@@ -211,29 +213,43 @@ def aligned(impl: Callable, p: SegmentPlan) -> Callable:
 
 
 def packed(p: SegmentPlan) -> Callable:
-    """The ``pad`` backend run on the left-aligned segments of ``p``, packed by their lengths."""
+    """The ``pad`` backend run on the segments of ``p`` packed by their lengths, one kernel call.
+
+    The packed steps are the call's steps permuted (time-major over the segments sorted by decreasing
+    length): one ``index_copy`` in and one ``index_select`` out, no padding.
+    """
 
     def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
-        h0 = _initial_carries(p, carry, is_init, reset)
-        dest = _dest(p, torch.arange(p.count, device=x.device) * p.max_len)
-        x_block = _block(x, dest, p.count * p.max_len).view(p.count, p.max_len, -1)
-        y_block, seg_final = pad.ragged_sequence(layout, params, x_block, p.lengths_cpu, h0, opts)
-        return _scatter(p, y_block.reshape(-1, y_block.shape[-1]), dest, seg_final, opts,
-                        outputs_are_h=layout.num_layers == 1)
+        order, lengths_sorted = _sorted(p)
+        dev, steps = x.device, p.shape[0] * p.shape[1]
+        batch_sizes = p.count - torch.bincount(torch.tensor(lengths_sorted), minlength=p.max_len + 1)[:-1].cumsum(0)
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(p.count)
+        order_d, rank_d = order.to(dev), rank.to(dev)
+        seg_of = torch.repeat_interleave(torch.arange(p.count, device=dev), p.lengths, output_size=steps)
+        pos = torch.arange(steps, device=dev) - p.first[seg_of]
+        step_rows = (batch_sizes.cumsum(0) - batch_sizes).to(dev)  # the first packed row of each step
+        dest = step_rows[pos] + rank_d[seg_of]  # a permutation of the steps
+        data = x.new_empty(steps, x.shape[-1]).index_copy(0, dest, x.reshape(-1, x.shape[-1]))
+        h0 = _initial_carries(p, carry, is_init, reset, order_d)
+        out, seg_final = pad.packed_sequence(layout, params, data, batch_sizes, h0, opts)
+        return _scatter(p, out, dest, seg_final, opts, outputs_are_h=layout.num_layers == 1, order=(order_d, rank_d))
 
     return sequence
 
 
-def _call_cost(steps: int, rows: int, short_steps: int, short_rows: int, recompute: bool) -> float:
+def _call_cost(steps: int, rows: int, short_steps: int, short_rows: int, recompute: bool,
+               records_grad: bool = True) -> float:
     """Estimated cost, in row-steps, of one bucket call of ``steps`` steps over ``rows`` rows, ``short_rows``
     of which end before its last step (the longest of them after ``short_steps``); see :func:`_buckets`."""
     cost = steps * (rows + _CALL_STEP_ROWS)
     if recompute and short_rows:
-        cost += short_steps * (_RECOMPUTE_STEP_ROWS + short_rows * _RECOMPUTE_ROW_STEPS)
+        row_steps = _RECOMPUTE_ROW_STEPS if records_grad else _RECOMPUTE_ROW_STEPS_NO_GRAD
+        cost += short_steps * (_RECOMPUTE_STEP_ROWS + short_rows * row_steps)
     return cost
 
 
-def _buckets(lengths_sorted: list[int], recompute: bool) -> list[tuple[int, int, int]]:
+def _buckets(lengths_sorted: list[int], recompute: bool, records_grad: bool = True) -> list[tuple[int, int, int]]:
     """``(first, end, steps)`` row ranges of segments sorted by decreasing length, one kernel call each.
 
     The cut minimises an estimated cost, in row-steps: a call of ``steps`` steps over ``rows`` rows
@@ -260,7 +276,7 @@ def _buckets(lengths_sorted: list[int], recompute: bool) -> list[tuple[int, int,
         for i in range(j):
             short = j - 1 > i  # the bucket holds rows shorter than its steps
             cost = best[i] + _call_cost(distinct[i], ends[j] - ends[i], distinct[i + 1] if short else 0,
-                                        ends[j] - ends[i + 1] if short else 0, recompute)
+                                        ends[j] - ends[i + 1] if short else 0, recompute, records_grad)
             if cost < best[j]:
                 best[j], cut[j] = cost, i
     out, j = [], len(distinct)
@@ -289,39 +305,48 @@ def _other_finals(layout: Layout, params, x_block, h0: Carry, y_block, lengths: 
     return tuple(parts.gather(1, last.expand(-1, 1, parts.shape[-1])) for parts in rest)
 
 
-def _plan_buckets(p: SegmentPlan, layout: Layout) -> tuple[torch.Tensor, list[int], list[tuple[int, int, int, int]]]:
-    """``(order, lengths_sorted, buckets)``: the segments of ``p`` sorted by decreasing length (stable), their
-    lengths in that order, and :func:`_buckets` of them for ``layout``'s carry, each with the count of its
-    rows that end at its last step, ``(first, end, steps, full)`` (memoised on ``p``)."""
-    recompute = len(layout.state_sizes) > 1
-    if ("buckets", recompute) not in p.memo:
+def _sorted(p: SegmentPlan) -> tuple[torch.Tensor, list[int]]:
+    """``(order, lengths_sorted)``: the segments of ``p`` sorted by decreasing length (stable), on the CPU (memoised)."""
+    if "sorted" not in p.memo:
         order = torch.argsort(p.lengths_cpu, descending=True, stable=True)
-        lengths_sorted = p.lengths_cpu[order].tolist()
+        p.memo["sorted"] = (order, p.lengths_cpu[order].tolist())
+    return p.memo["sorted"]
+
+
+def _plan_buckets(p: SegmentPlan, layout: Layout, records_grad: bool = True
+                  ) -> tuple[torch.Tensor, list[int], list[tuple[int, int, int, int]]]:
+    """``(order, lengths_sorted, buckets)``: :func:`_sorted` and :func:`_buckets` of the segments of ``p`` for
+    ``layout``'s carry (and ``records_grad``), each bucket with the count of its rows that end at its last
+    step, ``(first, end, steps, full)`` (memoised on ``p``)."""
+    recompute = len(layout.state_sizes) > 1
+    if ("buckets", recompute, records_grad) not in p.memo:
+        order, lengths_sorted = _sorted(p)
         buckets = [(first, end, steps, lengths_sorted[first:end].count(steps))
-                   for first, end, steps in _buckets(lengths_sorted, recompute)]
-        p.memo["buckets", recompute] = (order, lengths_sorted, buckets)
-    return p.memo["buckets", recompute]
+                   for first, end, steps in _buckets(lengths_sorted, recompute, records_grad)]
+        p.memo["buckets", recompute, records_grad] = (order, lengths_sorted, buckets)
+    return p.memo["buckets", recompute, records_grad]
 
 
-def bucket_padding(p: SegmentPlan, layout: Layout) -> float:
+def bucket_padding(p: SegmentPlan, layout: Layout, records_grad: bool = True) -> float:
     """Steps that :func:`bucketed` runs for the segments of ``p``, over their real steps (``>= 1``)."""
-    buckets = _plan_buckets(p, layout)[2]
+    buckets = _plan_buckets(p, layout, records_grad)[2]
     return sum((end - first) * steps for first, end, steps, _ in buckets) / (p.shape[0] * p.shape[1])
 
 
-def bucket_cost(p: SegmentPlan, layout: Layout) -> float:
+def bucket_cost(p: SegmentPlan, layout: Layout, records_grad: bool = True) -> float:
     """The estimated cost of :func:`bucketed` on the segments of ``p`` (row-steps, :func:`_call_cost`)."""
-    _, lengths_sorted, buckets = _plan_buckets(p, layout)
+    _, lengths_sorted, buckets = _plan_buckets(p, layout, records_grad)
     recompute = len(layout.state_sizes) > 1
     cost = 0.0
     for first, end, steps, full in buckets:
         short_steps = lengths_sorted[first + full] if full < end - first else 0
-        cost += _call_cost(steps, end - first, short_steps, end - first - full, recompute)
+        cost += _call_cost(steps, end - first, short_steps, end - first - full, recompute, records_grad)
     return cost
 
 
-def bucketed(p: SegmentPlan) -> Callable:
-    """The ``pad`` backend (one layer) run on the segments of ``p`` in length buckets, one unpacked call each.
+def bucketed(p: SegmentPlan, records_grad: bool = True) -> Callable:
+    """The ``pad`` backend (one layer) run on the segments of ``p`` in length buckets, one unpacked call each
+    (cut for a call that autograd records, or not: ``records_grad``).
 
     The buckets' blocks ``[S_b, L_b, F]`` lie one after the other in one zero-filled buffer (each
     segment's steps consecutive from its block row's start), filled by one ``index_copy`` and read
@@ -331,7 +356,7 @@ def bucketed(p: SegmentPlan) -> Callable:
     def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
         if layout.num_layers != 1:
             raise ValueError("segments.bucketed serves one layer; use segments.packed for more.")
-        order, lengths_sorted, buckets = _plan_buckets(p, layout)
+        order, lengths_sorted, buckets = _plan_buckets(p, layout, records_grad)
         dev = x.device
         rows_per_bucket = torch.tensor([end - first for first, end, _, _ in buckets])
         steps_sorted = torch.tensor([steps for *_, steps, _ in buckets]).repeat_interleave(rows_per_bucket)

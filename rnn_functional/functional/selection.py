@@ -30,14 +30,15 @@ EAGER_PATHS = ("reference", "pad", "packed", "segments", "scan", "scan_segments"
 
 
 def eager_path(name: str, layout: Layout, opts: SequenceOptions, is_init: torch.Tensor | None,
-               plan: Callable[[], segments.SegmentPlan] | None = None) -> Callable:
+               plan: Callable[[], segments.SegmentPlan] | None = None, records_grad: bool = True) -> Callable:
     """One exact eager path for a call (a name of ``EAGER_PATHS``): ``"reference"`` (the loop over
-    ``T``); ``"pad"`` (one ATen kernel call; with interior resets, the segments in length buckets of
-    unpacked calls, or packed for more than one layer); ``"packed"`` (ATen's kernels on the segments
+    ``T``); ``"pad"`` (one ATen kernel call; with interior resets, whole slices as a view of the call, else
+    the segments in length buckets of unpacked calls, or packed for more than one layer); ``"packed"`` (ATen's kernels on the segments
     packed side by side); ``"segments"`` (the ``reference`` loop over the right-aligned segments);
     ``"scan"`` (the ``scan`` backend's eager loop over ``T``, whose hand-written backward consumes
     the activations saved by its forward); ``"scan_segments"`` (that loop over the right-aligned
-    segments). See :mod:`.segments`; ``plan``: the call's segments, when already known."""
+    segments). See :mod:`.segments`; ``plan``: the call's segments, when already known; ``records_grad``:
+    autograd records the call (the length buckets are cut for it)."""
     if name not in EAGER_PATHS:
         raise ValueError(f"eager path: expected one of {list(EAGER_PATHS)}, got {name!r}.")
     loop = checkpointed(SEQUENCE["reference"]) if opts.recompute == "full" else SEQUENCE["reference"]
@@ -53,7 +54,7 @@ def eager_path(name: str, layout: Layout, opts: SequenceOptions, is_init: torch.
     if name == "pad" and plan.slice_len:
         return slices.whole_slices(plan.slice_len)
     if name == "pad" and layout.num_layers == 1:
-        return segments.bucketed(plan)
+        return segments.bucketed(plan, records_grad)
     return segments.packed(plan)
 
 
@@ -151,10 +152,10 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
         if p.slice_len and (fused or not records_grad or p.count > _SCAN_SEGMENT_ROWS):
             return "pad"  # whole slices: one view-shaped kernel call (and one for the shorter last slices)
         if records_grad and fused and one_layer:
-            if segments.bucket_cost(p, layout) > _BUCKETS_OVER_LOOP * _loop_cost(t_len, n):
+            if segments.bucket_cost(p, layout, records_grad) > _BUCKETS_OVER_LOOP * _loop_cost(t_len, n):
                 return "scan"
             small_fill = p.max_len * n * t_len * layout.hidden_size <= _PACKED_FILL_STEPS
-            return "packed" if small_fill and segments.bucket_padding(p, layout) > _BUCKET_PADDING else "pad"
+            return "packed" if small_fill and segments.bucket_padding(p, layout, records_grad) > _BUCKET_PADDING else "pad"
         if records_grad and 2 * p.max_len > t_len:
             return "reference" if fused else "scan"
         if records_grad and not fused and p.count <= _SCAN_SEGMENT_ROWS:
@@ -163,7 +164,7 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
             return "scan"
         limit = _FUSED_BUCKET_PADDING if fused else _BUCKET_PADDING
         large = records_grad and n * t_len * layout.hidden_size >= _PACKED_GRAD_FILL
-        if one_layer and (fused or records_grad) and (large or segments.bucket_padding(p, layout) <= limit):
+        if one_layer and (fused or records_grad) and (large or segments.bucket_padding(p, layout, records_grad) <= limit):
             return "pad"
         few_ragged = p.count <= _SCAN_SEGMENT_ROWS_RAGGED and p.count * p.max_len <= _SCAN_SEGMENT_PADDING * n * t_len
         if records_grad and not fused and few_ragged:
@@ -210,13 +211,13 @@ def resolve_backend(
     if name == "auto":
         name = _auto(layout, x, opts, is_init, ctx, records_grad, plan)
         if not ctx.traced and name in EAGER_PATHS[1:]:  # the eager choice (traced: plain scan or reference)
-            return eager_path(name, layout, opts, is_init, plan)
+            return eager_path(name, layout, opts, is_init, plan, records_grad)
     elif name == "pad":
         pad.aten_kernels(layout)  # raises for a cell without ATen kernels, in every context
         if ctx.traced:  # ATen's kernels have no vmap rule nor functorch autograd, and split on host-side counts
             name = "scan" if ctx.compiling else "reference"
         else:
-            return eager_path("pad", layout, opts, is_init, plan)
+            return eager_path("pad", layout, opts, is_init, plan, records_grad)
     if name == "triton":
         triton_backend.kernel_family(layout)  # the cell's error comes first: no device would serve it
         if not triton_backend.is_available(x.device):
