@@ -23,6 +23,7 @@ compiled call, no host synchronisation on CUDA).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -161,22 +162,36 @@ def whole_slices(slice_len: int) -> Callable:
     ``T mod slice_len`` steps where ``slice_len`` does not divide ``T`` (:attr:`.segments.SegmentPlan.slice_len`):
     the whole slices run as one kernel call on the view ``[N * T // slice_len, slice_len]`` (:func:`split`),
     the shorter last ones as a second call ``[N, T mod slice_len]``. No gather: every slice ends at its
-    call's last step, so the kernel's final carries are the slices' final carries. Eager only."""
+    call's last step, so the kernel's final carries are the slices' final carries. The per-step carries
+    are exact at every slice end, zeros elsewhere (the outputs for ``h`` with one layer). Eager only."""
 
     def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
         n, t_len = is_init.shape
         whole = t_len - t_len % slice_len
+        inner = dataclasses.replace(opts, segment_states=False)
         carry = apply_reset(carry, is_init[:, 0], None if reset is None else tuple(r[:, 0] for r in reset))
         x_s, carry_s, _, _ = split(slice_len, x[:, :whole], carry, is_init[:, :whole], _steps(reset, 0, whole))
-        y, final, per_step = merge(n, whole, *pad.sequence(layout, params, x_s, carry_s, None, None, opts))
+        y_s, slice_finals, _ = pad.sequence(layout, params, x_s, carry_s, None, None, inner)
+        y, final, _ = merge(n, whole, y_s, slice_finals, None)
+        tail_finals = None
         if whole < t_len:  # the shorter last slices
             tail_carry = (tuple(s.new_zeros(s.shape) for s in carry) if reset is None
                           else tuple(r[:, whole] for r in reset))
-            y_tail, final, tail_states = pad.sequence(layout, params, x[:, whole:], tail_carry, None, None, opts)
-            y = torch.cat([y, y_tail], dim=1)
-            if per_step is not None:
-                per_step = tuple(torch.cat(parts, dim=1) for parts in zip(per_step, tail_states))
-        return y, final, per_step
+            y_tail, tail_finals, _ = pad.sequence(layout, params, x[:, whole:], tail_carry, None, None, inner)
+            y, final = torch.cat([y, y_tail], dim=1), tail_finals
+        if not opts.segment_states:
+            return y, final, None
+        per_step = []
+        for i, part in enumerate(slice_finals):
+            if i == 0 and layout.num_layers == 1:  # one layer: h is the output
+                per_step.append(y.unsqueeze(2))
+                continue
+            states = part.new_zeros(n, t_len, *part.shape[1:])
+            states[:, slice_len - 1:whole:slice_len] = part.view(n, whole // slice_len, *part.shape[1:])
+            if tail_finals is not None:
+                states[:, -1] = tail_finals[i]
+            per_step.append(states)
+        return y, final, tuple(per_step)
 
     sequence.__qualname__ = f"whole_slices({slice_len})"
     return sequence
