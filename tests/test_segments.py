@@ -289,13 +289,16 @@ def test_auto_rule():
     assert _auto_choice("gru", flat, True) == "slices.whole_slices(20)"
     assert _auto_choice("gru", flat, True, layers=2) == "slices.whole_slices(20)"
     assert _auto_choice("lstm", flat, False, layers=2) == "slices.whole_slices(20)"
-    assert _auto_choice("lstm", small, True) == packed  # ragged, small: packed's gradient fills stay cheap
-    assert _auto_choice("lstm", small, True, hidden=128) == bucketed  # 27 fills of 200 x 128: the buckets
+    assert _auto_choice("lstm", small, True) == bucketed  # 21 segments, the longest 27: few per length
+    short = torch.zeros(1, 180, dtype=torch.bool)
+    short[0, torch.arange(1, 9).repeat(5).cumsum(0)[:-1]] = True  # 40 slices of 1..8 steps
+    assert _auto_choice("lstm", short, True, hidden=128) == packed  # many short ragged slices, small call
+    assert _auto_choice("lstm", short.repeat(1, 128), True, hidden=128) == bucketed  # fills of 8 x 23040 x 128
     assert _auto_choice("gru", small, True) == packed  # 20 segments of many lengths: buckets would pad
     assert _auto_choice("lstm", small, False) == packed  # many lengths: buckets would pad
     assert _auto_choice("lstm", flat[:, :200], False) == "slices.whole_slices(20)"
     assert _auto_choice("gru", flat[:, :200], False) == "slices.whole_slices(20)"
-    assert _auto_choice("lstm", flat.view(16, 256), True) == bucketed  # every row restarts its slices at t=0
+    assert _auto_choice("lstm", flat.view(16, 256), True, hidden=128) == bucketed  # rows do not restart their slices
     assert _auto_choice("lstm", scattered, False) == packed
     assert _auto_choice("lstm", scattered, True) == "scan.sequence"  # 64 segments of 2-62 steps
     few = torch.zeros(32, 64, dtype=torch.bool)

@@ -71,11 +71,14 @@ _FUSED_BUCKET_PADDING = 1.15
 # the buckets' estimated cost (``segments.bucket_cost``) exceeds this multiple of the loop's
 # (``_loop_cost``): a [B, T] batch whose segments spread over many lengths (docs/backends.md).
 _BUCKETS_OVER_LOOP = 1.5
-# ... and beats one packed call unless the lengths differ (the buckets pad more than ``_BUCKET_PADDING``)
-# and the packed backward's gradient fills (``Lmax`` of ``N * T * H`` elements each) stay below this: short
-# ragged slices in a small batch (LSTM, H=128, N=200-400, slices <= 8-12: packed 1.15-1.19x faster; N >= 600
-# or slices <= 20: a tie; slices <= 32, or N=1024: buckets 1.1-1.3x faster).
-_PACKED_FILL_STEPS = 2**19
+# ... and beats one packed call unless packed's backward gradient fills (``Lmax`` of ``N * T * H`` elements each)
+# stay below this and there are many segments per step of the longest (``S >= 2 * Lmax``: the buckets would be
+# many calls, or recompute many short rows). LSTM, H=128, fwd+bwd, truncated slices: packed 1.41x faster at
+# N=200 slices <= 8 (fills 2.0 x 10^5, 42 segments), 1.07x at N=1024 <= 8 (1.0 x 10^6), 1.12x at N=1024 <= 20
+# (2.6 x 10^6); the buckets tie or win at N=200 <= 20 (20 segments), N=200 <= 64 (8), N=1024 <= 64 (8.4 x 10^6)
+# and N=4096 (4.2 x 10^6 and up). docs/backends.md.
+_PACKED_FILL_STEPS = 3 * 2**20
+_PACKED_SEGMENTS_PER_STEP = 2
 # Under autograd, a GRU call of at most this many segments runs fastest as the saved-activation loop over
 # them (``scan_segments``): with so few rows a step's cost is its fixed overhead, where ATen's GRU loop
 # records ~10 ops per step against the scan step's six and one GEMM backward (docs/backends.md).
@@ -121,8 +124,9 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
         is linear in the steps, where a packed call's backward on CPU zero-fills its input-projection
         gradient at every step), unless their estimated cost is more than ``_BUCKETS_OVER_LOOP`` times
         the loop's over ``T`` (a ``[B, T]`` batch whose segments spread over many lengths): ``scan``, or
-        ``packed`` where the buckets pad more than ``_BUCKET_PADDING`` and packed's ``Lmax`` gradient fills of
-        ``N * T * H`` elements stay under ``_PACKED_FILL_STEPS`` (short ragged slices, small batch);
+        ``packed`` where packed's ``Lmax`` gradient fills of ``N * T * H`` elements stay under
+        ``_PACKED_FILL_STEPS`` and there are at least ``_PACKED_SEGMENTS_PER_STEP * Lmax`` segments (short
+        ragged slices, small batch);
       - autograd records the call and the longest segment ``Lmax`` is more than half of ``T`` (a
         ``[B, T]`` batch with scattered resets, the segments barely shorten the rows): not ``fused``,
         ``scan`` (its loop over ``T``, whose backward consumes the saved activations, beats ATen's
@@ -155,7 +159,7 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
             if segments.bucket_cost(p, layout, records_grad) > _BUCKETS_OVER_LOOP * _loop_cost(t_len, n):
                 return "scan"
             small_fill = p.max_len * n * t_len * layout.hidden_size <= _PACKED_FILL_STEPS
-            return "packed" if small_fill and segments.bucket_padding(p, layout, records_grad) > _BUCKET_PADDING else "pad"
+            return "packed" if small_fill and p.count >= _PACKED_SEGMENTS_PER_STEP * p.max_len else "pad"
         if records_grad and 2 * p.max_len > t_len:
             return "reference" if fused else "scan"
         if records_grad and not fused and p.count <= _SCAN_SEGMENT_ROWS:
