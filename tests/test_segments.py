@@ -310,8 +310,12 @@ def test_auto_rule():
     assert _auto_choice("gru", five, True) == "slices.whole_slices(40)"
     assert _auto_choice("gru", four, False) == "slices.whole_slices(64)"
     dense = torch.rand(32, 64, generator=torch.Generator().manual_seed(7)) < 0.2  # 20% resets: 428 segments of <= 36
-    assert _auto_choice("gru", dense, False) == "scan.sequence"
-    assert _auto_choice("lstm", dense, False) == "scan.sequence"
+    assert _auto_choice("gru", dense, False) == packed  # loop over the segments 4.27x the loop over T
+    assert _auto_choice("lstm", dense, False) == packed
+    tail = torch.zeros(32, 64, dtype=torch.bool)
+    tail[:, 40:] = True  # 800 segments, the longest 40 steps: 8.6x
+    assert _auto_choice("gru", tail, False) == "scan.sequence"
+    assert _auto_choice("lstm", tail, False) == "scan.sequence"
     assert _auto_choice("lstm", scattered, False) == packed  # 64 segments
     sampled = torch.zeros(1, 13 * 64 + 80, dtype=torch.bool)
     sampled[0, torch.tensor([64 * i for i in range(14)] + [13 * 64 + 30, 13 * 64 + 60])] = True  # 13 x 64, 30, 30, 20

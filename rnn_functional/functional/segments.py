@@ -327,6 +327,11 @@ def _plan_buckets(p: SegmentPlan, layout: Layout, records_grad: bool = True
     return p.memo["buckets", recompute, records_grad]
 
 
+def bucket_shapes(p: SegmentPlan, layout: Layout, records_grad: bool = True) -> list[tuple[int, int]]:
+    """``(rows, steps)`` of each call that :func:`bucketed` runs on the segments of ``p``."""
+    return [(end - first, steps) for first, end, steps, _ in _plan_buckets(p, layout, records_grad)[2]]
+
+
 def bucket_padding(p: SegmentPlan, layout: Layout, records_grad: bool = True) -> float:
     """Steps that :func:`bucketed` runs for the segments of ``p``, over their real steps (``>= 1``)."""
     buckets = _plan_buckets(p, layout, records_grad)[2]

@@ -67,6 +67,10 @@ _BUCKET_PADDING = 1.05
 # The same for the forward of a fused kernel: oneDNN's unpacked LSTM runs a step of a row faster than
 # ATen's packed loop, which pays for some padding (SliceSampler slices, padding 1.12: buckets 1.17x faster).
 _FUSED_BUCKET_PADDING = 1.15
+# ... in at most this many calls: with more, the rows shorter than their bucket (whose ``c`` is recomputed
+# step by step) cost more than the padding saves ([32, 64] with 20% resets, 12 buckets padded 1.10: packed
+# 1.29x faster; N=4096 slices <= 20, 20 buckets without padding: the buckets 1.04x faster).
+_FUSED_BUCKET_CALLS = 2
 # Under autograd, oneDNN's LSTM on the length buckets beats the saved-activation loop over ``T`` unless
 # the buckets' estimated cost (``segments.bucket_cost``) exceeds this multiple of the loop's
 # (``_loop_cost``): a [B, T] batch whose segments spread over many lengths (docs/backends.md).
@@ -97,13 +101,25 @@ _SCAN_SEGMENT_PADDING = 1.25
 _PACKED_GRAD_FILL = 2**19
 # Forward only, the segments packed into one call lose to the scan loop over ``T`` once the loop over them
 # (``_loop_cost(Lmax, S)``) costs this multiple of the loop over the rows: a [B, T] batch with many resets
-# (10-20%), where the segments barely shorten the rows and their gathers grow with their count.
-_PACKED_OVER_LOOP = 2.6
+# (the segments barely shorten the rows). Packed data permuted in one copy, [32, 64] with 20% resets (ratio
+# 4.27) runs packed 1.23x (LSTM) and 1.31x (GRU) faster than the loop: only a batch padded further goes to it.
+_PACKED_OVER_LOOP = 4.5
 
 
 def _loop_cost(steps: int, rows: int) -> int:
     """Relative cost of the ``reference`` loop: ``steps`` sequential steps of ``rows`` rows."""
     return steps * (rows + _LOOP_ROWS_PER_STEP)
+
+
+def _buckets_pay(p: segments.SegmentPlan, layout: Layout, records_grad: bool, fused: bool) -> bool:
+    """Rule 5's test: the length buckets pad at most ``_BUCKET_PADDING``; for a fused kernel's forward, they
+    run every segment to its end (no padding) or pad at most ``_FUSED_BUCKET_PADDING`` in at most
+    ``_FUSED_BUCKET_CALLS`` calls."""
+    padding = segments.bucket_padding(p, layout, records_grad)
+    if not fused:
+        return padding <= _BUCKET_PADDING
+    calls = len(segments.bucket_shapes(p, layout, records_grad))
+    return padding <= 1.0 or (padding <= _FUSED_BUCKET_PADDING and calls <= _FUSED_BUCKET_CALLS)
 
 
 def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor | None, records_grad: bool,
@@ -166,9 +182,8 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
             return "scan_segments"
         if not records_grad and _loop_cost(p.max_len, p.count) > _PACKED_OVER_LOOP * _loop_cost(t_len, n):
             return "scan"
-        limit = _FUSED_BUCKET_PADDING if fused else _BUCKET_PADDING
         large = records_grad and n * t_len * layout.hidden_size >= _PACKED_GRAD_FILL
-        if one_layer and (fused or records_grad) and (large or segments.bucket_padding(p, layout, records_grad) <= limit):
+        if one_layer and (fused or records_grad) and (large or _buckets_pay(p, layout, records_grad, fused)):
             return "pad"
         few_ragged = p.count <= _SCAN_SEGMENT_ROWS_RAGGED and p.count * p.max_len <= _SCAN_SEGMENT_PADDING * n * t_len
         if records_grad and not fused and few_ragged:
