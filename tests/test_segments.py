@@ -329,7 +329,7 @@ def test_auto_rule():
     ragged, starts = torch.zeros(1, 4096, dtype=torch.bool), torch.arange(1, 65).repeat(2).cumsum(0)
     ragged[0, starts[starts < 4096]] = True  # slices of 1..64 steps
     assert _auto_choice("gru", ragged[:, :2048], True, hidden=128) == packed
-    assert _auto_choice("gru", ragged[:, :4096], True, hidden=128) == bucketed  # packed's gradient fill: too large
+    assert _auto_choice("gru", ragged[:, :4096], True, hidden=128) == packed  # the per-step fills: packed still faster
     assert _auto_choice("lstm", scattered, True, layers=2) == "reference.sequence"
     assert _auto_choice("gru", scattered, True) == "scan.sequence"
     assert _auto_choice("lstm", torch.zeros(32, 64, dtype=torch.bool), True) == "pad.sequence"  # one call

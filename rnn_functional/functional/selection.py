@@ -94,11 +94,6 @@ _SCAN_SEGMENT_ROWS = 4
 # full slices keep their bucket call (16 of 64: buckets 0.92x). docs/backends.md.
 _SCAN_SEGMENT_ROWS_RAGGED = 16
 _SCAN_SEGMENT_PADDING = 1.25
-# Under autograd, a packed call's backward on CPU fills its whole input-projection gradient (``N * T`` rows of
-# ``G * H``) at every step; from this many ``N * T * H`` elements that fill outgrows the caches and the length
-# buckets win even with padding (GRU, H=128, N=4096: buckets 1.05-1.41x faster for slices of up to 32-64
-# steps, a tie up to 20; N=2048: packed up to 1.11x faster).
-_PACKED_GRAD_FILL = 2**19
 # Forward only, the segments packed into one call lose to the scan loop over ``T`` once the loop over them
 # (``_loop_cost(Lmax, S)``) costs this multiple of the loop over the rows: a [B, T] batch with many resets
 # (the segments barely shorten the rows). Packed data permuted in one copy, [32, 64] with 20% resets (ratio
@@ -151,9 +146,9 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
         (that loop over the aligned segments; few rows: the per-step overhead decides);
       - autograd does not record the call and ``_loop_cost(Lmax, S)`` exceeds ``_PACKED_OVER_LOOP`` times
         ``_loop_cost(T, N)`` (a ``[B, T]`` batch with many resets): ``scan``, the loop over ``T``;
-      - one layer, ``fused`` or autograd records the call, and the length buckets pad no more than
-        ``_BUCKET_PADDING`` (``_FUSED_BUCKET_PADDING`` for ``fused``; full slices), or autograd records a
-        call of at least ``_PACKED_GRAD_FILL`` elements ``N * T * H``: ``pad``;
+      - one layer, ``fused`` or autograd records the call, and the length buckets pay (:func:`_buckets_pay`:
+        they pad no more than ``_BUCKET_PADDING``; for ``fused``, no padding or at most ``_FUSED_BUCKET_PADDING``
+        in at most ``_FUSED_BUCKET_CALLS`` calls): ``pad``;
       - autograd records the call, not ``fused``, at most ``_SCAN_SEGMENT_ROWS_RAGGED`` segments (of
         differing lengths, else ``pad`` above) padded to ``Lmax`` by at most ``_SCAN_SEGMENT_PADDING``:
         ``scan_segments``;
@@ -182,8 +177,7 @@ def _eager_fastest(layout: Layout, opts: SequenceOptions, is_init: torch.Tensor 
             return "scan_segments"
         if not records_grad and _loop_cost(p.max_len, p.count) > _PACKED_OVER_LOOP * _loop_cost(t_len, n):
             return "scan"
-        large = records_grad and n * t_len * layout.hidden_size >= _PACKED_GRAD_FILL
-        if one_layer and (fused or records_grad) and (large or _buckets_pay(p, layout, records_grad, fused)):
+        if one_layer and (fused or records_grad) and _buckets_pay(p, layout, records_grad, fused):
             return "pad"
         few_ragged = p.count <= _SCAN_SEGMENT_ROWS_RAGGED and p.count * p.max_len <= _SCAN_SEGMENT_PADDING * n * t_len
         if records_grad and not fused and few_ragged:
