@@ -21,8 +21,8 @@ TensorDicts:
 Modes: ``fwd`` (forward under ``torch.no_grad``) and ``fwd+bwd`` (forward, ``y.sum().backward()``).
 
 Contenders: our ``LSTMModule``/``GRUModule`` with ``recurrent_backend="auto"``, and with each exact
-eager path forced (``reference``: the loop over T; ``pad``: segments in length buckets, one unpacked
-ATen call each; ``packed``: segments packed into one ATen call; ``segments``: the reference loop over
+eager path forced (``reference``: the loop over T; ``pad``: whole slices as a view of the call, else
+segments in length buckets, one unpacked ATen call each; ``packed``: segments packed into one ATen call; ``segments``: the reference loop over
 the right-aligned segments; ``scan`` / ``scan_segments``: the ``scan`` backend's eager loop over T
 or over the segments); TorchRL's module with every backend it runs on CPU (``pad``, ``scan``,
 ``python_based=True``); and ``aten floor``: the bare unpacked ``nn.LSTM``/``nn.GRU`` calls on the
