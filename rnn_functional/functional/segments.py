@@ -9,16 +9,19 @@ of ``T`` steps becomes ``S`` rows (one per segment) of at most ``Lmax`` steps (t
 segment) with no interior reset: a flat ``SliceSampler`` batch ``[1, N]`` runs its slices side
 by side instead of ``N`` steps of one row.
 
-Two schemes, both exact:
+Three schemes, all exact (and, where every row is whole slices of one length,
+:func:`.slices.whole_slices`: a view of the call, no re-batching):
 
 * :func:`aligned`, for any backend's canonical ``sequence``: the segments are right-aligned in an
   ``[S, Lmax]`` block (front padding) and each segment's first real step is marked as a reset to
   its initial carry. Every segment then ends at the block's last step: its final carry is the
   backend's final carry. The padded steps compute values that the reset discards.
-* :func:`packed`, for the ``pad`` backend: the segments are left-aligned with their lengths and
-  run by ATen's kernels as one packed sequence (:func:`rnn_functional.backends.pad.packed_sequence`).
+* :func:`packed`, for the ``pad`` backend: the steps, permuted into the packed (time-major) layout of
+  the segments sorted by length, run by ATen's kernels as one packed sequence
+  (:func:`rnn_functional.backends.pad.packed_sequence`).
 * :func:`bucketed`, for the ``pad`` backend with one layer: the segments, sorted by length, are cut
-  into a few buckets (by a cost model: padding against more calls); each bucket runs as one plain (unpacked) ATen call on its left-aligned ``[S_b, L_b]`` block. Unpacked calls keep the fast
+  into a few buckets (by a cost model: padding against more calls); each bucket runs as one plain
+  (unpacked) ATen call on its left-aligned ``[S_b, L_b]`` block. Unpacked calls keep the fast
   kernels (oneDNN's LSTM on CPU) and their backward is linear in the steps, where a packed call's
   backward on CPU zero-fills the whole input-projection gradient at every step
   (``docs/backends.md``). Outputs at real steps are exact (padding follows them); a segment's final
@@ -63,8 +66,8 @@ class SegmentPlan:
     within it) are derived on first use, by the paths that gather; ``index`` holds them once known.
     ``static``: a plan of static shapes (:func:`.slices.padded`, under ``torch.compile``) whose ``first``
     and ``lengths`` are bounds-clamped estimates past the real segments: its paths index by ``index`` only.
-    ``memo``: what the rule and the path it picks share (:attr:`slice_len`, the buckets of
-    :func:`bucketed` per ``recompute`` flag), computed once.
+    ``memo``: what the rule and the path it picks share (:attr:`slice_len`, the sorted lengths, the
+    buckets of :func:`bucketed` per ``recompute`` and ``records_grad`` flag), computed once.
     """
 
     shape: tuple[int, int]
