@@ -210,6 +210,17 @@ def keep_segment_ends(states: Carry, is_init: torch.Tensor | None) -> Carry:
     return tuple(torch.where(broadcast_mask(ends, s), s, 0.0) for s in states)
 
 
+def final_at_last_step(final: Carry, t_len: int) -> Carry:
+    """:func:`keep_segment_ends` of a call without interior resets, from its final carry alone.
+
+    ``final`` tuple of ``[N, L, S]`` -> tuple of ``[N, T, L, S]``: zeros, ``final`` at ``T - 1``.
+    One zero-padding pass: neither direction reads per-step states nor masks a ``[N, T, L, S]``
+    tensor (the backward is a view of the incoming gradient at ``T - 1``).
+    """
+    before = (0, 0) * (final[0].ndim - 1) + (t_len - 1, 0)  # F.pad lists the last dim first
+    return tuple(F.pad(s.unsqueeze(1), before) for s in final)
+
+
 def between_layers(y: torch.Tensor, k: int, layout: Layout, dropout: float, training: bool) -> torch.Tensor:
     """Dropout on layer ``k``'s output when another layer follows (``torch.nn.LSTM``'s rule)."""
     if k < layout.num_layers - 1 and dropout > 0 and training:
