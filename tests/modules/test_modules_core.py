@@ -439,6 +439,23 @@ def test_call_errors():
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_sequence_rereads_the_layout_of_swapped_weights(cell):
+    """Recurrent mode reads the layout checked when the weights were bound, unless the weights in the dict
+    moved dtype since (``functional_call`` / ``TensorDict.to_module`` swap values into that dict): fp64
+    weights swapped into an fp32 module run in fp64 and equal the fp64 module."""
+    module = make_module(cell, dtype=torch.float32)
+    td = make_td(cell, (2, 3))
+    reference = make_module(cell, dtype=torch.float64)  # same seed: the same weights in fp64
+    params64 = {f"{cell}.{k}": v.double() for k, v in module._weights.items()}
+    with rf.set_recurrent_mode(True):
+        got = torch.func.functional_call(module, params64, (td.clone(),))
+        want = reference(td.clone())
+    for key in ["y", *[("next", k) for k in HIDDEN_KEYS[cell]]]:
+        assert got[key].dtype == torch.float64
+        torch.testing.assert_close(got[key], want[key])
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_step_dtype_checked_after_to(cell):
     """The step reads the params' layout checked when the weights were bound (re-bound by ``.to()``, copies):
     inputs of another dtype than the weights' are refused, naming the argument and the fix."""
