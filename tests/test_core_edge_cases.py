@@ -135,14 +135,14 @@ def _nn_oracle(cell: str, params, x, state, is_init_first, reset0):
 
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 @pytest.mark.parametrize("backend", ["auto", "pad", "reference", "scan"])
-@pytest.mark.parametrize("first", ["all", "none", "mixed"])
-@pytest.mark.parametrize("with_reset", [True, False])
+@pytest.mark.parametrize("first,with_reset", [(f, r) for f in ("all", "none", "mixed") for r in (True, False)] + [(None, False)])
 @pytest.mark.parametrize("state_grad", [True, False])
 def test_resets_at_t0_only_equal_torch_nn(cell, backend, first, with_reset, state_grad) -> None:
     """A call without interior resets runs reset-free after applying ``is_init[:, 0]`` to the initial carry
     (decided on the host: the stored reset state outright, the carry unchanged, or ``where`` for a mixed
     column or a carry whose gradient is recorded): outputs, final carry, segment states and every gradient
-    equal ``torch.nn``'s, and a state that autograd records still receives its (zero) gradient."""
+    equal ``torch.nn``'s, and a state that autograd records still receives its (zero) gradient.
+    ``first=None``: no ``is_init`` at all (the segment states from the final carry alone)."""
     init, _, sequence, n_states = CELLS[cell]
     g = torch.Generator().manual_seed(3)
     params = init(F_IN, H, L, dtype=torch.float64, generator=g)
@@ -153,10 +153,10 @@ def test_resets_at_t0_only_equal_torch_nn(cell, backend, first, with_reset, stat
     state = [torch.randn(n, L, H, dtype=torch.float64, generator=g).requires_grad_(state_grad) for _ in range(n_states)]
     reset = [torch.randn(n, t_len, L, H, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(n_states)]
     is_init = torch.zeros(n, t_len, dtype=torch.bool)
-    is_init[:, 0] = {"all": True, "none": False, "mixed": torch.tensor([True, False, True])}[first]
+    is_init[:, 0] = {"all": True, "none": False, "mixed": torch.tensor([True, False, True]), None: False}[first]
     pack = (lambda ts: ts[0]) if n_states == 1 else tuple
-    out = sequence(x, pack(state), params, is_init=is_init, reset_state=pack(reset) if with_reset else None,
-                   backend=backend, return_segment_states=True)
+    out = sequence(x, pack(state), params, is_init=None if first is None else is_init,
+                   reset_state=pack(reset) if with_reset else None, backend=backend, return_segment_states=True)
     got = _tensors(out)
     want = _nn_oracle(cell, params, x, state, is_init[:, 0], [r[:, 0] for r in reset] if with_reset else [None] * n_states)
     for a, b in zip(got, want):
