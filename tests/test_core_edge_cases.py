@@ -117,3 +117,54 @@ def test_outputs_are_fresh_for_a_normal_call(backend, cell) -> None:
     if backend != "scan":
         out = step(x[:, 0], state, params, is_init=is_init[:, 0], backend=backend)
         _assert_fresh(_tensors(out), [x, *state_leaves, *params.values()])
+
+
+def _nn_oracle(cell: str, params, x, state, is_init_first, reset0):
+    """``torch.nn`` over a call whose only resets are at ``t = 0``: ``(y, final carry, segment states)``."""
+    n_states = CELLS[cell][3]
+    rnn = (torch.nn.LSTM if cell == "lstm" else torch.nn.GRU)(F_IN, H, L, batch_first=True, dtype=torch.float64)
+    mask = is_init_first.view(-1, 1, 1)
+    carry0 = [torch.where(mask, r if r is not None else torch.zeros_like(s), s) for s, r in zip(state, reset0)]
+    hx = tuple(s.transpose(0, 1) for s in carry0)
+    y, hn = torch.func.functional_call(rnn, dict(params.items()), (x, hx if n_states == 2 else hx[0]))
+    final = [h.transpose(0, 1) for h in (hn if n_states == 2 else (hn,))]
+    t_len = x.shape[1]
+    seg = [torch.cat([torch.zeros_like(f).unsqueeze(1).expand(-1, t_len - 1, -1, -1), f.unsqueeze(1)], 1) for f in final]
+    return [y, *final, *seg]
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("backend", ["auto", "pad", "reference", "scan"])
+@pytest.mark.parametrize("first,with_reset", [(f, r) for f in ("all", "none", "mixed") for r in (True, False)] + [(None, False)])
+@pytest.mark.parametrize("state_grad", [True, False])
+def test_resets_at_t0_only_equal_torch_nn(cell, backend, first, with_reset, state_grad) -> None:
+    """A call without interior resets runs reset-free after applying ``is_init[:, 0]`` to the initial carry
+    (decided on the host: the stored reset state outright, the carry unchanged, or ``where`` for a mixed
+    column or a carry whose gradient is recorded): outputs, final carry, segment states and every gradient
+    equal ``torch.nn``'s, and a state that autograd records still receives its (zero) gradient.
+    ``first=None``: no ``is_init`` at all (the segment states from the final carry alone)."""
+    init, _, sequence, n_states = CELLS[cell]
+    g = torch.Generator().manual_seed(3)
+    params = init(F_IN, H, L, dtype=torch.float64, generator=g)
+    for p in params.values():
+        p.requires_grad_(True)
+    n, t_len = 3, 4
+    x = torch.randn(n, t_len, F_IN, dtype=torch.float64, generator=g, requires_grad=True)
+    state = [torch.randn(n, L, H, dtype=torch.float64, generator=g).requires_grad_(state_grad) for _ in range(n_states)]
+    reset = [torch.randn(n, t_len, L, H, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(n_states)]
+    is_init = torch.zeros(n, t_len, dtype=torch.bool)
+    is_init[:, 0] = {"all": True, "none": False, "mixed": torch.tensor([True, False, True]), None: False}[first]
+    pack = (lambda ts: ts[0]) if n_states == 1 else tuple
+    out = sequence(x, pack(state), params, is_init=None if first is None else is_init,
+                   reset_state=pack(reset) if with_reset else None, backend=backend, return_segment_states=True)
+    got = _tensors(out)
+    want = _nn_oracle(cell, params, x, state, is_init[:, 0], [r[:, 0] for r in reset] if with_reset else [None] * n_states)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    _assert_fresh(got, [x, *state, *reset, *params.values()])
+    leaves = [x, *params.values(), *(reset if with_reset else ()), *(state if state_grad else ())]
+    weights = [torch.randn(o.shape, dtype=torch.float64, generator=g) for o in got]
+    grads = torch.autograd.grad(sum((o * w).sum() for o, w in zip(got, weights)), leaves)
+    want_grads = torch.autograd.grad(sum((o * w).sum() for o, w in zip(want, weights)), leaves)
+    for a, b in zip(grads, want_grads):
+        torch.testing.assert_close(a, b)

@@ -19,6 +19,7 @@ from .base import (
     apply_reset,
     between_layers,
     broadcast_mask,
+    final_at_last_step,
     keep_segment_ends,
     multi_layer_step,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "apply_reset",
     "between_layers",
     "broadcast_mask",
+    "final_at_last_step",
     "keep_segment_ends",
     "multi_layer_step",
 ]

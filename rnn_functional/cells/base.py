@@ -195,19 +195,27 @@ def apply_reset(carry: Carry, mask: torch.Tensor | None, reset: Carry | None) ->
     return tuple(torch.where(broadcast_mask(mask, s), r, s) for s, r in zip(carry, reset))
 
 
-def segment_ends(is_init: torch.Tensor | None, n: int, t_len: int, device: torch.device) -> torch.Tensor:
+def segment_ends(is_init: torch.Tensor) -> torch.Tensor:
     """``[N, T]`` bool: True at the last step of every segment (before a reset, and at ``T - 1``)."""
-    last = torch.ones(n, 1, dtype=torch.bool, device=device)
-    if is_init is None:
-        return torch.cat([torch.zeros(n, t_len - 1, dtype=torch.bool, device=device), last], dim=1)
-    return torch.cat([is_init[:, 1:], last], dim=1)
+    return F.pad(is_init[:, 1:], (0, 1), value=True)  # one op: the next step's reset, True past the end
 
 
-def keep_segment_ends(states: Carry, is_init: torch.Tensor | None) -> Carry:
-    """Per-step carries ``[N, T, L, S]`` zeroed except at segment ends (TorchRL's ``("next", hidden)``)."""
-    n, t_len = states[0].shape[:2]
-    ends = segment_ends(is_init, n, t_len, states[0].device)
-    return tuple(torch.where(broadcast_mask(ends, s), s, 0.0) for s in states)
+def keep_segment_ends(states: Carry, is_init: torch.Tensor) -> Carry:
+    """Per-step carries ``[N, T, L, S]`` zeroed except at segment ends (TorchRL's ``("next", hidden)``);
+    ``is_init [N, T]``. A call without ``is_init`` has one segment per row: :func:`final_at_last_step`."""
+    ends = broadcast_mask(segment_ends(is_init), states[0])  # every carry has the same ndim
+    return tuple(torch.where(ends, s, 0.0) for s in states)
+
+
+def final_at_last_step(final: Carry, t_len: int) -> Carry:
+    """:func:`keep_segment_ends` of a call without interior resets, from its final carry alone.
+
+    ``final`` tuple of ``[N, L, S]`` -> tuple of ``[N, T, L, S]``: zeros, ``final`` at ``T - 1``.
+    One zero-padding pass: neither direction reads per-step states nor masks a ``[N, T, L, S]``
+    tensor (the backward is a view of the incoming gradient at ``T - 1``).
+    """
+    before = (0, 0) * (final[0].ndim - 1) + (t_len - 1, 0)  # F.pad lists the last dim first
+    return tuple(F.pad(s.unsqueeze(1), before) for s in final)
 
 
 def between_layers(y: torch.Tensor, k: int, layout: Layout, dropout: float, training: bool) -> torch.Tensor:

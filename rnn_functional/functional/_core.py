@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from ..backends import SequenceOptions, ensemble_scan
-from ..cells import Carry, Cell, Layout, apply_reset, keep_segment_ends
+from ..cells import Carry, Cell, Layout, apply_reset, final_at_last_step, keep_segment_ends
 from . import selection, slices
-from .options import check_options
+from .options import call_context, check_options
 
 CELLS: dict[str, Cell] = {}  # every cell with public functions, by name (filled by public_functions)
 
@@ -103,9 +103,14 @@ class Canonical:
     reset: Carry | None
 
 
-def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: bool) -> Canonical:
+def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: bool,
+                  layout: Layout | None = None) -> Canonical:
+    """``layout``: the params' layout when the caller checked them (a module's own weights, checked when
+    bound); read and checked here when absent or when the weights' dtype or device moved since."""
     params = _as_tensor_map(params, cell)
-    layout = cell.read_layout(params)
+    weight = params.get("weight_hh_l0")
+    if layout is None or weight is None or weight.dtype != layout.dtype or weight.device != layout.device:
+        layout = cell.read_layout(params)
     lead = 2 if sequence else 1
     dims = "[*B, T, F]" if sequence else "[*B, F]"
     if not isinstance(x, torch.Tensor):
@@ -224,14 +229,40 @@ def run_validated_step(
     return y, tuple(new_carry)
 
 
+def _reset_first_step_only(c: Canonical) -> Canonical:
+    """``c`` without ``is_init`` when it holds no interior reset (one host read of the mask, shared by
+    every layer below: the backend then sees a reset-free call, ``auto`` and ``pad`` skip their own
+    checks, the segment states come from the final carry), with the reset at ``t = 0`` applied to
+    the initial carry here: the stored ``reset_state[:, 0]`` (or zeros) outright where ``is_init[:, 0]``
+    is all True, the carry unchanged where all False, else :func:`apply_reset`. A side whose
+    gradient autograd records keeps :func:`apply_reset`, which sends it the zeros ``torch.where``
+    does. ``c`` unchanged when there are interior resets. Eager only (reads the mask on the host).
+    """
+    host = c.is_init.cpu().numpy()  # the mask, read once (a view on the CPU): numpy answers each question in ~1 us
+    if host[:, 1:].any():
+        return c
+    first = c.is_init[:, 0]
+    reset0 = None if c.reset is None else tuple(r[:, 0] for r in c.reset)
+    if any(t.requires_grad for t in (*c.carry, *(reset0 or ()))):
+        carry = apply_reset(c.carry, first, reset0)
+    elif host[:, 0].all():
+        carry = reset0 if reset0 is not None else tuple(torch.zeros_like(s) for s in c.carry)
+    elif not host[:, 0].any():
+        carry = c.carry
+    else:
+        carry = apply_reset(c.carry, first, reset0)
+    return replace(c, carry=carry, is_init=None, reset=None)
+
+
 def run_sequence(cell: Cell, x, state, params, is_init, reset_state, backend: str, opts: SequenceOptions,
-                 slice_len: int | None = None, num_slices: int | None = None):
+                 slice_len: int | None = None, num_slices: int | None = None, layout: Layout | None = None):
     """Validate, pick the backend, run the sequence. Returns ``(y, state_T)`` or, with
     ``opts.segment_states``, ``(y, state_T, segment states)`` in the public state format.
-    ``slice_len`` / ``num_slices``: the static layout hint of :mod:`.slices`."""
+    ``slice_len`` / ``num_slices``: the static layout hint of :mod:`.slices`; ``layout``: the
+    params' layout when the caller checked them (see :func:`_canonicalize`)."""
     check_options(backend=backend, recompute=opts.recompute, dropout=opts.dropout,
                   matmul_precision=opts.matmul_precision, compute_dtype=opts.compute_dtype)
-    c = _canonicalize(cell, x, state, params, is_init, reset_state, sequence=True)
+    c = _canonicalize(cell, x, state, params, is_init, reset_state, sequence=True, layout=layout)
     n, t_len = c.x.shape[:2]
     compiling = torch.compiler.is_compiling()
     if slice_len is not None or num_slices is not None:
@@ -241,6 +272,8 @@ def run_sequence(cell: Cell, x, state, params, is_init, reset_state, backend: st
     )
     empty = n == 0 or t_len == 0
     reshaped = slice_len is not None and num_slices is None and not empty
+    if c.is_init is not None and not (empty or reshaped or call_context().traced):
+        c = _reset_first_step_only(c)
     call = (c.x, c.carry, c.is_init, c.reset)
     if reshaped:  # whole slices side by side: [N * T / slice_len, slice_len]
         call = slices.split(slice_len, *call)
@@ -249,6 +282,9 @@ def run_sequence(cell: Cell, x, state, params, is_init, reset_state, backend: st
         impl = slices.padded(impl, c.is_init, slice_len, num_slices)
     if empty:
         y, carry, seg = _empty_call(c, (t_len,))
+    elif c.is_init is None:  # no interior reset: the segment states are the final carry at T - 1
+        y, carry, _ = impl(c.layout, c.params, *call, replace(opts, segment_states=False))
+        seg = final_at_last_step(carry, t_len) if opts.segment_states else None
     else:
         y, carry, per_step = impl(c.layout, c.params, *call, opts)
         if reshaped:

@@ -11,7 +11,9 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 
+from ..backends import SequenceOptions
 from ..cells import Layout
+from ..functional._core import run_sequence as core_sequence
 from ..functional._core import run_validated_step
 from ._cells import ModuleCell
 
@@ -107,18 +109,26 @@ def run_sequence(
     resets: States | None,
     params: dict[str, Tensor],
     is_init: Tensor | None,
+    *,
+    backend: str,
+    slice_len: int | None = None,
+    num_slices: int | None = None,
+    layout: Layout | None = None,
     **options,
 ) -> tuple[Tensor, States]:
     """``(y [*B, T, P], segment states [*B, T, L, S])``: the core's sequence function.
 
     ``first``: states before ``t = 0``; ``resets``: stored per-step states restarted from where
     ``is_init`` (zeros without them). The segment states hold each segment's final state at its
-    last step and zeros elsewhere (TorchRL's ``("next", hidden)`` layout). ``options`` go to the
-    core (``backend``, ``dropout``, ``training``, ...).
+    last step and zeros elsewhere (TorchRL's ``("next", hidden)`` layout). ``options``: the
+    core's :class:`~rnn_functional.backends.SequenceOptions` (``dropout``, ``training``, ...);
+    ``layout``: the params' layout when the caller checked them (the module's own weights), which
+    the core then does not re-check.
     """
-    y, _, segment_states = cell.sequence(
-        x, cell.pack(first), params, is_init=is_init, reset_state=cell.pack(resets), return_segment_states=True,
-        **options,
+    opts = SequenceOptions(**options, segment_states=True)
+    y, _, segment_states = core_sequence(
+        cell.core, x, cell.pack(first), params, is_init, cell.pack(resets), backend, opts, slice_len, num_slices,
+        layout=layout,
     )
     return y, cell.unpack(segment_states)
 

@@ -39,7 +39,7 @@ class RNNChild:
 
     def _bind_rnn(self, rnn: nn.RNNBase) -> None:
         self._weights = rnn._parameters  # the same dict object, never a copy
-        self._step_layout = self._cell.core.read_layout(rnn._parameters)  # checked once, read by the step
+        self._layout = self._cell.core.read_layout(rnn._parameters)  # checked once, read by the step and the sequence
         self._input_size = int(rnn.input_size)
         self._num_layers = int(rnn.num_layers)
         self._dropout = float(rnn.dropout)

@@ -114,6 +114,7 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
         # property lookups through the class hierarchy, 8 guards a compiled call re-checks (bench_policy_step.py)
         in_keys, out_keys = self._in_keys, self._out_keys_apparent
         x, states, is_init = read_inputs(cell, tensordict, in_keys, self._input_size, self._state_shapes, recurrent)
+        layout = self._layout if params is self._weights else None  # checked when the weights were bound
         if recurrent:
             first = None if states is None else tuple(s[..., 0, :, :] for s in states)
             y, out_states = run_sequence(
@@ -126,11 +127,11 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
                 matmul_precision=self.recurrent_matmul_precision,
                 slice_len=self.recurrent_slice_len,
                 num_slices=self.recurrent_num_slices,
+                layout=layout,
             )
         else:
             dropout = self._dropout if self.training else 0.0
             backend = self._sequence_backend() if dropout > 0 else None  # only a step with dropout runs a sequence
-            layout = self._step_layout if params is self._weights else None  # checked when the weights were bound
             y, out_states = run_step(cell, x, states, params, is_init, dropout=dropout, training=self.training,
                                      backend=backend, layout=layout)
         return write_outputs(tensordict, out_keys, y, out_states)

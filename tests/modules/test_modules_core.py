@@ -328,25 +328,27 @@ def test_recompute_full_gradients_equal(backend):
 
 
 def test_options_reach_the_core(monkeypatch):
-    """recurrent_* arguments are passed to the sequence function, never dropped."""
-    import dataclasses
+    """recurrent_* arguments are passed to the core's sequence function, never dropped."""
+    from rnn_functional.modules import _forward
 
     seen = {}
-    real = rf.GRUModule._cell.sequence
+    real = _forward.core_sequence
 
-    def spy(*args, **kwargs):
-        seen.update(kwargs)
-        return real(*args, **kwargs)
+    def spy(cell, x, state, params, is_init, reset_state, backend, opts, slice_len, num_slices, layout=None):
+        seen.update(backend=backend, opts=opts, layout=layout)
+        return real(cell, x, state, params, is_init, reset_state, backend, opts, slice_len, num_slices, layout=layout)
 
-    monkeypatch.setattr(rf.GRUModule, "_cell", dataclasses.replace(rf.GRUModule._cell, sequence=spy))
+    monkeypatch.setattr(_forward, "core_sequence", spy)
     module = make_module(
         "gru", recurrent_backend="scan", recurrent_recompute="full", recurrent_compute_dtype=torch.bfloat16,
         recurrent_matmul_precision="tf32x3", default_recurrent_mode=True,
     )
     module(make_td("gru", (1, 3)))
-    assert seen["backend"] == "scan" and seen["recompute"] == "full"
-    assert seen["compute_dtype"] is torch.bfloat16 and seen["matmul_precision"] == "tf32x3"
-    assert seen["return_segment_states"] is True
+    opts = seen["opts"]
+    assert seen["backend"] == "scan" and opts.recompute == "full"
+    assert opts.compute_dtype is torch.bfloat16 and opts.matmul_precision == "tf32x3"
+    assert opts.segment_states is True
+    assert seen["layout"] is module._layout  # the weights' layout, checked when bound, not re-read per call
 
 
 @pytest.mark.skipif("triton" not in rf.available_backends(), reason="triton backend not available here")
@@ -437,6 +439,23 @@ def test_call_errors():
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_sequence_rereads_the_layout_of_swapped_weights(cell):
+    """Recurrent mode reads the layout checked when the weights were bound, unless the weights in the dict
+    moved dtype since (``functional_call`` / ``TensorDict.to_module`` swap values into that dict): fp64
+    weights swapped into an fp32 module run in fp64 and equal the fp64 module."""
+    module = make_module(cell, dtype=torch.float32)
+    td = make_td(cell, (2, 3))
+    reference = make_module(cell, dtype=torch.float64)  # same seed: the same weights in fp64
+    params64 = {f"{cell}.{k}": v.double() for k, v in module._weights.items()}
+    with rf.set_recurrent_mode(True):
+        got = torch.func.functional_call(module, params64, (td.clone(),))
+        want = reference(td.clone())
+    for key in ["y", *[("next", k) for k in HIDDEN_KEYS[cell]]]:
+        assert got[key].dtype == torch.float64
+        torch.testing.assert_close(got[key], want[key])
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_step_dtype_checked_after_to(cell):
     """The step reads the params' layout checked when the weights were bound (re-bound by ``.to()``, copies):
     inputs of another dtype than the weights' are refused, naming the argument and the fix."""
@@ -444,13 +463,13 @@ def test_step_dtype_checked_after_to(cell):
     td = make_td(cell, (3,), dtype=torch.float32)
     y32 = module(td.clone())["y"]
     module.double()
-    assert module._step_layout.dtype == torch.float64
+    assert module._layout.dtype == torch.float64
     with pytest.raises(ValueError, match=r"x: expected dtype torch.float64 .* got torch.float32.*\.to\("):
         module(td.clone())
     td64 = td.apply(lambda t: t.double() if t.is_floating_point() else t)
     torch.testing.assert_close(module(td64)["y"], y32.double(), rtol=1e-5, atol=1e-6)
     for copied in (copy.deepcopy(module), pickle.loads(pickle.dumps(module))):  # re-bound, not copied
-        assert copied._step_layout.cell is module._step_layout.cell
+        assert copied._layout.cell is module._layout.cell
         assert copied._weights is copied._rnn._parameters
         torch.testing.assert_close(copied(td64)["y"], module(td64)["y"])
 
