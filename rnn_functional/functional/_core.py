@@ -289,7 +289,10 @@ def run_sequence(cell: Cell, x, state, params, is_init, reset_state, backend: st
         y, carry, per_step = impl(c.layout, c.params, *call, opts)
         if reshaped:
             y, carry, per_step = slices.merge(n, t_len, y, carry, per_step)
-        seg = keep_segment_ends(per_step, c.is_init) if opts.segment_states else None
+        if opts.segment_states:  # a path that returns the segment-end states already: kept as they are
+            seg = per_step if getattr(impl, "segment_ends_only", False) else keep_segment_ends(per_step, c.is_init)
+        else:
+            seg = None
     (y,) = _restore(c.batch_shape, (y,))
     out = (y, _from_carry(cell, _restore(c.batch_shape, carry)))
     if not opts.segment_states:

@@ -169,14 +169,14 @@ def _block(x: torch.Tensor, dest: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def _scatter(p: SegmentPlan, y_rows: torch.Tensor, dest: torch.Tensor, seg_final: Carry, opts: SequenceOptions,
-             outputs_are_h: bool = False, order: tuple[torch.Tensor, torch.Tensor] | None = None):
+             order: tuple[torch.Tensor, torch.Tensor] | None = None):
     """Block results back to the call's rows: ``(y [N, T, P], carry_T, per-step carries)``.
 
     ``y_rows [rows, P]``: the block's outputs, step ``i`` at row ``dest[i]``; ``seg_final``: each segment's
     final carry ``[S, L, ·]``, in segment order or, with ``order = (order, rank)``, in the order ``order``
-    (``rank`` its inverse). The per-step carries are exact at every segment end (all that
-    ``keep_segment_ends`` reads): zeros elsewhere, or, for ``h`` where ``outputs_are_h`` (one layer of
-    ATen's kernels: ``h`` is the output), the outputs.
+    (``rank`` its inverse). The per-step carries are the segment-end states themselves (each segment's
+    final carry at its last step, zeros elsewhere: :func:`mark_segment_ends`), except for a plan of
+    static shapes, whose per-step carries hold every step's segment final carry.
     """
     n, t_len = p.shape
     y = y_rows.index_select(0, dest).view(n, t_len, -1)
@@ -188,12 +188,16 @@ def _scatter(p: SegmentPlan, y_rows: torch.Tensor, dest: torch.Tensor, seg_final
         return y, final, tuple(s[p.seg_of] for s in seg_final)
     ends = p.first + p.lengths - 1
     ends = ends if order is None else ends[order[0]]
-    per_step = tuple(
-        y.unsqueeze(2) if i == 0 and outputs_are_h
-        else s.new_zeros(n * t_len, *s.shape[1:]).index_copy(0, ends, s).view(n, t_len, *s.shape[1:])
-        for i, s in enumerate(seg_final)
-    )
+    per_step = tuple(s.new_zeros(n * t_len, *s.shape[1:]).index_copy(0, ends, s).view(n, t_len, *s.shape[1:])
+                     for s in seg_final)
     return y, final, per_step
+
+
+def mark_segment_ends(sequence: Callable) -> Callable:
+    """``sequence`` marked as returning the segment-end states as its per-step carries (zeros but at each
+    segment's last step), which the core then keeps as they are (``segment_ends_only``)."""
+    sequence.segment_ends_only = True
+    return sequence
 
 
 def aligned(impl: Callable, p: SegmentPlan) -> Callable:
@@ -212,7 +216,7 @@ def aligned(impl: Callable, p: SegmentPlan) -> Callable:
         return _scatter(p, y_block.reshape(-1, y_block.shape[-1]), dest, seg_final, opts)
 
     sequence.__qualname__ = f"aligned({getattr(impl, '__qualname__', impl)})"
-    return sequence
+    return sequence if p.static else mark_segment_ends(sequence)
 
 
 def packed(p: SegmentPlan) -> Callable:
@@ -236,9 +240,9 @@ def packed(p: SegmentPlan) -> Callable:
         data = x.new_empty(steps, x.shape[-1]).index_copy(0, dest, x.reshape(-1, x.shape[-1]))
         h0 = _initial_carries(p, carry, is_init, reset, order_d)
         out, seg_final = pad.packed_sequence(layout, params, data, batch_sizes, h0, opts)
-        return _scatter(p, out, dest, seg_final, opts, outputs_are_h=layout.num_layers == 1, order=(order_d, rank_d))
+        return _scatter(p, out, dest, seg_final, opts, order=(order_d, rank_d))
 
-    return sequence
+    return mark_segment_ends(sequence)
 
 
 def _call_cost(steps: int, rows: int, short_steps: int, short_rows: int, recompute: bool,
@@ -394,7 +398,6 @@ def bucketed(p: SegmentPlan, records_grad: bool = True) -> Callable:
             finals.append((h_last, *others))
             ys.append(yb.reshape(-1, yb.shape[-1]))
         seg_final = tuple(torch.cat(parts) if len(parts) > 1 else parts[0] for parts in zip(*finals))  # sorted order
-        return _scatter(p, torch.cat(ys) if len(ys) > 1 else ys[0], dest, seg_final, opts, outputs_are_h=True,
-                        order=(order_d, rank_d))
+        return _scatter(p, torch.cat(ys) if len(ys) > 1 else ys[0], dest, seg_final, opts, order=(order_d, rank_d))
 
-    return sequence
+    return mark_segment_ends(sequence)

@@ -163,7 +163,7 @@ def whole_slices(slice_len: int) -> Callable:
     the whole slices run as one kernel call on the view ``[N * T // slice_len, slice_len]`` (:func:`split`),
     the shorter last ones as a second call ``[N, T mod slice_len]``. No gather: every slice ends at its
     call's last step, so the kernel's final carries are the slices' final carries. The per-step carries
-    are exact at every slice end, zeros elsewhere (the outputs for ``h`` with one layer). Eager only."""
+    are the segment-end states (:func:`.segments.mark_segment_ends`). Eager only."""
 
     def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
         n, t_len = is_init.shape
@@ -181,11 +181,8 @@ def whole_slices(slice_len: int) -> Callable:
             y, final = torch.cat([y, y_tail], dim=1), tail_finals
         if not opts.segment_states:
             return y, final, None
-        per_step = []
+        per_step = []  # the segment-end states: each slice's final carry at its last step
         for i, part in enumerate(slice_finals):
-            if i == 0 and layout.num_layers == 1:  # one layer: h is the output
-                per_step.append(y.unsqueeze(2))
-                continue
             states = part.new_zeros(n, t_len, *part.shape[1:])
             states[:, slice_len - 1:whole:slice_len] = part.view(n, whole // slice_len, *part.shape[1:])
             if tail_finals is not None:
@@ -194,7 +191,7 @@ def whole_slices(slice_len: int) -> Callable:
         return y, final, tuple(per_step)
 
     sequence.__qualname__ = f"whole_slices({slice_len})"
-    return sequence
+    return segments.mark_segment_ends(sequence)
 
 
 def _steps(reset: Carry | None, begin: int, end: int) -> Carry | None:
