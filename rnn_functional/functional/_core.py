@@ -138,11 +138,11 @@ def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: 
         carry = _as_carry(cell, state, "state")
         for nm, t, s in zip(names, carry, sizes):
             _check_tensor(t, f"state ({nm})", batch_shape + (L, s), layout, f"([*B, L, {s}] for this {cell.title})")
-        carry = tuple(t.reshape(n, L, s) for t, s in zip(carry, sizes))
+        carry = tuple(_flat(t, (n, L, s)) for t, s in zip(carry, sizes))
 
     mask = None
     if is_init is not None:
-        mask = _check_mask(is_init, batch_shape + time).reshape((n,) + time)
+        mask = _flat(_check_mask(is_init, batch_shape + time), (n,) + time)
 
     reset = None
     if reset_state is not None:
@@ -158,10 +158,15 @@ def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: 
             _check_tensor(
                 t, f"reset_state ({nm})", batch_shape + time + (L, s), layout, f"([*B, T, L, {s}] for this {cell.title})"
             )
-        reset = tuple(t.reshape((n,) + time + (L, s)) for t, s in zip(reset, sizes))
+        reset = tuple(_flat(t, (n,) + time + (L, s)) for t, s in zip(reset, sizes))
 
-    x_flat = x.reshape((n,) + tuple(x.shape[len(batch_shape):]))
+    x_flat = _flat(x, (n,) + tuple(x.shape[len(batch_shape):]))
     return Canonical(layout, params, batch_shape, x_flat, carry, mask, reset)
+
+
+def _flat(t: torch.Tensor, shape: tuple) -> torch.Tensor:
+    """``t`` reshaped to ``shape``; ``t`` itself when it has that shape (one batch dim: no new view per call)."""
+    return t if t.shape == shape else t.reshape(shape)
 
 
 def _restore(batch_shape: tuple, tensors: Carry) -> Carry:
