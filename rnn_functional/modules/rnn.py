@@ -116,7 +116,7 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
         x, states, is_init = read_inputs(cell, tensordict, in_keys, self._input_size, self._state_shapes, recurrent)
         layout = self._layout if params is self._weights else None  # checked when the weights were bound
         if recurrent:
-            first = None if states is None else tuple(s[..., 0, :, :] for s in states)
+            first = None if states is None else tuple(s.select(-3, 0) for s in states)  # [*B, T, L, S] at t = 0
             y, out_states = run_sequence(
                 cell, x, first, states, params, is_init,
                 backend=self._sequence_backend(),
