@@ -27,6 +27,7 @@ import dataclasses
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 from ..backends import SequenceOptions, pad
 from ..cells import Carry, Layout, apply_reset
@@ -111,20 +112,26 @@ def _lengths(seg_of: torch.Tensor, bound: int) -> torch.Tensor:
 def split(slice_len: int, x: torch.Tensor, carry: Carry, is_init: torch.Tensor, reset: Carry | None):
     """A call ``x [N, T, F]`` as ``[N * K, slice_len, F]`` (``K = T / slice_len``): ``(x, carry, is_init, reset)``.
 
-    Row ``n * K + k`` is slice ``k`` of row ``n``; its carry is the call's for ``k = 0`` and, for ``k > 0``,
-    the slice's reset state (zeros without ``reset``): what the backend puts there, as ``is_init`` is True
-    at its first step. So the rows need no reset but at ``k = 0`` (:func:`whole_slices`).
+    Row ``n * K + k`` is slice ``k`` of row ``n``; its carry is :func:`_slice_carries`' (what the backend
+    puts there, as ``is_init`` is True at its first step).
     """
     n, t_len = is_init.shape
     k = t_len // slice_len
     rows = n * k
-    later = (tuple(s.new_zeros(n, k - 1, *s.shape[1:]) for s in carry) if reset is None
-             else tuple(r[:, slice_len::slice_len] for r in reset))
-    carry = tuple(torch.cat([s.unsqueeze(1), r], dim=1).reshape(rows, *s.shape[1:]) for s, r in zip(carry, later))
+    carry = _slice_carries(slice_len, k, carry, reset)
     x = x.reshape(rows, slice_len, x.shape[-1])
     is_init = is_init.reshape(rows, slice_len)
     reset = None if reset is None else tuple(r.reshape(rows, slice_len, *r.shape[2:]) for r in reset)
     return x, carry, is_init, reset
+
+
+def _slice_carries(slice_len: int, k: int, carry: Carry, reset: Carry | None) -> Carry:
+    """The carry before each of the ``k`` slices of every row, ``[N * k, ...]``: the call's for the first slice
+    and, for the others, the slice's reset state at its first step (zeros without ``reset``)."""
+    n = carry[0].shape[0]
+    later = (tuple(s.new_zeros(n, k - 1, *s.shape[1:]) for s in carry) if reset is None
+             else tuple(r[:, slice_len:k * slice_len:slice_len] for r in reset))
+    return tuple(torch.cat([s.unsqueeze(1), r], dim=1).reshape(n * k, *s.shape[1:]) for s, r in zip(carry, later))
 
 
 def merge(n: int, t_len: int, y: torch.Tensor, final: Carry, per_step: Carry | None):
@@ -160,21 +167,31 @@ def padded(impl: Callable, is_init: torch.Tensor, slice_len: int, num_slices: in
 def whole_slices(slice_len: int) -> Callable:
     """The ``pad`` backend on a call whose rows are slices of ``slice_len`` steps from ``t = 0``, the last one
     ``T mod slice_len`` steps where ``slice_len`` does not divide ``T`` (:attr:`.segments.SegmentPlan.slice_len`):
-    the whole slices run as one kernel call on the view ``[N * T // slice_len, slice_len]`` (:func:`split`),
-    the shorter last ones as a second call ``[N, T mod slice_len]``. No gather: every slice ends at its
-    call's last step, so the kernel's final carries are the slices' final carries. The per-step carries
-    are the segment-end states (:func:`.segments.mark_segment_ends`). Eager only."""
+    the whole slices run as one kernel call on the view ``[N * T // slice_len, slice_len]``, the shorter last
+    ones as a second call ``[N, T mod slice_len]``, or, where the carry is ``h`` alone over one layer (the
+    GRU: ``h`` is the output), zero-padded to ``slice_len`` steps in the same call (padding after a slice's
+    end cannot change its steps; its final ``h`` is its output at ``T - 1``). No gather: every other slice
+    ends at its call's last step, so the kernel's final carries are the slices' final carries. The per-step
+    carries are the segment-end states (:func:`.segments.mark_segment_ends`). Eager only."""
 
     def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
         n, t_len = is_init.shape
-        whole = t_len - t_len % slice_len
+        tail = t_len % slice_len
+        padded_tail = bool(tail) and layout.num_layers == 1 and len(carry) == 1
+        k = -(-t_len // slice_len) if padded_tail else t_len // slice_len
+        whole = k * slice_len
         inner = dataclasses.replace(opts, segment_states=False)
         carry = apply_reset(carry, is_init[:, 0], None if reset is None else tuple(r[:, 0] for r in reset))
-        x_s, carry_s, _, _ = split(slice_len, x[:, :whole], carry, is_init[:, :whole], _steps(reset, 0, whole))
-        y_s, slice_finals, _ = pad.sequence(layout, params, x_s, carry_s, None, None, inner)
+        x_s = F.pad(x, (0, 0, 0, whole - t_len)) if padded_tail else x[:, :whole]
+        x_s = x_s.reshape(n * k, slice_len, x.shape[-1])
+        y_s, slice_finals, _ = pad.sequence(layout, params, x_s, _slice_carries(slice_len, k, carry, reset), None,
+                                            None, inner)
         y, final, _ = merge(n, whole, y_s, slice_finals, None)
-        tail_finals = None
-        if whole < t_len:  # the shorter last slices
+        tail_finals, ended = None, whole // slice_len  # ended: the slices whose final carry the kernel holds
+        if padded_tail:
+            y, ended = y[:, :t_len], k - 1
+            final = tail_finals = (y[:, -1].unsqueeze(1).clone(),)  # not a view of the outputs
+        elif tail:  # the shorter last slices
             tail_carry = (tuple(s.new_zeros(s.shape) for s in carry) if reset is None
                           else tuple(r[:, whole] for r in reset))
             y_tail, tail_finals, _ = pad.sequence(layout, params, x[:, whole:], tail_carry, None, None, inner)
@@ -184,7 +201,8 @@ def whole_slices(slice_len: int) -> Callable:
         per_step = []  # the segment-end states: each slice's final carry at its last step
         for i, part in enumerate(slice_finals):
             states = part.new_zeros(n, t_len, *part.shape[1:])
-            states[:, slice_len - 1:whole:slice_len] = part.view(n, whole // slice_len, *part.shape[1:])
+            ends = part.view(n, k, *part.shape[1:])[:, :ended]
+            states[:, slice_len - 1:ended * slice_len:slice_len] = ends
             if tail_finals is not None:
                 states[:, -1] = tail_finals[i]
             per_step.append(states)
@@ -192,7 +210,3 @@ def whole_slices(slice_len: int) -> Callable:
 
     sequence.__qualname__ = f"whole_slices({slice_len})"
     return segments.mark_segment_ends(sequence)
-
-
-def _steps(reset: Carry | None, begin: int, end: int) -> Carry | None:
-    return None if reset is None else tuple(r[:, begin:end] for r in reset)
