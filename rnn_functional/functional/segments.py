@@ -89,10 +89,10 @@ class SegmentPlan:
     def _index(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.index is None:
             n, t_len = self.shape
-            marks = torch.zeros(n * t_len, dtype=torch.long, device=self.first.device).index_fill_(0, self.first, 1)
-            seg_of = marks.cumsum(0).reshape(n, t_len) - 1
-            pos = torch.arange(t_len, device=self.first.device).expand(n, t_len) - self.start[seg_of]
-            self.index = (seg_of, pos)
+            dev = self.first.device
+            seg_of = torch.repeat_interleave(torch.arange(self.count, device=dev), self.lengths, output_size=n * t_len)
+            pos = torch.arange(n * t_len, device=dev) - self.first[seg_of]
+            self.index = (seg_of.view(n, t_len), pos.view(n, t_len))
         return self.index
 
     @property
@@ -233,8 +233,7 @@ def packed(p: SegmentPlan) -> Callable:
         rank = torch.empty_like(order)
         rank[order] = torch.arange(p.count)
         order_d, rank_d = order.to(dev), rank.to(dev)
-        seg_of = torch.repeat_interleave(torch.arange(p.count, device=dev), p.lengths, output_size=steps)
-        pos = torch.arange(steps, device=dev) - p.first[seg_of]
+        seg_of, pos = p.seg_of.reshape(-1), p.pos.reshape(-1)
         step_rows = (batch_sizes.cumsum(0) - batch_sizes).to(dev)  # the first packed row of each step
         dest = step_rows[pos] + rank_d[seg_of]  # a permutation of the steps
         data = x.new_empty(steps, x.shape[-1]).index_copy(0, dest, x.reshape(-1, x.shape[-1]))
@@ -262,7 +261,8 @@ def _buckets(lengths_sorted: list[int], recompute: bool, records_grad: bool = Tr
     The cut minimises an estimated cost, in row-steps: a call of ``steps`` steps over ``rows`` rows
     costs ``steps * (rows + _CALL_STEP_ROWS)``; with ``recompute`` (a carry with parts after ``h``),
     its rows shorter than ``steps`` add the cell's step loop of :func:`_other_finals` over the longest
-    of them, ``_RECOMPUTE_STEP_ROWS + rows / 2`` per step. Exact dynamic programming over the distinct
+    of them, ``_RECOMPUTE_STEP_ROWS`` plus ``_RECOMPUTE_ROW_STEPS`` per short row per step
+    (``_RECOMPUTE_ROW_STEPS_NO_GRAD`` when autograd does not record the call). Exact dynamic programming over the distinct
     lengths (at most ``_MAX_DISTINCT`` of them; beyond, buckets of lengths within a factor of two).
     """
     distinct = sorted(set(lengths_sorted), reverse=True)
