@@ -164,6 +164,40 @@ def test_whole_slices_fast_path_equals_reference(cell, batch_shape, t_len, slice
         assert out.untyped_storage().data_ptr() not in inputs
 
 
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """A leaf equal to ``t`` viewed with stride 2 along its last dim (non-contiguous storage)."""
+    wide = t.detach().new_zeros(*t.shape[:-1], 2 * t.shape[-1])
+    wide[..., ::2] = t.detach()
+    return wide[..., ::2].requires_grad_(t.requires_grad)
+
+
+@pytest.mark.parametrize("cell", ATEN_CELLS)
+@pytest.mark.parametrize(("pattern", "path"), [("whole", "pad"), ("ragged", "pad"), ("ragged", "packed")])
+def test_rebatched_paths_read_strided_arguments(cell, pattern, path):
+    """Whole slices (the view path), length buckets and packed segments, given a column-major ``x`` and stride-2
+    state, ``reset_state`` and ``is_init``: outputs and gradients equal reference's on contiguous copies."""
+    t_len = 12
+    is_init = torch.zeros(2, t_len, dtype=torch.bool)
+    if pattern == "whole":
+        is_init[:, ::4] = True
+    else:
+        is_init[0, [0, 2, 7]] = True
+        is_init[1, [5, 6]] = True
+    params, x, state, _, reset, _ = problem = _problem(cell, (2,), t_len, is_init, 1, True, seed=3)
+    want_outs, want_grads = _outputs_and_grads(cell, problem, "reference")
+
+    as_tuple = (lambda v: v) if isinstance(state, tuple) else (lambda v: (v,))
+    x_cm = x.detach().transpose(-1, -2).contiguous().transpose(-1, -2).requires_grad_(True)
+    state_s, reset_s = tuple(_strided(t) for t in as_tuple(state)), tuple(_strided(t) for t in as_tuple(reset))
+    assert not (x_cm.is_contiguous() or state_s[0].is_contiguous() or reset_s[0].is_contiguous())
+    unpack = (lambda v: v) if isinstance(state, tuple) else (lambda v: v[0])
+    leaves = [x_cm, *state_s, *reset_s, *params.values()]
+    laid_out = (params, x_cm, unpack(state_s), _strided(is_init), unpack(reset_s), leaves)
+    outs, grads = _outputs_and_grads(cell, laid_out, "auto", path)
+    for a, b in zip([*outs, *grads], [*want_outs, *want_grads], strict=True):
+        torch.testing.assert_close(a, b)
+
+
 def test_whole_slices_detection():
     """SegmentPlan.slice_len: every row slices of L < T steps from t = 0 (the last one T mod L steps), else None."""
     def slice_len(rows):
