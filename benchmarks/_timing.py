@@ -51,6 +51,7 @@ def interleaved(
     max_seconds: float = 20.0,
     keep_rounds: bool = False,
     shuffle: bool = False,
+    settle: bool = False,
 ) -> dict[str, dict]:
     """Median seconds per call of each contender, timed in rotating interleaved rounds.
 
@@ -67,6 +68,11 @@ def interleaved(
         shuffle: each round in a fresh random order (seeded) instead of the rotated one, where every
             contender always follows the same neighbour (whose freed memory or evicted caches it
             may pay for).
+        settle: call each contender once, untimed, right before its timed call, so that the timed call
+            meets the memory its own previous call left (as in a training loop, where the same step runs
+            again and again) rather than its neighbour's: a contender whose buffers are too large for the
+            C library to keep (glibc maps them fresh, or trims them off its heap) otherwise pays for
+            whatever its neighbour did with the heap.
 
     Returns:
         name -> ``{"median_s", "min_s", "samples", "first_call_s"}`` (``first_call_s``: the first
@@ -98,6 +104,8 @@ def interleaved(
             rng.shuffle(order)
         for name in order:
             fn = contenders[name]
+            if settle:
+                fn()
             sync(device)
             t0 = time.perf_counter()
             fn()

@@ -9,7 +9,9 @@
 One invocation measures one cell (one cell type, one E): forward + backward of ``y.sum()``
 (grads w.r.t. every member's params), input shared by the members, 5% random resets, one
 layer, F = H. The contenders run side by side in one process (``_timing.interleaved``:
-rotating rounds, median); compiling takes 10-40 s per compiled contender on a 2-core CPU, so
+rotating rounds, median; ``settle``: each timed call right after an untimed call of the same
+contender, so that it meets the heap its own previous call left, as one training step meets the
+last, not the one its neighbour left); compiling takes 10-40 s per compiled contender on a 2-core CPU, so
 a sweep runs one cell per invocation, each merged into the JSON as a row keyed by
 ``(cell, E, B, T, H, threads, malloc)`` (re-running a cell replaces its row)::
 
@@ -29,9 +31,12 @@ Contenders (``--contenders``; the first five by default):
 - ``compiled vmap``: ``torch.compile(torch.vmap(...), fullgraph=True)`` forward, its backward
   compiled with it.
 - ``GEMM floor``: only the matrix products of the E members' fwd+bwd, as bare ``torch.mm`` calls
-  (per member: input projection, its input and weight gradients, T recurrent products forward and
-  T backward, the recurrent weight gradient). No ensemble can beat the compiled loop by more than
-  ``compiled loop / GEMM floor`` without doing those products faster.
+  (per member: input projection and its weight gradient, T recurrent products forward and T
+  backward, the recurrent weight gradient; no input gradient, which no contender computes: ``x``
+  does not require grad). No ensemble can beat the compiled loop by more than
+  ``compiled loop / GEMM floor`` without doing those products faster. Each row also records the
+  floor's rate (GFLOP/s) and that of one large ``[2048, 2048] @ [2048, 2048]`` product at the same
+  thread count (``gemm_peak_gflops``): how far the floor's products are from the BLAS's own peak.
 - ``eager vmap (scan)``: eager vmap forced to ``scan`` (why ``auto`` does not pick it there).
 - ``compiled vmap fwd``: the compiled vmap, forward only, under ``no_grad``.
 - ``compiled vmap (reference)``: the compiled vmap forced to ``reference`` (the time loop
@@ -63,6 +68,7 @@ import os
 import resource
 import shutil
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -176,7 +182,7 @@ def build_contenders(cell: str, e: int, b: int, t: int, h: int, names: list[str]
         w_ih, w_hh = torch.randn(gates, h), torch.randn(gates, h)
 
         def member() -> None:
-            torch.mm(inp, w_ih.t()), torch.mm(d_gates, w_ih), torch.mm(d_gates.t(), inp)  # projection, d_x, d_W_ih
+            torch.mm(inp, w_ih.t()), torch.mm(d_gates.t(), inp)  # projection, d_W_ih (x needs no gradient)
             for _ in range(t):
                 torch.mm(h_t, w_hh.t()), torch.mm(d_gates_t, w_hh)  # recurrent product, its backward
             torch.mm(d_gates.t(), inp)  # d_W_hh (K = B*T, as d_W_ih)
@@ -228,6 +234,26 @@ def kernel_load(fn: Callable[[], None], calls: int = 2) -> dict:
             "system_s_per_call": (after.ru_stime - before.ru_stime) / calls}
 
 
+def floor_flops(cell: str, e: int, b: int, t: int, h: int) -> float:
+    """Floating-point operations of the ``GEMM floor`` contender (F = H): per member, four
+    ``[B*T, H] x [H, G*H]``-sized products (projection, its weight gradient, T recurrent products
+    forward and T backward) and the recurrent weight gradient, ``2 * B*T * H * G*H`` each."""
+    gates = (4 if cell == "lstm" else 3) * h
+    return e * 5 * 2 * b * t * h * gates
+
+
+def gemm_peak_gflops(n: int = 2048, calls: int = 5) -> float:
+    """GFLOP/s of the fastest of ``calls`` ``[n, n] @ [n, n]`` products at the current thread count."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = float("inf")
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
+
+
 def merge_row(path: Path, row: dict) -> dict:
     """Add ``row`` to the sweep JSON at ``path`` (replacing the row with the same key); returns the document."""
     doc = json.loads(path.read_text()) if path.exists() else {}
@@ -249,14 +275,18 @@ def measure(args: argparse.Namespace) -> dict:
     device = torch.device("cpu")
     names = args.contenders or SWEEP
     contenders = build_contenders(args.cell, args.members, args.batch, args.time, args.hidden, names)
-    results = interleaved(contenders, device, warmup=2, repeats=args.repeats, max_seconds=60.0)
+    results = interleaved(contenders, device, warmup=2, repeats=args.repeats, max_seconds=60.0, settle=True)
     for name, fn in contenders.items():
         if "median_s" in results[name]:
             results[name].update(kernel_load(fn))
+    if "median_s" in results.get("GEMM floor", {}):
+        flops = floor_flops(args.cell, args.members, args.batch, args.time, args.hidden)
+        results["GEMM floor"]["gflops"] = flops / results["GEMM floor"]["median_s"] / 1e9
     config = {"cell": args.cell, "members": args.members, "batch": args.batch, "time": args.time,
               "hidden": args.hidden, "threads": args.threads, "malloc": args.malloc, "input": args.hidden, "layers": 1,
               "reset_prob": 0.05, "dtype": "float32"}
-    row = {"config": config, "environment": environment(device), "results": results}
+    row = {"config": config, "environment": environment(device), "results": results,
+           "gemm_peak_gflops": gemm_peak_gflops()}
     for base in ("eager loop", BASELINE):
         ref = results.get(base, {}).get("median_s")
         if ref:
@@ -295,15 +325,20 @@ def table(doc: dict) -> str:
     rows = sorted(doc["rows"], key=_display_order)
     names = [n for n in SWEEP + EXTRA if any(n in r["results"] for r in rows)]
     faults = any("minor_faults_per_call" in v for r in rows for v in r["results"].values())
+    rates = any("gflops" in r["results"].get("GEMM floor", {}) for r in rows)
     lines = ["| cell | B x T x H | threads | malloc | E | " + " | ".join(names)
-             + (" | page faults per call: compiled vmap / loop" if faults else "") + " |",
-             "|---|---|---:|---|---:|" + "---:|" * (len(names) + faults)]
+             + (" | page faults per call: compiled vmap / loop" if faults else "")
+             + (" | GFLOP/s: floor / one large GEMM" if rates else "") + " |",
+             "|---|---|---:|---|---:|" + "---:|" * (len(names) + faults + rates)]
     for r in rows:
         res, c = r["results"], r["config"]
         cells = [_cell_ms(res[n], res.get(BASELINE)) if n in res else "" for n in names]
         if faults:
             cells.append(" / ".join(f"{res[n]['minor_faults_per_call']:.0f}" if "minor_faults_per_call" in res.get(n, {})
                                     else "-" for n in ("compiled vmap", BASELINE)))
+        if rates:
+            floor = res.get("GEMM floor", {})
+            cells.append(f"{floor['gflops']:.0f} / {r['gemm_peak_gflops']:.0f}" if "gflops" in floor else "")
         shape = f"{c['batch']} x {c['time']} x {c['hidden']}"
         threads, malloc = _variant(r)
         head = f"| {c['cell'].upper()} | {shape} | {threads} | {malloc} | {c['members']} | "
@@ -374,9 +409,9 @@ def section(doc: dict, png_name: str) -> str:
         "Batch B, time T, hidden H per row (F = H), L=1, 5% random resets, forward+backward, shared input; "
         f"{env['device_name']}, torch threads and allocator setting per row (`--malloc`: "
         + "; ".join(f"`{k}`: {v}" for k, v in MALLOC.items()) + "), one process per row, contenders "
-        f"interleaved{load}; torch {env['torch']}. ms per call: median over rounds (speed-up over the "
-        f"compiled loop of the same row; `GEMM floor`: the members' matrix products alone as bare `mm` calls, "
-        f"see docs/ensembles.md).\n\n{table(doc)}\n\n```bash\n{REPRODUCE}\n```\n\n"
+        f"interleaved, each timed call right after an untimed call of the same contender{load}; torch "
+        f"{env['torch']}. ms per call: median over rounds (speed-up over the compiled loop of the same row; "
+        f"`GEMM floor`: the members' matrix products alone as bare `mm` calls, see docs/ensembles.md).\n\n{table(doc)}\n\n```bash\n{REPRODUCE}\n```\n\n"
         f"![{png_name}](assets/benchmarks/{png_name})\n\n{END}"
     )
 
