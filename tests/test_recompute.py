@@ -230,7 +230,7 @@ def test_compiled_scan_saves_carries_and_only_what_the_mode_needs():
     """Under torch.compile the scan backend always differentiates through its own reverse scan
     (torch's scan backward is miscompiled by Inductor on 2.13, see backends/scan.py): "full" keeps
     only the carries; "none" the carries and what the backward reads of each step (the LSTM's
-    saved gates and tanh(c), 5H, or their backward factors, 6H: the partitioner may move that
+    saved gates, 4H, or their backward factors, 6H: the partitioner may move that
     elementwise precomputation into the forward); nothing more. Counted with saved-tensor hooks (the
     compiled function saves through them), leaving out the inputs and params, which are kept by the
     caller anyway."""
@@ -256,7 +256,7 @@ def test_compiled_scan_saves_carries_and_only_what_the_mode_needs():
             fn(x, is_init).sum().backward()
         saved[recompute] = sum(nbytes)
     per_step_carry = 8 * 16 * (32 + 32) * 4  # h and c after every step, float32
-    per_step_gates = 8 * 16 * 5 * 32 * 4  # i, f, g, o and tanh(c') after every step
+    per_step_gates = 8 * 16 * 4 * 32 * 4  # i, f, g, o after every step
     per_step_factors = 8 * 16 * 6 * 32 * 4  # LSTMCell.backward_factors: k [4H], a [H], f [H]
     # plus small extras: a time-major copy of x (F = 8: 1/8 of the carries), the reset mask, a weight
     assert saved["full"] < 1.2 * per_step_carry, saved  # the gates would add 2.5x the carries

@@ -14,8 +14,8 @@ When autograd records a layer, it runs through :class:`~.scan_parts.HandWrittenL
 backward, in one of two modes:
 
 * ``recompute="none"``: the forward keeps every step's activations
-  (:meth:`~rnn_functional.cells.Cell.layer_step_saving`: the LSTM's gates and ``tanh(c)``,
-  ``5H`` per step); the backward consumes them (one recurrent GEMM per step, none redone).
+  (:meth:`~rnn_functional.cells.Cell.layer_step_saving`: the LSTM's activated gates,
+  ``4H`` per step); the backward consumes them (one recurrent GEMM per step, none redone).
 * ``recompute="full"``: the forward keeps only the layer's input and its carry after every step;
   the backward rebuilds each step from the saved carry (two more GEMMs per step: the input
   projection and the recurrent one). Activation memory per step drops from the gates to the

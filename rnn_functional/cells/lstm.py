@@ -68,17 +68,17 @@ class LSTMCell(Cell):
 
     def layer_step_saving(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> tuple[Carry, Saved]:
         """``gi [N, 4H]``, carry ``(h [N, P], c [N, H])`` -> ``((h', c'), saved)``; ``extra = (weight_hr,)``.
-        ``saved = (i, f, g, o, tanh(c'))``, the activated gates and the cell's output nonlinearity, each ``[N, H]``."""
+        ``saved = (i, f, g, o)``, the activated gates, each ``[N, H]`` (``tanh(c')`` is not kept: its
+        backward recomputes it from them and ``c``, an elementwise pass it makes anyway)."""
         h, c = carry
         i, f, g, o = (gi + F.linear(h, w.weight_hh, w.bias_hh)).chunk(4, dim=-1)
         i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
         c_next = _cell_update(f, c, i * g)
-        tanh_c = torch.tanh(c_next)
-        h_next = o * tanh_c
+        h_next = o * torch.tanh(c_next)
         (weight_hr,) = w.extra
         if weight_hr is not None:
             h_next = F.linear(h_next, weight_hr)
-        return (h_next, c_next), (i, f, g, o, tanh_c)
+        return (h_next, c_next), (i, f, g, o)
 
     def carry_rest_given_h(self, gi: torch.Tensor, h_prev: torch.Tensor, rest0: Carry, w: LayerWeights) -> Carry:
         """``(c [R, T, H],)``: the gates of every step in one batch (they read ``h``, not ``c``), then
@@ -93,7 +93,8 @@ class LSTMCell(Cell):
     def backward_factors(self, saved: Saved, carry: Carry, w: LayerWeights) -> Saved:
         """``(k [.., 4H], a [.., H], f [.., H])`` (and ``o * tanh(c')`` with ``weight_hr``): the gate
         cotangents are ``cat([dc, dc, dc, dh]) * k``, and ``dc = dc' + dh * a``."""
-        (i, f, g, o, tanh_c), c = saved, carry[1]
+        (i, f, g, o), c = saved, carry[1]
+        tanh_c = torch.tanh(_cell_update(f, c, i * g))  # tanh(c'), as the forward computed it
         k = torch.cat([g * i * (1 - i), c * f * (1 - f), i * (1 - g * g), tanh_c * o * (1 - o)], dim=-1)
         projected = () if w.extra[0] is None else (o * tanh_c,)
         return (k, o * (1 - tanh_c * tanh_c), f, *projected)
