@@ -97,6 +97,8 @@ def test_cell_saved_backward_is_the_vjp_of_its_step(cell, proj: bool) -> None:
     new, saved = cell.layer_step_saving(gi, carry, w)
     for a, b in zip(new, cell.layer_step(gi, carry, w)):
         torch.testing.assert_close(a, b)
+    if cell is LSTM:  # what a step keeps for its backward: the four activated gates, 4H (no tanh(c'))
+        assert [tuple(t.shape) for t in saved] == [(N, layout.hidden_size)] * 4
     extra = [t for t in w.extra if t is not None]
     want = torch.autograd.grad(new, [*carry, gi, w.weight_hh, *extra], d_new)
     with torch.no_grad():
