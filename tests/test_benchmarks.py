@@ -1,7 +1,9 @@
-"""The benchmarks' shared timing helper and the ensemble benchmark's GEMM floor."""
+"""The benchmarks' shared timing helper and the ensemble benchmark: its GEMM floor, and the docs section its
+``--report`` writes from the committed sweep JSON (that table is never edited by hand)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -9,7 +11,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+SWEEP = BENCHMARKS / "results" / "ensemble_sweep_cpu.json"
 
 
 @pytest.fixture
@@ -46,3 +50,14 @@ def test_ensemble_gemm_floor_flops_match_its_products(benchmarks_on_path, cell) 
     with FlopCounterMode(display=False) as counter:
         floor()
     assert counter.get_total_flops() == bench_ensemble.floor_flops(cell, e, b, t, h)
+
+
+def test_ensemble_benchmark_section_is_generated(benchmarks_on_path) -> None:
+    if not SWEEP.exists():
+        pytest.skip("no ensemble sweep committed under benchmarks/results/")
+    import bench_ensemble
+
+    expected = bench_ensemble.section(json.loads(SWEEP.read_text()), SWEEP.with_suffix(".png").name)
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert expected in page, "docs/benchmarks.md is out of date: run `python benchmarks/bench_ensemble.py --report`"
+    assert (ROOT / "docs" / "assets" / "benchmarks" / SWEEP.with_suffix(".png").name).exists()
