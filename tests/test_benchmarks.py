@@ -61,3 +61,17 @@ def test_ensemble_benchmark_section_is_generated(benchmarks_on_path) -> None:
     page = (ROOT / "docs" / "benchmarks.md").read_text()
     assert expected in page, "docs/benchmarks.md is out of date: run `python benchmarks/bench_ensemble.py --report`"
     assert (ROOT / "docs" / "assets" / "benchmarks" / SWEEP.with_suffix(".png").name).exists()
+
+
+def test_torchrl_reset_benchmark_section_is_generated(benchmarks_on_path) -> None:
+    """The table of TorchRL's own recurrent-backend benchmark in the docs comes from the committed JSON."""
+    results = BENCHMARKS / "results" / "torchrl_reset_cpu.json"
+    if not results.exists():
+        pytest.skip("no TorchRL reset benchmark committed under benchmarks/results/")
+    import bench_torchrl_reset
+
+    doc = json.loads(results.read_text())
+    assert bench_torchrl_reset.summary(doc["rows"]) == doc["summary"]
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert bench_torchrl_reset.section(doc) in page, (
+        "docs/benchmarks.md is out of date: run `python benchmarks/bench_torchrl_reset.py --report`")

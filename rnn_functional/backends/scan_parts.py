@@ -10,6 +10,7 @@ expanded, except the input of the projection, see :meth:`Members.linear`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -143,6 +144,7 @@ def time_loop(step, init, xs, reads=(), reverse: bool = False, members: Members 
     if torch.compiler.is_compiling():
         if reverse:
             xs = pytree.tree_map(lambda t: t.flip(0), xs)
+        allow_scan_lowering()
         return scan(step, _batched_like_step(init, *reads), xs)
     leaves, spec = pytree.tree_flatten(xs)
     per_step = list(zip(*(t.unbind(0) for t in leaves)))  # [T] of each step's leaves: one unbind per tensor
@@ -175,8 +177,27 @@ def _indexed_scan(step, init, xs, reads, reverse: bool):
         at = index.reshape(1)
         return step(carry, pytree.tree_unflatten([t.index_select(0, at).squeeze(0) for t in leaves], spec))
 
+    allow_scan_lowering()
     with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
         return scan(indexed_step, _batched_like_step(init, *reads), order)
+
+
+@torch._dynamo.assume_constant_result  # runs as plain Python while Dynamo traces: no graph break
+def allow_scan_lowering() -> bool:
+    """Let Inductor lower the ``scan`` of the compile in progress; call it before every ``scan``.
+
+    Inductor's ``decompose_scan_to_while_loop`` reads the loop index with ``.item()``, which the
+    compile's ``ShapeEnv`` allows only when Dynamo built it for ``fullgraph=True`` (or with the global
+    ``capture_scalar_outputs``); under a default ``torch.compile(f)`` every ``scan`` raised
+    ``DataDependentOutputException: aten._local_scalar_dense``. Granted here on that compile's
+    ``ShapeEnv`` alone, leaving the global config (and so how Dynamo treats the user's own ``.item()``
+    calls) as it is. A no-op outside a compile.
+    """
+    context = torch._guards.TracingContext.try_get()
+    shape_env = None if context is None or context.fake_mode is None else context.fake_mode.shape_env
+    if shape_env is not None and not shape_env.allow_scalar_outputs:
+        shape_env.settings = dataclasses.replace(shape_env.settings, allow_scalar_outputs=True)
+    return True
 
 
 def _builder(spec: pytree.TreeSpec):
