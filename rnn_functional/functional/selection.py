@@ -212,9 +212,11 @@ def resolve_backend(
     """The ``sequence`` implementation serving ``name`` for this call (``records_grad``: autograd
     records it, which changes ``auto``'s eager choice).
 
-    ``auto``: see :func:`_auto`. ``pad`` runs ATen's kernels eagerly and computes the same result through
-    ``scan`` under ``torch.compile`` and ``reference`` under eager ``torch.func`` transforms,
-    where those kernels cannot run (no vmap batching rule, data-dependent splits).
+    ``auto``: see :func:`_auto`. ``pad`` runs ATen's kernels eagerly, with interior resets in the layout
+    ``auto``'s rule picks among ATen's (``packed`` segments, or ``pad``'s own where the rule picks it or
+    leaves ATen's kernels), and computes the same result through ``scan`` under ``torch.compile`` and
+    ``reference`` under eager ``torch.func`` transforms, where those kernels cannot run (no vmap
+    batching rule, data-dependent splits).
     """
     check_options(backend=name)
     ctx = call_context()
@@ -229,8 +231,9 @@ def resolve_backend(
         pad.aten_kernels(layout)  # raises for a cell without ATen kernels, in every context
         if ctx.traced:  # ATen's kernels have no vmap rule nor functorch autograd, and split on host-side counts
             name = "scan" if ctx.compiling else "reference"
-        else:
-            return eager_path("pad", layout, opts, is_init, plan, records_grad)
+        else:  # ATen's kernels in the layout auto's rule picks among theirs (packed or pad's own), else pad's own
+            layout_choice = "packed" if _eager_fastest(layout, opts, is_init, records_grad, plan) == "packed" else "pad"
+            return eager_path(layout_choice, layout, opts, is_init, plan, records_grad)
     if name == "triton":
         triton_backend.kernel_family(layout)  # the cell's error comes first: no device would serve it
         if not triton_backend.is_available(x.device):
