@@ -281,7 +281,8 @@ def run_sequence(cell: Cell, x, state, params, is_init, reset_state, backend: st
     )
     empty = n == 0 or t_len == 0
     reshaped = slice_len is not None and num_slices is None and not empty
-    if c.is_init is not None and not (empty or reshaped or call_context().traced):
+    # only pad/auto look at is_init on the host; reference, scan and triton apply every reset on the device
+    if c.is_init is not None and backend in ("pad", "auto") and not (empty or reshaped or call_context().traced):
         c = _reset_first_step_only(c)
     call = (c.x, c.carry, c.is_init, c.reset)
     if reshaped:  # whole slices side by side: [N * T / slice_len, slice_len]

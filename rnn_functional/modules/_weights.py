@@ -7,6 +7,13 @@ to an ``nn.LSTM``/``nn.GRU`` object. It reads the child's ``_parameters`` dict t
 reference kept on the parent instead. That dict is the object every parameter swap writes
 into (``TensorDict.to_module``, ``torch.func.functional_call``, ``.to()``, ``load_state_dict``),
 and ``deepcopy``/pickling copy it once, shared by the copy's child and the copy's reference.
+
+The reference is held by a :class:`LiveParams` object, not as a bare dict attribute: ``torch.export``
+snapshots every plain module attribute with a pytree copy while the parameters are fake tensors and
+writes the copy back when it is done (``_detect_attribute_assignment`` in torch's AOTAutograd
+frontend), which replaced a bare dict reference by a copy holding the trace's fake tensors. Pytree
+treats a ``LiveParams`` as a leaf, so the snapshot writes back the same object, still pointing at
+the child's dict.
 """
 
 from __future__ import annotations
@@ -18,7 +25,16 @@ from torch import nn
 
 from ._cells import ModuleCell
 
-__all__ = ["RNNChild", "build_rnn"]
+__all__ = ["LiveParams", "RNNChild", "build_rnn"]
+
+
+class LiveParams:
+    """A reference to a module's parameter dict (the same object, never a copy) that pytree leaves alone."""
+
+    __slots__ = ("params",)
+
+    def __init__(self, params: dict) -> None:
+        self.params = params
 
 
 class RNNChild:
@@ -38,7 +54,7 @@ class RNNChild:
             self._bind_rnn(value)
 
     def _bind_rnn(self, rnn: nn.RNNBase) -> None:
-        self._weights = rnn._parameters  # the same dict object, never a copy
+        self._live = LiveParams(rnn._parameters)
         self._layout = self._cell.core.read_layout(rnn._parameters)  # checked once, read by the step and the sequence
         self._input_size = int(rnn.input_size)
         self._num_layers = int(rnn.num_layers)
@@ -55,6 +71,11 @@ class RNNChild:
         out = super()._apply(fn, recurse)
         self._bind_rnn(self._rnn)
         return out
+
+    @property
+    def _weights(self) -> dict:
+        """The child's parameter dict, by name (``torch.nn`` state-dict names)."""
+        return self._live.params
 
     @property
     def _rnn(self) -> nn.RNNBase:

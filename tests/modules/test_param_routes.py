@@ -1,0 +1,143 @@
+"""Every route that swaps or re-creates a module's parameters leaves the eager module right.
+
+The modules read their weights through a reference to the ``nn.LSTM``/``nn.GRU`` child's parameter
+dict (``modules/_weights.py``). After each route below, an eager call must equal a fresh module
+holding the same weights, and return real tensors. ``torch.export`` (non-strict) used to leave the
+module returning ``FakeTensor``s: its attribute snapshot wrote back a copy of that reference taken
+while the parameters were fake.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+import rnn_functional as rf
+
+F_IN, H, B = 3, 4, 2
+
+
+def _module(cell: str, seed: int = 0):
+    torch.manual_seed(seed)
+    keys = ["h", "c"] if cell == "lstm" else ["h"]
+    cls = rf.LSTMModule if cell == "lstm" else rf.GRUModule
+    return cls(input_size=F_IN, hidden_size=H, in_keys=["x", *keys], out_keys=["y", *(("next", k) for k in keys)])
+
+
+def _inputs(cell: str) -> dict:
+    g = torch.Generator().manual_seed(1)
+    keys = ["h", "c"] if cell == "lstm" else ["h"]
+    data = {"x": torch.randn(B, F_IN, generator=g), "is_init": torch.tensor([[True], [False]])}
+    data.update({k: torch.randn(B, 1, H, generator=g) for k in keys})
+    return data
+
+
+def _call(module, cell: str) -> list[torch.Tensor]:
+    dtype = next(module.parameters()).dtype
+    data = {k: v.to(dtype) if v.is_floating_point() else v for k, v in _inputs(cell).items()}
+    out = module(TensorDict(data, batch_size=[B]))
+    return [out["y"], *(out["next", k] for k in (["h", "c"] if cell == "lstm" else ["h"]))]
+
+
+def _fresh_like(module, cell: str):
+    """A new module holding ``module``'s current weights (copied as plain tensors)."""
+    fresh = _module(cell, seed=123)
+    fresh.load_state_dict({k: v.detach().clone() for k, v in module.state_dict().items()})
+    return fresh.to(next(module.parameters()).dtype)
+
+
+def _check(module, cell: str) -> None:
+    got, want = _call(module, cell), _call(_fresh_like(module, cell), cell)
+    for a, b in zip(got, want, strict=True):
+        assert type(a) is torch.Tensor, f"the module returned a {type(a).__name__}"
+        torch.testing.assert_close(a, b)
+
+
+class _Policy(nn.Module):
+    """Tensors in, tensors out (what export takes), our module inside (TensorDict built in forward)."""
+
+    def __init__(self, module, cell):
+        super().__init__()
+        self.module, self.keys = module, ["h", "c"] if cell == "lstm" else ["h"]
+
+    def forward(self, x, is_init, *hidden):
+        td = TensorDict({"x": x, "is_init": is_init, **dict(zip(self.keys, hidden))}, batch_size=x.shape[:1])
+        out = self.module(td)
+        return out["y"], *(out["next", k] for k in self.keys)
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "strict"])
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_export_leaves_the_module_intact(cell, strict):
+    module = _module(cell)
+    policy = _Policy(module, cell)
+    data = _inputs(cell)
+    args = (data["x"], data["is_init"], *(data[k] for k in policy.keys))
+    before = policy(*args)
+    exported = torch.export.export(policy, args, strict=strict)
+    for a, b in zip(exported.module()(*args), before, strict=True):
+        torch.testing.assert_close(a, b)
+    after = policy(*args)
+    for a, b in zip(after, before, strict=True):
+        assert type(a) is torch.Tensor, f"after export the module returned a {type(a).__name__}"
+        torch.testing.assert_close(a, b)
+    _check(module, cell)
+
+
+def _swap_functional_call(module, cell):
+    new = {k: torch.randn_like(v) for k, v in module.state_dict().items()}
+    got = torch.func.functional_call(module, new, (TensorDict(_inputs(cell), batch_size=[B]),))
+    reference = _module(cell, seed=5)
+    reference.load_state_dict(new)
+    torch.testing.assert_close(got["y"], _call(reference, cell)[0])  # the call itself used the new weights
+    return module  # and the module is back on its own weights
+
+
+def _swap_to_module(module, cell):
+    params = TensorDict.from_module(module)
+    new = params.apply(lambda t: torch.randn_like(t))
+    with new.to_module(module):
+        torch.testing.assert_close(_call(module, cell)[0], _call(_fresh_like(module, cell), cell)[0])
+    return module
+
+
+def _load_state_dict_assign(module, cell):
+    module.load_state_dict({k: torch.randn_like(v) for k, v in module.state_dict().items()}, assign=True)
+    return module
+
+
+def _double(module, cell):
+    return module.double()
+
+
+def _new_child(module, cell):
+    child = module._rnn
+    setattr(module, "lstm" if cell == "lstm" else "gru", type(child)(F_IN, H, batch_first=True))
+    return module
+
+
+def _deepcopy(module, cell):
+    return copy.deepcopy(module)
+
+
+def _pickle(module, cell):
+    buffer = io.BytesIO()
+    pickle.dump(module, buffer)
+    return pickle.loads(buffer.getvalue())
+
+
+ROUTES = [_swap_functional_call, _swap_to_module, _load_state_dict_assign, _double, _new_child, _deepcopy, _pickle]
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=lambda r: r.__name__.lstrip("_"))
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_parameter_routes_leave_the_module_right(cell, route):
+    module = _module(cell)
+    _call(module, cell)  # a call before the route
+    _check(route(module, cell), cell)

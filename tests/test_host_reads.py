@@ -1,0 +1,109 @@
+"""Host reads of tensor data per eager call (each one is a device sync on a GPU).
+
+A ``TorchFunctionMode`` counts every call that moves tensor data to the host: ``.cpu()``,
+``.numpy()``, ``.tolist()``, ``.item()``, ``bool(t)``, ``int(t)``, ``float(t)``, ``nonzero`` and
+``repeat_interleave`` without ``output_size``. Budget (``../shared/DESIGN.md``): none on
+``reference``, ``scan`` and ``triton``, whatever ``is_init`` holds (they apply every reset on the
+device); none for any call without ``is_init``; none for the step functions. ``pad``/``auto`` read
+``is_init`` to choose and lay out their eager path when it is given.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torch.overrides import TorchFunctionMode
+
+import rnn_functional as rf
+
+_READS = {torch.Tensor.cpu, torch.Tensor.numpy, torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__bool__,
+          torch.Tensor.__int__, torch.Tensor.__index__, torch.Tensor.__float__, torch.nonzero, torch.Tensor.nonzero}
+_REPEAT = (torch.repeat_interleave, torch.Tensor.repeat_interleave)
+
+
+class HostReads(TorchFunctionMode):
+    """Records the name of every host read of tensor data made inside the block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _READS or (func in _REPEAT and kwargs.get("output_size") is None):
+            self.seen.append(getattr(func, "__name__", str(func)))
+        return func(*args, **kwargs)
+
+
+def test_the_counter_sees_host_reads():
+    t = torch.ones(3, dtype=torch.bool)
+    with HostReads() as reads:
+        bool(t.any()), t.cpu(), t.tolist(), t.nonzero(), torch.repeat_interleave(t.long())
+    assert reads.seen == ["__bool__", "cpu", "tolist", "nonzero", "repeat_interleave"]
+
+
+B, T, F_IN, H = 3, 6, 3, 4
+INIT = {"lstm": rf.init_lstm_params, "gru": rf.init_gru_params}
+SEQUENCE = {"lstm": rf.lstm_sequence, "gru": rf.gru_sequence}
+STEP = {"lstm": rf.lstm_step, "gru": rf.gru_step}
+
+
+def _is_init(resets: str) -> torch.Tensor | None:
+    if resets == "none":
+        return None
+    mask = torch.zeros(B, T, dtype=torch.bool)
+    mask[:, 0] = True
+    if resets == "interior":
+        mask[1, 2] = mask[2, 4] = True
+    return mask
+
+
+def _device_backends():
+    triton = pytest.mark.skipif("triton" not in rf.available_backends(), reason="triton needs CUDA or TRITON_INTERPRET=1")
+    return ["reference", "scan", pytest.param("triton", marks=triton)]
+
+
+@pytest.mark.parametrize("resets", ["none", "first_step", "interior"])
+@pytest.mark.parametrize("backend", _device_backends())
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_device_backends_read_nothing(cell, backend, resets):
+    params = INIT[cell](F_IN, H)
+    x = torch.randn(B, T, F_IN)
+    with HostReads() as reads:
+        SEQUENCE[cell](x, None, params, is_init=_is_init(resets), backend=backend, return_segment_states=True)
+    assert reads.seen == []
+
+
+@pytest.mark.parametrize("backend", ["pad", "auto"])
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_no_is_init_reads_nothing(cell, backend):
+    with HostReads() as reads:
+        SEQUENCE[cell](torch.randn(B, T, F_IN), None, INIT[cell](F_IN, H), backend=backend)
+    assert reads.seen == []
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_steps_read_nothing(cell):
+    with HostReads() as reads:
+        STEP[cell](torch.randn(B, F_IN), None, INIT[cell](F_IN, H), is_init=torch.tensor([True, False, True]))
+    assert reads.seen == []
+
+
+def _module_td(cell: str, shape: tuple) -> TensorDict:
+    keys = ["recurrent_state_h", "recurrent_state_c"] if cell == "lstm" else ["recurrent_state"]
+    is_init = _is_init("interior") if len(shape) == 2 else torch.tensor([True, False, True])
+    data = {"x": torch.randn(*shape, F_IN), "is_init": is_init.reshape(*shape, 1)}
+    data.update({k: torch.zeros(*shape, 1, H) for k in keys})
+    return TensorDict(data, batch_size=shape)
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_modules_read_nothing_on_device_backends_and_in_step_mode(cell):
+    cls = rf.LSTMModule if cell == "lstm" else rf.GRUModule
+    recurrent = cls(F_IN, H, in_key="x", out_key="y", recurrent_backend="scan", default_recurrent_mode=True)
+    sequential = cls(F_IN, H, in_key="x", out_key="y")
+    with HostReads() as reads:
+        recurrent(_module_td(cell, (B, T)))
+        sequential(_module_td(cell, (B,)))
+    assert reads.seen == []
