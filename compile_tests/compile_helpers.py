@@ -34,14 +34,16 @@ from rnn_functional import (
     init_lstm_params,
     lstm_sequence,
     lstm_step,
+    norm_gru_sequence,
+    norm_gru_step,
 )
 
 FAST = "aot_eager"
 FP32_TOL = {"rtol": 1e-5, "atol": 1e-6}
 F_IN, H = 3, 4  # input and hidden sizes of the test models; B, T in the tests never equal them
 
-SEQUENCE = {"lstm": lstm_sequence, "gru": gru_sequence}
-STEP = {"lstm": lstm_step, "gru": gru_step}
+SEQUENCE = {"lstm": lstm_sequence, "gru": gru_sequence, "norm_gru": norm_gru_sequence}
+STEP = {"lstm": lstm_step, "gru": gru_step, "norm_gru": norm_gru_step}
 
 # (cell, num_layers, proj_size): one and two layers, with and without an LSTM projection
 LAYOUTS = [("lstm", 1, 0), ("lstm", 2, 2), ("gru", 1, 0), ("gru", 2, 0)]

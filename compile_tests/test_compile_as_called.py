@@ -3,7 +3,7 @@
 The other contract tests pass ``fullgraph=True``, which hid a failure of every default compile:
 Inductor lowers ``scan`` to a ``while_loop`` whose index is read with ``.item()``, and Dynamo's
 shape environment allows that only for ``fullgraph=True`` (see ``backends/scan_parts.py``,
-``allow_scan_lowering``). Here the functions and modules are compiled with the configurations
+``_scan``). Here the functions and modules are compiled with the configurations
 users write (defaults; ``fullgraph``; ``dynamic`` True/False/None; ``max-autotune-no-cudagraphs``;
 ``aot_eager``; ``reduce-overhead`` on CUDA), under grad, ``no_grad`` and ``inference_mode``, and
 compared with the eager call on outputs and gradients. ``capture_scalar_outputs`` is False in
@@ -24,7 +24,7 @@ import torch
 from tensordict import TensorDict
 
 import rnn_functional as rf
-from compile_helpers import FP32_TOL, compile_stats, reset_mask
+from compile_helpers import FP32_TOL, SEQUENCE, STEP, compile_stats, hidden_keys, reset_mask
 
 B, T, F_IN, H = 3, 6, 4, 5
 GRAD_MODES = {"grad": contextlib.nullcontext, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
@@ -55,10 +55,6 @@ def _sequence_inputs(batch: int = B, seed: int = 0):
     is_init = reset_mask(batch, T, seed)
     assert is_init[:, 1:].any(), "the inputs must hold interior resets"
     return x, is_init
-
-
-SEQUENCE = {"lstm": rf.lstm_sequence, "gru": rf.gru_sequence, "norm_gru": rf.norm_gru_sequence}
-STEP = {"lstm": rf.lstm_step, "gru": rf.gru_step, "norm_gru": rf.norm_gru_step}
 
 
 def _first(state):
@@ -183,9 +179,8 @@ def _module(cell: str, backend: str, recurrent: bool = True):
 
 def _module_input(cell: str, shape: tuple, is_init: torch.Tensor) -> TensorDict:
     g = torch.Generator().manual_seed(3)
-    keys = ["recurrent_state_h", "recurrent_state_c"] if cell == "lstm" else ["recurrent_state"]
     data = {"obs": torch.randn(*shape, F_IN, generator=g), "is_init": is_init.reshape(*shape, 1)}
-    data.update({k: torch.randn(*shape, 1, H, generator=g) for k in keys})
+    data.update({k: torch.randn(*shape, 1, H, generator=g) for k in hidden_keys(cell)})
     return TensorDict(data, batch_size=shape)
 
 

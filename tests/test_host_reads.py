@@ -16,6 +16,7 @@ from tensordict import TensorDict
 from torch.overrides import TorchFunctionMode
 
 import rnn_functional as rf
+from helpers import CELLS
 
 _READS = {torch.Tensor.cpu, torch.Tensor.numpy, torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__bool__,
           torch.Tensor.__int__, torch.Tensor.__index__, torch.Tensor.__float__, torch.nonzero, torch.Tensor.nonzero}
@@ -44,9 +45,6 @@ def test_the_counter_sees_host_reads():
 
 
 B, T, F_IN, H = 3, 6, 3, 4
-INIT = {"lstm": rf.init_lstm_params, "gru": rf.init_gru_params}
-SEQUENCE = {"lstm": rf.lstm_sequence, "gru": rf.gru_sequence}
-STEP = {"lstm": rf.lstm_step, "gru": rf.gru_step}
 
 
 def _is_init(resets: str) -> torch.Tensor | None:
@@ -68,25 +66,28 @@ def _device_backends():
 @pytest.mark.parametrize("backend", _device_backends())
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_device_backends_read_nothing(cell, backend, resets):
-    params = INIT[cell](F_IN, H)
+    init, _, sequence = CELLS[cell]
+    params = init(F_IN, H)
     x = torch.randn(B, T, F_IN)
     with HostReads() as reads:
-        SEQUENCE[cell](x, None, params, is_init=_is_init(resets), backend=backend, return_segment_states=True)
+        sequence(x, None, params, is_init=_is_init(resets), backend=backend, return_segment_states=True)
     assert reads.seen == []
 
 
 @pytest.mark.parametrize("backend", ["pad", "auto"])
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_no_is_init_reads_nothing(cell, backend):
+    init, _, sequence = CELLS[cell]
     with HostReads() as reads:
-        SEQUENCE[cell](torch.randn(B, T, F_IN), None, INIT[cell](F_IN, H), backend=backend)
+        sequence(torch.randn(B, T, F_IN), None, init(F_IN, H), backend=backend)
     assert reads.seen == []
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_steps_read_nothing(cell):
+    init, step, _ = CELLS[cell]
     with HostReads() as reads:
-        STEP[cell](torch.randn(B, F_IN), None, INIT[cell](F_IN, H), is_init=torch.tensor([True, False, True]))
+        step(torch.randn(B, F_IN), None, init(F_IN, H), is_init=torch.tensor([True, False, True]))
     assert reads.seen == []
 
 

@@ -10,8 +10,7 @@ expanded, except the input of the projection, see :meth:`Members.linear`).
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -144,8 +143,7 @@ def time_loop(step, init, xs, reads=(), reverse: bool = False, members: Members 
     if torch.compiler.is_compiling():
         if reverse:
             xs = pytree.tree_map(lambda t: t.flip(0), xs)
-        allow_scan_lowering()
-        return scan(step, _batched_like_step(init, *reads), xs)
+        return _scan(step, _batched_like_step(init, *reads), xs)
     leaves, spec = pytree.tree_flatten(xs)
     per_step = list(zip(*(t.unbind(0) for t in leaves)))  # [T] of each step's leaves: one unbind per tensor
     rebuild = _builder(spec)
@@ -177,14 +175,13 @@ def _indexed_scan(step, init, xs, reads, reverse: bool):
         at = index.reshape(1)
         return step(carry, pytree.tree_unflatten([t.index_select(0, at).squeeze(0) for t in leaves], spec))
 
-    allow_scan_lowering()
     with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
-        return scan(indexed_step, _batched_like_step(init, *reads), order)
+        return _scan(indexed_step, _batched_like_step(init, *reads), order)
 
 
 @torch._dynamo.assume_constant_result  # runs as plain Python while Dynamo traces: no graph break
-def allow_scan_lowering() -> bool:
-    """Let Inductor lower the ``scan`` of the compile in progress; call it before every ``scan``.
+def _allow_scan_lowering() -> bool:
+    """Let Inductor lower the ``scan`` of the compile in progress (see :func:`_scan`).
 
     Inductor's ``decompose_scan_to_while_loop`` reads the loop index with ``.item()``, which the
     compile's ``ShapeEnv`` allows only when Dynamo built it for ``fullgraph=True`` (or with the global
@@ -196,8 +193,14 @@ def allow_scan_lowering() -> bool:
     context = torch._guards.TracingContext.try_get()
     shape_env = None if context is None or context.fake_mode is None else context.fake_mode.shape_env
     if shape_env is not None and not shape_env.allow_scalar_outputs:
-        shape_env.settings = dataclasses.replace(shape_env.settings, allow_scalar_outputs=True)
+        shape_env.settings = replace(shape_env.settings, allow_scalar_outputs=True)
     return True
+
+
+def _scan(step, init, xs):
+    """torch's ``scan``, made lowerable by Inductor under a default ``torch.compile`` (:func:`_allow_scan_lowering`)."""
+    _allow_scan_lowering()
+    return scan(step, init, xs)
 
 
 def _builder(spec: pytree.TreeSpec):

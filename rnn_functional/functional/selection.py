@@ -232,8 +232,8 @@ def resolve_backend(
         if ctx.traced:  # ATen's kernels have no vmap rule nor functorch autograd, and split on host-side counts
             name = "scan" if ctx.compiling else "reference"
         else:  # ATen's kernels in the layout auto's rule picks among theirs (packed or pad's own), else pad's own
-            layout_choice = "packed" if _eager_fastest(layout, opts, is_init, records_grad, plan) == "packed" else "pad"
-            return eager_path(layout_choice, layout, opts, is_init, plan, records_grad)
+            path = "packed" if _eager_fastest(layout, opts, is_init, records_grad, plan) == "packed" else "pad"
+            return eager_path(path, layout, opts, is_init, plan, records_grad)
     if name == "triton":
         triton_backend.kernel_family(layout)  # the cell's error comes first: no device would serve it
         if not triton_backend.is_available(x.device):
