@@ -47,7 +47,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from _timing import environment, interleaved  # noqa: E402
 
 import rnn_functional as rf  # noqa: E402
-from rnn_functional.functional import selection  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 F_IN, HIDDEN = 64, 128
@@ -128,15 +127,16 @@ def case_name(spec: dict) -> str:
     return f"flat N={spec['n']} slices {'<=' if spec['truncated'] else '='}{spec['slice_len']}"
 
 
-@contextmanager
-def forced_eager_path(path: str):
-    """``auto``'s eager choice replaced by the exact eager path ``path`` (to time every candidate)."""
-    real = selection._eager_fastest
-    selection._eager_fastest = lambda layout, opts, is_init, records_grad, plan=None: path
-    try:
-        yield
-    finally:
-        selection._eager_fastest = real
+# our exact eager paths, forced through the public functions (backend, segment_layout)
+PATHS = {"pad": ("pad", "auto"), "packed": ("pad", "packed"), "segments": ("reference", "aligned"),
+         "scan_segments": ("scan", "aligned"), "reference": ("reference", "rows"), "scan": ("scan", "rows")}
+
+
+def path_name(route) -> str:
+    """The name of :data:`PATHS` (or ``pad``'s own layouts) of a route ``rf.sequence_route`` returns."""
+    if route.backend == "pad":
+        return "packed" if route.segments == "packed" else "pad"
+    return {"rows": route.backend, "aligned": "segments" if route.backend == "reference" else "scan_segments"}[route.segments]
 
 
 def contenders(trm, cell: str, batch: tuple, is_init: torch.Tensor, mode: str, ours_only: bool = False) -> dict:
@@ -180,8 +180,26 @@ def contenders(trm, cell: str, batch: tuple, is_init: torch.Tensor, mode: str, o
         want = base(data.clone(False))["y"]
         torch.testing.assert_close(ours(data.clone(False))["y"], want, atol=1e-5, rtol=1e-4)
 
+    sequence = rf.lstm_sequence if lstm else rf.gru_sequence
+    params = rf.params_from_module(getattr(ours, child))
+    mask = is_init.squeeze(-1)
+
     def call(module, path):
+        def forced():  # the module's work through the function, with the path forced
+            backend, layout = PATHS[path]
+            y, *_ = sequence(x, None, params, is_init=mask, backend=backend, segment_layout=layout,
+                             return_segment_states=True)
+            return y
+
         def run():
+            if path:
+                if mode == "fwd":
+                    with torch.no_grad():
+                        forced()
+                    return
+                ours.zero_grad(set_to_none=True)
+                forced().sum().backward()
+                return
             if module is kernel:
                 kernel.zero_grad(set_to_none=True)
                 with torch.no_grad() if mode == "fwd" else _null():
@@ -189,15 +207,14 @@ def contenders(trm, cell: str, batch: tuple, is_init: torch.Tensor, mode: str, o
                 if mode != "fwd":
                     sum(y.sum() for y in ys).backward()
                 return
-            with forced_eager_path(path) if path else _null():
-                if mode == "fwd":
-                    with torch.no_grad(), trm.set_recurrent_mode(True):
-                        module(data.clone(False))
-                    return
-                module.zero_grad(set_to_none=True)
-                with trm.set_recurrent_mode(True):
-                    out = module(data.clone(False))
-                out["y"].sum().backward()
+            if mode == "fwd":
+                with torch.no_grad(), trm.set_recurrent_mode(True):
+                    module(data.clone(False))
+                return
+            module.zero_grad(set_to_none=True)
+            with trm.set_recurrent_mode(True):
+                out = module(data.clone(False))
+            out["y"].sum().backward()
         return run
 
     return {name: call(m, path) for name, (m, path) in modules.items()}
@@ -208,34 +225,35 @@ def _null():
     yield
 
 
-def segment_stats(is_init: torch.Tensor) -> dict:
-    """Rows, steps, segments and longest segment of a case, as the core sees it."""
+def _plan(cell: str, is_init: torch.Tensor, mode: str = "fwd+bwd", layout: str = "auto"):
     mask = is_init.squeeze(-1)
     mask = mask.unsqueeze(0) if mask.ndim == 1 else mask
-    p = selection.segments.plan(mask)
-    return {"rows": mask.shape[0], "steps": mask.shape[1], "segments": p.count, "longest": p.max_len}
+    params = (rf.init_lstm_params if cell == "lstm" else rf.init_gru_params)(F_IN, HIDDEN)
+    x = torch.zeros(*mask.shape, F_IN)
+    return rf.sequence_route(cell, x, params, is_init=mask, backend="pad" if layout != "auto" else "auto",
+                             records_grad=mode != "fwd", segment_layout=layout)
+
+
+def segment_stats(is_init: torch.Tensor) -> dict:
+    """Rows, steps, segments and longest segment of a case, as the core sees it."""
+    p = _plan("gru", is_init, layout="packed").plan
+    return {"rows": p.shape[0], "steps": p.shape[1], "segments": p.count, "longest": p.max_len}
 
 
 def bucket_shapes(cell: str, is_init: torch.Tensor, records_grad: bool = True) -> list[tuple[int, int, int]]:
     """``(first, end, steps)`` of the length buckets our ``pad`` path cuts the case's segments into."""
+    from rnn_functional.backends import segments
     from rnn_functional.functional._core import read_layout
 
-    mask = is_init.squeeze(-1)
-    mask = mask.unsqueeze(0) if mask.ndim == 1 else mask
+    route = _plan(cell, is_init, "fwd+bwd" if records_grad else "fwd", layout="packed")
     params = (rf.init_lstm_params if cell == "lstm" else rf.init_gru_params)(F_IN, HIDDEN)
-    buckets = selection.segments._plan_buckets(selection.segments.plan(mask), read_layout(params, cell), records_grad)[2]
-    return [(first, end, steps) for first, end, steps, _ in buckets]
+    return [(first, end, steps) for first, end, steps, _ in segments.buckets(route.plan, read_layout(params, cell),
+                                                                               records_grad)]
 
 
 def auto_path(cell: str, is_init: torch.Tensor, mode: str) -> str:
-    """The exact eager path ``auto`` picks for this case (H and F do not enter the rule)."""
-    from rnn_functional.backends import SequenceOptions
-    from rnn_functional.functional._core import read_layout
-
-    mask = is_init.squeeze(-1)
-    mask = mask.unsqueeze(0) if mask.ndim == 1 else mask
-    params = (rf.init_lstm_params if cell == "lstm" else rf.init_gru_params)(F_IN, HIDDEN)
-    return selection._eager_fastest(read_layout(params, cell), SequenceOptions(), mask, mode == "fwd+bwd")
+    """The exact eager path ``auto`` picks for this case (a name of :data:`PATHS`)."""
+    return path_name(_plan(cell, is_init, mode))
 
 
 def _quartiles(ratios: list[float]) -> tuple[float, float, float]:

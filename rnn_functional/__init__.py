@@ -3,7 +3,8 @@
 from .backends import available_backends
 from .ensemble import ensemble_init_gru_params, ensemble_init_lstm_params, stack_params, unstack_params
 from .cells.norm_gru import init_norm_gru_params
-from .functional import gru_sequence, gru_step, lstm_sequence, lstm_step, norm_gru_sequence, norm_gru_step
+from .functional import (gru_sequence, gru_step, lstm_sequence, lstm_step, norm_gru_sequence, norm_gru_step,
+                         sequence_route)
 from .modules import GRUModule, LSTMModule, recurrent_mode, set_recurrent_mode
 from .modules.ensemble import EnsembleModule
 from .modules.lstm_net import LSTMNet
@@ -28,6 +29,7 @@ __all__ = [
     "norm_gru_step",
     "norm_gru_sequence",
     "available_backends",
+    "sequence_route",
     "set_recurrent_matmul_precision",
     "get_recurrent_matmul_precision",
     # modules

@@ -75,3 +75,77 @@ def test_torchrl_reset_benchmark_section_is_generated(benchmarks_on_path) -> Non
     page = (ROOT / "docs" / "benchmarks.md").read_text()
     assert bench_torchrl_reset.section(doc) in page, (
         "docs/benchmarks.md is out of date: run `python benchmarks/bench_torchrl_reset.py --report`")
+
+
+PER_CALL = BENCHMARKS / "results" / "per_call_cpu.json"
+PER_CALL_ROW_KEYS = {"group", "name", "cell", "threads", "ours", "baseline", "ours_us", "ours_min_us", "base_us",
+                     "base_min_us", "ratio", "diff_us", "metric", "target", "met"}
+
+
+def test_per_call_benchmark_quick_run_writes_rows_and_its_docs_section(benchmarks_on_path, tmp_path) -> None:
+    """A ``--quick`` run (no policy compile: ~5 s; compile_tests/ cover the compiled policy) writes every row with its target check, and ``--report``
+    puts the section generated from that JSON between its markers, once, leaving the rest of the page as it was."""
+    import os
+    import subprocess
+
+    import bench_per_call
+
+    out = tmp_path / "per_call.json"
+    groups = ["step", "module", "tiny", "recurrent"]
+    import rnn_functional
+
+    # the subprocess imports the rnn_functional this process imported (the checkout's under `PYTHONPATH=.`)
+    library = str(Path(rnn_functional.__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [library, os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "bench_per_call.py"), "--quick", "--threads", "1", "--groups", *groups,
+         "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    assert doc["settings"]["quick"] and doc["settings"]["threads"] == [1]
+    assert {"device_name", "cpu_count", "torch", "tensordict", "date"} <= doc["environment"].keys()
+    rows = doc["rows"]
+    assert [(r["group"], r["cell"]) for r in rows] == [
+        (g, cell) for cell in ("lstm", "gru") for g in ("step", "module", "tiny", "tiny", "recurrent")]
+    for r in rows:
+        assert PER_CALL_ROW_KEYS <= r.keys() and "error" not in r, r
+        assert r["threads"] == 1 and isinstance(r["met"], bool)
+        assert r["ratio"] == pytest.approx(r["ours_us"] / r["base_us"])
+        assert r["diff_us"] == pytest.approx(r["ours_us"] - r["base_us"])
+        assert 0 < r["ours_min_us"] <= r["ours_us"] and 0 < r["base_min_us"] <= r["base_us"]
+        assert r["met"] == (r[r["metric"]] <= r["target"])
+    targets = {(r["group"], r["ours"].split(" ")[0].endswith("Module")): (r["metric"], r["target"]) for r in rows}
+    assert targets == {("step", False): ("ratio", 1.3), ("module", True): ("ratio", 1.6),
+                       ("tiny", False): ("diff_us", 20.0), ("tiny", True): ("diff_us", 50.0),
+                       ("recurrent", True): ("ratio", 1.03)}
+    assert doc["summary"] == {"rows": len(rows), "met": sum(r["met"] for r in rows),
+                              "not_met": [f"{r['name']} ({r['threads']} thread(s))" for r in rows if not r["met"]]}
+
+    original = (ROOT / "docs" / "benchmarks.md").read_text()
+    page = tmp_path / "benchmarks.md"
+    page.write_text(original)
+    for _ in range(2):  # the second report replaces the section the first wrote
+        bench_per_call.report(out, page)
+        text = page.read_text()
+        assert text.count(bench_per_call.BEGIN) == 1 and text.count(bench_per_call.END) == 1
+        assert bench_per_call.section(doc) in text
+    head, rest = text.split(bench_per_call.BEGIN)
+    outside = head + rest.split(bench_per_call.END)[1]
+    if bench_per_call.BEGIN in original:
+        o_head, o_rest = original.split(bench_per_call.BEGIN)
+        assert outside == o_head + o_rest.split(bench_per_call.END)[1]
+    else:
+        assert outside.rstrip("\n") == original.rstrip("\n")
+
+
+def test_per_call_benchmark_section_is_generated(benchmarks_on_path) -> None:
+    """The per-call table in the docs comes from the committed JSON of a full (not ``--quick``) run."""
+    if not PER_CALL.exists():
+        pytest.skip("no per-call benchmark committed under benchmarks/results/")
+    import bench_per_call
+
+    doc = json.loads(PER_CALL.read_text())
+    assert not doc["settings"]["quick"], "benchmarks/results/per_call_cpu.json is from a --quick run"
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert bench_per_call.section(doc) in page, (
+        "docs/benchmarks.md is out of date: run `python benchmarks/bench_per_call.py --report`")

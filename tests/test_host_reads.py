@@ -108,3 +108,35 @@ def test_modules_read_nothing_on_device_backends_and_in_step_mode(cell):
         recurrent(_module_td(cell, (B, T)))
         sequential(_module_td(cell, (B,)))
     assert reads.seen == []
+
+
+@pytest.mark.parametrize("resets", ["first_step", "interior"])
+@pytest.mark.parametrize("backend", ["pad", "auto"])
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_pad_and_auto_read_is_init_once(cell, backend, resets, grad):
+    """pad/auto read is_init on the host once to choose and lay out their route, whatever that route is (the
+    cost table picks among slices, buckets, packed and the loops); the module too."""
+    init, _, sequence = CELLS[cell]
+    params = init(F_IN, H)
+    x = torch.randn(B, T, F_IN, requires_grad=grad)
+    with torch.set_grad_enabled(grad), HostReads() as reads:
+        sequence(x, None, params, is_init=_is_init(resets), backend=backend, return_segment_states=True)
+    assert reads.seen == ["numpy"]
+    cls = rf.LSTMModule if cell == "lstm" else rf.GRUModule
+    module = cls(F_IN, H, in_key="x", out_key="y", recurrent_backend=backend, default_recurrent_mode=True)
+    with torch.set_grad_enabled(grad), HostReads() as reads:
+        module(_module_td(cell, (B, T)))
+    assert reads.seen == ["numpy"]
+
+
+@pytest.mark.parametrize("layout", ["packed", "buckets", "slices"])
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_every_pad_layout_reads_is_init_once(cell, layout):
+    init, _, sequence = CELLS[cell]
+    is_init = torch.zeros(B, T, dtype=torch.bool)
+    is_init[:, ::2] = True  # whole slices of 2, so that every layout serves the call
+    with HostReads() as reads:
+        sequence(torch.randn(B, T, F_IN), None, init(F_IN, H), is_init=is_init, backend="pad", segment_layout=layout,
+                 return_segment_states=True)
+    assert reads.seen == ["numpy"]

@@ -214,11 +214,11 @@ def test_auto_never_picks_a_backend_without_its_kernels(monkeypatch, compiling, 
     opts = SequenceOptions(recompute=recompute)
     is_init = torch.zeros(B, T, dtype=torch.bool)
     for device in ("cpu", "cuda"):
-        x = SimpleNamespace(is_cuda=device == "cuda", device=torch.device(device))
-        assert selection._auto(layout, x, opts, is_init, ctx) in ("reference", "scan")
+        x = SimpleNamespace(is_cuda=device == "cuda", device=torch.device(device), shape=is_init.shape)
+        assert selection.choose("auto", layout, x, opts, None, True, ctx).backend in ("reference", "scan")
     if not differentiated:  # the control: the GRU gets triton there
-        x = SimpleNamespace(is_cuda=True, device=torch.device("cuda"))
-        assert selection._auto(gru_layout, x, opts, is_init, ctx) == "triton"
+        x = SimpleNamespace(is_cuda=True, device=torch.device("cuda"), shape=is_init.shape)
+        assert selection.choose("auto", gru_layout, x, opts, None, True, ctx).backend == "triton"
 
 
 def test_auto_step_runs_reference() -> None:

@@ -13,11 +13,8 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+import rnn_functional as rf
 from rnn_functional import gru_sequence, init_gru_params, init_lstm_params, lstm_sequence
-from rnn_functional.functional._core import read_layout
-from rnn_functional.functional.selection import resolve_backend
-from rnn_functional.backends.reference import sequence as reference_sequence
-from rnn_functional.backends import SequenceOptions
 
 F64 = torch.float64
 N, T, F, H = 3, 7, 4, 5
@@ -152,9 +149,8 @@ def test_pad_rejects_full():
 def test_auto_resolves_full_to_a_backend_that_serves_it():
     """Eager "auto" with "full" runs the checkpointed reference loop, never pad."""
     p, x, state, is_init, reset, leaves = _problem("gru", 0, 1)
-    layout = read_layout(p, "gru")
-    impl = resolve_backend("auto", layout, x, SequenceOptions(recompute="full"))
-    assert impl is not reference_sequence and "pad" not in impl.__module__
+    route = rf.sequence_route("gru", x, p, is_init=is_init, recompute="full")
+    assert route.backend in ("reference", "scan")
     y, loss = _loss("gru", p, x, state, is_init, reset, "auto", "full")
     y_ref, loss_ref = _loss("gru", p, x, state, is_init, reset, "reference", "none")
     torch.testing.assert_close(y, y_ref)
@@ -223,7 +219,22 @@ def test_full_under_func_transforms_errors_clearly():
     with pytest.raises(ValueError, match="backend 'reference' cannot serve recompute='full' under an eager torch.func"):
         torch.vmap(lambda q: loss(q, "reference"))(torch.stack([params, params]))
     with pytest.raises(ValueError, match="recompute='none' or run under torch.compile"):
-        torch.func.grad(lambda q: loss(q, "auto"))(params)
+        torch.func.grad(lambda q: loss(q, "reference"))(params)
+
+
+def test_auto_full_under_func_grad_runs_scan():
+    """auto with recompute='full' under torch.func.grad runs scan (whose recompute crosses functorch): the
+    gradient equals reference's without recompute."""
+    p, x, state, is_init, reset, _ = _problem("gru", 0, 1)
+    params = p.detach()
+
+    def loss(q, backend, recompute):
+        return gru_sequence(x.detach(), None, q, is_init=is_init, backend=backend, recompute=recompute)[0].pow(2).sum()
+
+    got = torch.func.grad(lambda q: loss(q, "auto", "full"))(params)
+    want = torch.func.grad(lambda q: loss(q, "reference", "none"))(params)
+    for key in want.keys():
+        torch.testing.assert_close(got[key], want[key])
 
 
 def test_compiled_scan_saves_carries_and_only_what_the_mode_needs():

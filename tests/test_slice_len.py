@@ -139,9 +139,8 @@ def test_slice_len_strided_inputs_match_reference(cell, num_slices):
 def test_padded_block_matches_reference(cell):
     """The ``[num_slices, slice_len]`` block compiled calls use, run eagerly over the reference loop:
     ragged segments over two rows, bounds not tight (padding segments and columns)."""
-    from rnn_functional.backends import SEQUENCE, SequenceOptions
+    from rnn_functional.backends import Route, SequenceOptions, segments
     from rnn_functional.cells import keep_segment_ends
-    from rnn_functional.functional import slices
     from rnn_functional.functional._core import read_layout
 
     is_init = torch.zeros(2, 13, dtype=torch.bool)
@@ -151,10 +150,10 @@ def test_padded_block_matches_reference(cell):
     carry, reset = ((tuple(s) if cell == "lstm" else (s,)) for s in (state, kwargs["reset_state"]))
     layout, p = read_layout(params, cell), dict(params.items())
     opts = SequenceOptions(segment_states=True)
-    runs = [slices.padded(SEQUENCE["reference"], is_init, 5, 9), SEQUENCE["reference"]]
+    routes = [Route("reference", "aligned", segments.static_plan(is_init, 5, 9)), Route("reference")]
     results = []
-    for run in runs:
-        y, final, per_step = run(layout, p, x, carry, is_init, reset, opts)
+    for route in routes:
+        y, final, per_step, _ = route.run(layout, p, x, carry, is_init, reset, opts)
         outs = [y, *final, *keep_segment_ends(per_step, is_init)]
         loss = sum((o * (i + 1)).sum() for i, o in enumerate(outs))
         results.append(([o.detach() for o in outs], torch.autograd.grad(loss, leaves)))

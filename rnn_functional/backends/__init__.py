@@ -1,32 +1,38 @@
 """Backends: run a cell over time. They import cells, never the public API.
 
 Every backend serves the canonical call of :mod:`.base` and computes exactly what
-``reference`` does. Which backend serves a call is decided above, in
-:mod:`rnn_functional.functional.selection`.
+``reference`` does. :class:`.route.Route` runs a call on a backend in one of the eager layouts
+of its segments (:mod:`.segments`); which route serves a call is decided above, in
+:mod:`rnn_functional.functional.selection`, by the cost table of :mod:`.costs`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import pad, reference, scan
+from . import costs, pad, reference, scan, segments
 from . import triton as triton_backend
 from .base import BACKENDS, RECOMPUTE_MODES, SequenceOptions, backends_for
-from .recompute import checkpointed
-
-SEQUENCE = {"reference": reference.sequence, "scan": scan.sequence, "pad": pad.sequence}
+from .route import PAD_LAYOUTS, SEGMENT_LAYOUTS, Route, sequence_of
+from .segments import Result, SegmentPlan
 
 __all__ = [
     "BACKENDS",
+    "PAD_LAYOUTS",
     "RECOMPUTE_MODES",
-    "SEQUENCE",
+    "SEGMENT_LAYOUTS",
+    "Result",
+    "Route",
+    "SegmentPlan",
     "SequenceOptions",
     "available_backends",
     "backends_for",
-    "checkpointed",
+    "costs",
     "pad",
     "reference",
     "scan",
+    "segments",
+    "sequence_of",
     "triton_backend",
 ]
 

@@ -7,8 +7,8 @@ functional layer handles empty calls): ``x [N, T, F]``, ``carry`` a tuple of ``[
 ``[N, T, L, S]`` or ``None``. It returns ``y [N, T, P]``, the carry after the last step and,
 with ``opts.segment_states``, per-step carries ``[N, T, L, S]`` that are exact at least at
 every segment end (the caller zeroes the other steps), else ``None``. (``pad.sequence`` serves
-resets at ``t = 0`` only: the functional layer splits a call with interior resets into its segments,
-:mod:`rnn_functional.functional.segments`, and runs them through ``pad.packed_sequence``.)
+resets at ``t = 0`` only: a call with interior resets runs on a layout of its segments,
+:mod:`.segments`, which :class:`.route.Route` picks.)
 
 A step backend is ``step(layout, params, x [N, F], carry) -> (y [N, P], carry')`` with the
 resets already applied.

@@ -1,13 +1,12 @@
 """``pad``: ATen's fused kernels of a cell (cuDNN on CUDA, oneDNN/native on CPU).
 
 Serves cells with :class:`~rnn_functional.cells.AtenKernels` (LSTM, GRU). :func:`sequence`
-runs a call without interior resets as one kernel call. A call with interior resets is split
-into its segments by the functional layer (:mod:`rnn_functional.functional.segments`), which
-hands the segments, packed time-major by decreasing length, to :func:`packed_sequence`: one kernel
-call over a packed sequence, so that each segment's final carry is its own last step.
+runs a call without interior resets as one kernel call; :func:`packed_sequence` runs rows of
+different lengths as one call over a packed sequence. A call with interior resets runs on one of
+the layouts of its segments in :mod:`.segments` (packed, length buckets, whole slices), which call these.
 
 Both are eager-only (the lengths are host-side counts; ATen's kernels have no vmap rule): the
-dispatcher (:func:`rnn_functional.functional.selection.resolve_backend`) routes ``pad`` to
+dispatcher (:func:`rnn_functional.functional.selection.choose`) routes ``pad`` to
 ``scan`` under ``torch.compile`` and to ``reference`` under eager ``torch.vmap``.
 """
 
@@ -37,14 +36,10 @@ def to_batch_major(carry: Carry) -> Carry:
 def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
     """``x [N, T, F]`` -> ``(y [N, T, P], carry, per-step carries)``; see :mod:`.base`.
 
-    Serves resets at ``t = 0`` only (interior resets go through :func:`packed_sequence`, split by
-    the functional layer). The per-step carries hold the final carry at every step.
+    Serves resets at ``t = 0`` only: it reads ``is_init[:, 0]`` alone (a call with interior resets runs on
+    one of the layouts of :mod:`.segments`, which :class:`.route.Route` picks). The per-step carries hold
+    the final carry at every step.
     """
-    if is_init is not None and bool(is_init[:, 1:].any()):
-        raise ValueError(
-            "backends.pad.sequence runs one kernel call and serves no interior reset; call it through "
-            "rnn_functional's public functions (backend='pad'), which split the segments first."
-        )
     run = aten_kernels(layout).sequence
     n, t_len = x.shape[0], x.shape[1]
     if is_init is not None:
@@ -80,6 +75,9 @@ def step(layout: Layout, params, x: torch.Tensor, carry: Carry) -> tuple[torch.T
     ``x [N, F]``, carry tensors ``[N, L, S]``. Eager only (no vmap rule); no projection.
     """
     run = aten_kernels(layout).step
+    if layout.num_layers == 1:  # views in and out: a policy step's cost is its op count
+        new = run(layout.cell.layer_weights(params, layout, 0), x, tuple(s.squeeze(1) for s in carry))
+        return new[0], tuple(s.unsqueeze(1) for s in new)
     new_layers = []
     inp = x
     for k in range(layout.num_layers):

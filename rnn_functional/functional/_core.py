@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from ..backends import SequenceOptions, ensemble_scan
+from ..backends import Route, SequenceOptions, ensemble_scan, segments
 from ..cells import Carry, Cell, Layout, apply_reset, final_at_last_step, keep_segment_ends
 from . import selection, slices
 from .options import call_context, check_options
@@ -104,14 +104,19 @@ class Canonical:
     reset: Carry | None
 
 
-def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: bool,
-                  layout: Layout | None = None) -> Canonical:
-    """``layout``: the params' layout when the caller checked them (a module's own weights, checked when
-    bound); read and checked here when absent or when the weights' dtype or device moved since."""
-    params = _as_tensor_map(params, cell)
+def current_layout(cell: Cell, params: Mapping[str, torch.Tensor], layout: Layout | None) -> Layout:
+    """``layout`` when the caller checked the params against it (a module's own weights, checked when bound)
+    and their dtype and device have not moved since; else the params' layout, read and checked now."""
     weight = params.get("weight_hh_l0")
     if layout is None or weight is None or weight.dtype != layout.dtype or weight.device != layout.device:
-        layout = cell.read_layout(params)
+        return cell.read_layout(params)
+    return layout
+
+
+def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: bool) -> Canonical:
+    """The call checked (every error names the argument, the expected and the actual) and flattened."""
+    params = _as_tensor_map(params, cell)
+    layout = cell.read_layout(params)
     lead = 2 if sequence else 1
     dims = "[*B, T, F]" if sequence else "[*B, F]"
     if not isinstance(x, torch.Tensor):
@@ -127,22 +132,17 @@ def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: 
             f"Convert it with x.to(dtype=..., device=...) or convert the params."
         )
     batch_shape = tuple(x.shape[:-lead])
-    n = math.prod(batch_shape)
     time = tuple(x.shape[-2:-1]) if sequence else ()
     L = layout.num_layers
     names, sizes = cell.state_names, layout.state_sizes
 
-    if state is None:
-        carry = tuple(x.new_zeros((n, L, s)) for s in sizes)
-    else:
+    carry = None
+    if state is not None:
         carry = _as_carry(cell, state, "state")
         for nm, t, s in zip(names, carry, sizes):
             _check_tensor(t, f"state ({nm})", batch_shape + (L, s), layout, f"([*B, L, {s}] for this {cell.title})")
-        carry = tuple(_flat(t, (n, L, s)) for t, s in zip(carry, sizes))
 
-    mask = None
-    if is_init is not None:
-        mask = _flat(_check_mask(is_init, batch_shape + time), (n,) + time)
+    mask = None if is_init is None else _check_mask(is_init, batch_shape + time)
 
     reset = None
     if reset_state is not None:
@@ -158,10 +158,26 @@ def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: 
             _check_tensor(
                 t, f"reset_state ({nm})", batch_shape + time + (L, s), layout, f"([*B, T, L, {s}] for this {cell.title})"
             )
-        reset = tuple(_flat(t, (n,) + time + (L, s)) for t, s in zip(reset, sizes))
+    return flatten(layout, params, x, carry, mask, reset, sequence)
 
-    x_flat = _flat(x, (n,) + tuple(x.shape[len(batch_shape):]))
-    return Canonical(layout, params, batch_shape, x_flat, carry, mask, reset)
+
+def flatten(layout: Layout, params: dict[str, torch.Tensor], x: torch.Tensor, carry: Carry | None,
+            is_init: torch.Tensor | None, reset: Carry | None, sequence: bool = True) -> Canonical:
+    """A checked call (shapes against ``layout``, ``is_init`` ``[*B(, T)]`` or with a trailing 1) with its batch
+    dims ``*B`` flattened into ``N``; ``carry`` ``None`` for zeros."""
+    lead = 2 if sequence else 1
+    batch_shape = tuple(x.shape[:-lead])
+    n = math.prod(batch_shape)
+    time = tuple(x.shape[-2:-1]) if sequence else ()
+    L, sizes = layout.num_layers, layout.state_sizes
+    if carry is None:
+        carry = tuple(x.new_zeros((n, L, s)) for s in sizes)
+    else:
+        carry = tuple(_flat(t, (n, L, s)) for t, s in zip(carry, sizes))
+    mask = None if is_init is None else _flat(is_init, (n,) + time)
+    if reset is not None:
+        reset = tuple(_flat(t, (n,) + time + (L, s)) for t, s in zip(reset, sizes))
+    return Canonical(layout, params, batch_shape, _flat(x, (n,) + tuple(x.shape[len(batch_shape):])), carry, mask, reset)
 
 
 def _flat(t: torch.Tensor, shape: tuple) -> torch.Tensor:
@@ -169,7 +185,7 @@ def _flat(t: torch.Tensor, shape: tuple) -> torch.Tensor:
     return t if t.shape == shape else t.reshape(shape)
 
 
-def _restore(batch_shape: tuple, tensors: Carry) -> Carry:
+def restore(batch_shape: tuple, tensors: Carry) -> Carry:
     """``[N, ...]`` tensors back to ``[*B, ...]`` (as they are for one batch dim)."""
     if len(batch_shape) == 1:
         return tuple(tensors)
@@ -204,7 +220,7 @@ def run_step(cell: Cell, x, state, params, is_init, backend: str) -> tuple[torch
         y, carry, _ = _empty_call(c, ())
     else:
         y, carry = step(c.layout, c.params, c.x, apply_reset(c.carry, c.is_init, None))
-    y, *carry = _restore(c.batch_shape, (y, *carry))
+    y, *carry = restore(c.batch_shape, (y, *carry))
     return y, _from_carry(cell, tuple(carry))
 
 
@@ -233,81 +249,121 @@ def run_validated_step(
     mask = None if is_init is None else is_init.reshape(n)
     step = selection.resolve_step("auto", layout, x)
     y, new_carry = step(layout, params, x.reshape(n, x.shape[-1]), apply_reset(flat, mask, None))
-    y, *new_carry = _restore(batch_shape, (y, *new_carry))
+    y, *new_carry = restore(batch_shape, (y, *new_carry))
     return y, tuple(new_carry)
 
 
-def _reset_first_step_only(c: Canonical) -> Canonical:
-    """``c`` without ``is_init`` when it holds no interior reset (one host read of the mask, shared by
-    every layer below: the backend then sees a reset-free call, ``auto`` and ``pad`` skip their own
-    checks, the segment states come from the final carry), with the reset at ``t = 0`` applied to
-    the initial carry here: the stored ``reset_state[:, 0]`` (or zeros) outright where ``is_init[:, 0]``
-    is all True, the carry unchanged where all False, else :func:`apply_reset`. A side whose
-    gradient autograd records keeps :func:`apply_reset`, which sends it the zeros ``torch.where``
-    does. ``c`` unchanged when there are interior resets. Eager only (reads the mask on the host).
+def _first_step_resets(x, carry: Carry, is_init: torch.Tensor, reset: Carry | None, host: np.ndarray):
+    """A call whose resets all lie at ``t = 0`` (``host``: ``is_init`` read on the host) as a reset-free call
+    ``(x, carry, None, None)``: the stored ``reset_state[:, 0]`` (or zeros) outright where ``is_init[:, 0]`` is
+    all True, the carry unchanged where all False, else :func:`apply_reset`. A side whose gradient autograd
+    records keeps :func:`apply_reset`, which sends it the zeros ``torch.where`` does."""
+    resets = np.count_nonzero(host[:, 0])
+    first = is_init[:, 0]
+    reset0 = None if reset is None else tuple(r[:, 0] for r in reset)
+    if any(t.requires_grad for t in (*carry, *(reset0 or ()))):
+        carry = apply_reset(carry, first, reset0)
+    elif resets == host.shape[0]:
+        carry = reset0 if reset0 is not None else tuple(torch.zeros_like(s) for s in carry)
+    elif resets:
+        carry = apply_reset(carry, first, reset0)
+    return x, carry, None, None
+
+
+def _reads_mask(backend: str, segment_layout: str) -> bool:
+    """Whether an eager call with ``is_init`` reads it on the host to choose its route: ``pad`` and ``auto`` do, and
+    a forced ``segment_layout``; ``reference``, ``scan`` and ``triton`` apply every reset on the device."""
+    return backend in ("pad", "auto") or segment_layout != "auto"
+
+
+@dataclass
+class SequenceOut:
+    """A sequence call's results in the flattened batch ``[N, ...]``: ``y [N, T, P]``, the ``final`` carry and,
+    when asked for, the ``segment`` states (zeros but at every segment's last step)."""
+
+    y: torch.Tensor
+    final: Carry
+    segment: Carry | None
+
+
+def execute(c: Canonical, backend: str, opts: SequenceOptions, slice_len: int | None = None,
+            num_slices: int | None = None, segment_layout: str = "auto") -> SequenceOut:
+    """Run a checked, flattened call (options checked too): pick the route once, run it.
+
+    ``slice_len`` / ``num_slices``: the static layout hint of :mod:`.slices`. Eager ``pad``/``auto`` (and a
+    forced ``segment_layout``) read ``is_init`` on the host once: a call whose resets all lie at ``t = 0``
+    runs reset-free, one with interior resets gets its :func:`~rnn_functional.backends.segments.plan`.
+    ``reference``, ``scan`` and ``triton`` apply every reset on the device and read nothing.
     """
-    host = c.is_init.cpu().numpy()  # the mask, read once (a view on the CPU); count_nonzero costs ~0.3 us
-    resets_at_0 = np.count_nonzero(host[:, 0])
-    if np.count_nonzero(host) > resets_at_0:
-        return c
-    first = c.is_init[:, 0]
-    reset0 = None if c.reset is None else tuple(r[:, 0] for r in c.reset)
-    if any(t.requires_grad for t in (*c.carry, *(reset0 or ()))):
-        carry = apply_reset(c.carry, first, reset0)
-    elif resets_at_0 == host.shape[0]:
-        carry = reset0 if reset0 is not None else tuple(torch.zeros_like(s) for s in c.carry)
-    elif resets_at_0 == 0:
-        carry = c.carry
-    else:
-        carry = apply_reset(c.carry, first, reset0)
-    return Canonical(c.layout, c.params, c.batch_shape, c.x, carry, None, None)
-
-
-def run_sequence(cell: Cell, x, state, params, is_init, reset_state, backend: str, opts: SequenceOptions,
-                 slice_len: int | None = None, num_slices: int | None = None, layout: Layout | None = None):
-    """Validate, pick the backend, run the sequence. Returns ``(y, state_T)`` or, with
-    ``opts.segment_states``, ``(y, state_T, segment states)`` in the public state format.
-    ``slice_len`` / ``num_slices``: the static layout hint of :mod:`.slices`; ``layout``: the
-    params' layout when the caller checked them (see :func:`_canonicalize`)."""
-    check_options(backend=backend, recompute=opts.recompute, dropout=opts.dropout,
-                  matmul_precision=opts.matmul_precision, compute_dtype=opts.compute_dtype)
-    c = _canonicalize(cell, x, state, params, is_init, reset_state, sequence=True, layout=layout)
     n, t_len = c.x.shape[:2]
-    compiling = torch.compiler.is_compiling()
+    ctx = call_context()
     if slice_len is not None or num_slices is not None:
-        slices.check_hint(slice_len, num_slices, t_len, c.is_init, compiling)
+        slices.check_hint(slice_len, num_slices, t_len, c.is_init, ctx.compiling)
+    empty = n == 0 or t_len == 0
     records_grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (c.x, *c.carry, *(c.reset or ()), *c.params.values())
     )
-    empty = n == 0 or t_len == 0
-    reshaped = slice_len is not None and num_slices is None and not empty
-    # only pad/auto look at is_init on the host; reference, scan and triton apply every reset on the device
-    if c.is_init is not None and backend in ("pad", "auto") and not (empty or reshaped or call_context().traced):
-        c = _reset_first_step_only(c)
     call = (c.x, c.carry, c.is_init, c.reset)
+    reshaped = slice_len is not None and num_slices is None and not empty
     if reshaped:  # whole slices side by side: [N * T / slice_len, slice_len]
         call = slices.split(slice_len, *call)
-    impl = selection.resolve_backend(backend, c.layout, call[0], opts, call[2], records_grad)
-    if num_slices is not None and compiling and not empty:  # the segments in a [num_slices, slice_len] block
-        impl = slices.padded(impl, c.is_init, slice_len, num_slices)
-    if empty:
-        y, carry, seg = _empty_call(c, (t_len,))
-    elif c.is_init is None:  # no interior reset: the segment states are the final carry at T - 1
-        y, carry, _ = impl(c.layout, c.params, *call, replace(opts, segment_states=False))
-        seg = final_at_last_step(carry, t_len) if opts.segment_states else None
-    else:
-        y, carry, per_step = impl(c.layout, c.params, *call, opts)
-        if reshaped:
-            y, carry, per_step = slices.merge(n, t_len, y, carry, per_step)
-        if opts.segment_states:  # a path that returns the segment-end states already: kept as they are
-            seg = per_step if getattr(impl, "segment_ends_only", False) else keep_segment_ends(per_step, c.is_init)
+    plan = None
+    if call[2] is not None and not (empty or ctx.traced) and _reads_mask(backend, segment_layout):
+        host = call[2].numpy(force=True)  # the call's one host read
+        if host[:, 1:].any():
+            plan = segments.plan(host, c.x.device)
         else:
-            seg = None
-    (y,) = _restore(c.batch_shape, (y,))
-    out = (y, _from_carry(cell, _restore(c.batch_shape, carry)))
+            call = _first_step_resets(*call, host)
+    route = selection.choose(backend, c.layout, call[0], opts, plan, records_grad, ctx, segment_layout)
+    if empty:  # no step runs (the route was still chosen: a backend that cannot serve the call says so)
+        y, final, seg = _empty_call(c, (t_len,))
+        return SequenceOut(y, final, seg if opts.segment_states else None)
+    if num_slices is not None and ctx.compiling:  # the segments in a [num_slices, slice_len] block
+        route = Route(route.backend, "aligned", segments.static_plan(c.is_init, slice_len, num_slices))
+    result = route.run(c.layout, c.params, *call, opts if call[2] is not None else replace(opts, segment_states=False))
+    y, final, seg = result.y, result.final, None
+    if opts.segment_states:
+        if call[2] is None:  # no interior reset: the segment states are the final carry at the last step
+            seg = final_at_last_step(final, call[0].shape[1])
+        else:
+            seg = result.per_step if result.segment_ends else keep_segment_ends(result.per_step, call[2])
+    if reshaped:
+        y, final, seg, _ = segments.merge_slices(n, t_len, y, final, seg)
+    return SequenceOut(y, final, seg)
+
+
+def sequence_route(cell: str, x: torch.Tensor, params: Mapping[str, torch.Tensor], *, is_init: torch.Tensor | None = None,
+                   backend: str = "auto", recompute: str = "none", records_grad: bool = True,
+                   segment_layout: str = "auto") -> Route:
+    """The route an eager ``{cell}_sequence`` call with these arguments takes: its ``backend`` and how it lays out
+    its segments (``route.segments``: ``"rows"``, ``"aligned"``, ``"packed"``, ``"buckets"`` or ``"slices"``).
+
+    ``cell``: ``"lstm"``, ``"gru"``, ... (the function's prefix); ``records_grad``: autograd records the call
+    (``auto``'s choice depends on it). Reads ``is_init`` on the host as the call would; runs nothing.
+    """
+    check_options(backend=backend, recompute=recompute, segment_layout=segment_layout)
+    c = _canonicalize(CELLS[cell], x, None, params, is_init, None, sequence=True)
+    plan = None
+    if c.is_init is not None and c.is_init.numel() and _reads_mask(backend, segment_layout):
+        host = c.is_init.numpy(force=True)
+        plan = segments.plan(host, c.x.device) if host[:, 1:].any() else None
+    return selection.choose(backend, c.layout, c.x, SequenceOptions(recompute=recompute), plan, records_grad,
+                            call_context(), segment_layout)
+
+
+def run_sequence(cell: Cell, x, state, params, is_init, reset_state, backend: str, opts: SequenceOptions,
+                 slice_len: int | None = None, num_slices: int | None = None, segment_layout: str = "auto"):
+    """The public sequence functions: check the options and the call once, :func:`execute` it. Returns
+    ``(y, state_T)`` or, with ``opts.segment_states``, ``(y, state_T, segment states)`` in the public format."""
+    check_options(backend=backend, recompute=opts.recompute, dropout=opts.dropout,
+                  matmul_precision=opts.matmul_precision, compute_dtype=opts.compute_dtype,
+                  segment_layout=segment_layout)
+    c = _canonicalize(cell, x, state, params, is_init, reset_state, sequence=True)
+    out = execute(c, backend, opts, slice_len, num_slices, segment_layout)
+    y, *final = restore(c.batch_shape, (out.y, *out.final))
     if not opts.segment_states:
-        return out
-    return (*out, _from_carry(cell, _restore(c.batch_shape, seg)))
+        return y, _from_carry(cell, tuple(final))
+    return y, _from_carry(cell, tuple(final)), _from_carry(cell, restore(c.batch_shape, out.segment))
 
 
 # ----------------------------------------------------------------------------- public functions
@@ -357,6 +413,12 @@ _SEQUENCE_DOC = """A multi-layer {title} over a sequence, with resets.
             ``torch.compile`` they run in a zero-padded ``[num_slices, slice_len]`` block.
             A hint that does not match the batch raises (``ValueError`` eagerly, ``RuntimeError``
             from the compiled call); see ``docs/compile.md``.
+        segment_layout: how an eager call with interior resets lays out its segments: ``"auto"``
+            (the cheapest by the cost table, ``docs/backends.md``), or, with a named backend, one of
+            its layouts: ``"rows"`` (as they are) or ``"aligned"`` (right-aligned segments) for
+            ``reference``/``scan``; ``"packed"``, ``"buckets"`` (one layer) or ``"slices"`` (whole
+            slices of one length) for ``pad``. Calls without interior resets, and traced calls,
+            run their rows as they are.
 
     Returns:
         ``(y [*B, T, {out}], state_T)``: top-layer outputs and the carry after the last step
@@ -389,9 +451,11 @@ def public_functions(cell: Cell) -> tuple[Callable, Callable]:
         return_segment_states: bool = False,
         slice_len: int | None = None,
         num_slices: int | None = None,
+        segment_layout: str = "auto",
     ):
         opts = SequenceOptions(dropout, training, recompute, compute_dtype, matmul_precision, return_segment_states)
-        return run_sequence(cell, x, state, params, is_init, reset_state, backend, opts, slice_len, num_slices)
+        return run_sequence(cell, x, state, params, is_init, reset_state, backend, opts, slice_len, num_slices,
+                            segment_layout)
 
     for fn, kind, doc in ((step, "step", _STEP_DOC), (sequence, "sequence", _SEQUENCE_DOC)):
         fn.__name__ = fn.__qualname__ = f"{cell.name}_{kind}"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..backends import BACKENDS, RECOMPUTE_MODES
+from ..backends import BACKENDS, PAD_LAYOUTS, RECOMPUTE_MODES, SEGMENT_LAYOUTS
 from ..precision import check_mode
 
 BACKEND_CHOICES = ("auto", *BACKENDS)
@@ -61,6 +61,7 @@ def check_options(
     dropout: float = 0.0,
     matmul_precision: str | None = None,
     compute_dtype: torch.dtype | None = None,
+    segment_layout: str = "auto",
     owner: str = "",
 ) -> None:
     """Raise a clear error for an option value, or a combination, that no call could serve.
@@ -103,3 +104,14 @@ def check_options(
         )
     if matmul_precision is not None:
         check_mode(matmul_precision, f"{owner}{pre}matmul_precision")
+    if segment_layout != "auto":
+        serving = {"reference": ("rows", "aligned"), "scan": ("rows", "aligned"), "pad": PAD_LAYOUTS,
+                   "triton": ("rows",), "auto": ()}[backend]
+        if segment_layout not in SEGMENT_LAYOUTS:
+            raise ValueError(f"segment_layout: expected 'auto' or one of {list(SEGMENT_LAYOUTS)}, got {segment_layout!r}.")
+        if segment_layout not in serving:
+            raise ValueError(
+                f"segment_layout={segment_layout!r} is not a layout of backend {backend!r}: "
+                + (f"it lays out calls as one of {list(serving)}." if serving else
+                   "with backend='auto' the layout is chosen by the cost table; name a backend to force one.")
+            )

@@ -13,11 +13,10 @@ from tensordict.utils import NestedKey
 
 from ..backends import SequenceOptions
 from ..cells import Layout
-from ..functional._core import run_sequence as core_sequence
-from ..functional._core import run_validated_step
+from ..functional._core import current_layout, execute, flatten, restore, run_validated_step
 from ._cells import ModuleCell
 
-__all__ = ["read_inputs", "run_step", "run_sequence", "write_outputs"]
+__all__ = ["bound_layout", "read_inputs", "run_step", "run_sequence", "write_outputs"]
 
 Tensor = torch.Tensor
 States = tuple[Tensor, ...]
@@ -102,35 +101,58 @@ def read_inputs(
     return x, states, is_init
 
 
+def bound_layout(cell: ModuleCell, params, layout: Layout | None, x: Tensor, states: States | None,
+                 in_keys: list[NestedKey], state_shapes: tuple[tuple[int, int], ...]) -> tuple[dict, Layout]:
+    """``(params as a dict, their layout)``, with ``x`` and ``states`` (already checked against the module's
+    configuration by :func:`read_inputs`) checked against the params' dtype, device and sizes.
+
+    ``layout``: the layout of the module's own weights, checked when they were bound; other params
+    (``functional_call``, ``TensorDict.to_module``, an ensemble's members) are read and checked here.
+    """
+    params = params if isinstance(params, dict) else dict(params.items())
+    layout = current_layout(cell.core, params, layout)
+    owner = cell.module_name
+    if layout.input_size != x.shape[-1] or tuple(zip((layout.num_layers,) * len(layout.state_sizes),
+                                                     layout.state_sizes)) != tuple(state_shapes):
+        raise ValueError(
+            f"{owner}: the weights are for input_size={layout.input_size}, num_layers={layout.num_layers} and state "
+            f"widths {list(layout.state_sizes)}, but the module is built for input_size={x.shape[-1]}, states "
+            f"{[list(s) for s in state_shapes]}. Load weights of the module's sizes (or build the module for these)."
+        )
+    for key, t in zip(in_keys, (x, *(states or ()))):
+        if t.dtype != layout.dtype or t.device != layout.device:
+            raise ValueError(
+                f"{owner}: key {key!r} holds dtype {t.dtype} on {t.device}; expected the weights' {layout.dtype} on "
+                f"{layout.device}. Convert the TensorDict (td.to(...)) or the module (module.to(...))."
+            )
+    return params, layout
+
+
 def run_sequence(
-    cell: ModuleCell,
     x: Tensor,
     first: States | None,
     resets: States | None,
     params: dict[str, Tensor],
+    layout: Layout,
     is_init: Tensor | None,
     *,
     backend: str,
     slice_len: int | None = None,
     num_slices: int | None = None,
-    layout: Layout | None = None,
     **options,
 ) -> tuple[Tensor, States]:
-    """``(y [*B, T, P], segment states [*B, T, L, S])``: the core's sequence function.
+    """``(y [*B, T, P], segment states [*B, T, L, S])``: the core's :func:`~rnn_functional.functional._core.execute`
+    on the checked call (:func:`read_inputs`, :func:`bound_layout`).
 
     ``first``: states before ``t = 0``; ``resets``: stored per-step states restarted from where
     ``is_init`` (zeros without them). The segment states hold each segment's final state at its
     last step and zeros elsewhere (TorchRL's ``("next", hidden)`` layout). ``options``: the
-    core's :class:`~rnn_functional.backends.SequenceOptions` (``dropout``, ``training``, ...);
-    ``layout``: the params' layout when the caller checked them (the module's own weights), which
-    the core then does not re-check.
+    core's :class:`~rnn_functional.backends.SequenceOptions` (``dropout``, ``training``, ...).
     """
-    opts = SequenceOptions(**options, segment_states=True)
-    y, _, segment_states = core_sequence(
-        cell.core, x, cell.pack(first), params, is_init, cell.pack(resets), backend, opts, slice_len, num_slices,
-        layout=layout,
-    )
-    return y, cell.unpack(segment_states)
+    c = flatten(layout, params, x, first, is_init, resets)
+    out = execute(c, backend, SequenceOptions(**options, segment_states=True), slice_len, num_slices)
+    y, *segment = restore(c.batch_shape, (out.y, *out.segment))
+    return y, tuple(segment)
 
 
 def run_step(

@@ -35,10 +35,11 @@ _TORCHRL_RNN = "torchrl.modules.tensordict_module.rnn"
 class _ModeState:
     """Context-local flag in eager mode, mirrored in a plain dict entry for ``torch.compile``.
 
-    The mirror is a dict entry, not an attribute: on torch 2.13 Dynamo drops attribute writes to
-    an existing object made after a higher-order op (our ``scan``) in the same graph, so a
-    ``set_recurrent_mode`` exited after a compiled sequence left the flag set. Dict writes are
-    replayed correctly.
+    The mirror is a dict entry, not an attribute: torch 2.13's Dynamo routes an attribute write on an
+    existing object through a ``__dict__`` proxy bound to the side-effect table of its first access,
+    which a higher-order op (our ``scan``) replaces, so a write after the op is dropped and a
+    ``set_recurrent_mode`` exited after a compiled sequence left the flag set (pytorch/pytorch#195866);
+    dict writes are replayed from the live table.
     """
 
     def __init__(self) -> None:
@@ -85,7 +86,11 @@ def recurrent_mode() -> bool | None:
     """The recurrent mode set by the innermost active context, or ``None`` outside any.
 
     Reads TorchRL's ``set_recurrent_mode`` flag too when TorchRL is loaded. Under ``torch.compile``
-    our flag is read first (see :class:`set_recurrent_mode`), then TorchRL's.
+    our flag is read first (see :class:`set_recurrent_mode`), then TorchRL's compile-time mirror, an
+    attribute: TorchRL's own ``set_recurrent_mode`` entered inside compiled code around a recurrent-mode
+    call leaves that mirror set after the call (pytorch/pytorch#195866, see :class:`_ModeState`), so
+    later compiled calls without a context run in recurrent mode until a context is entered eagerly;
+    eager calls read the context-local flags and are unaffected.
     """
     trl = _torchrl_module if _torchrl_loaded() else None
     if torch.compiler.is_compiling():  # the traced mirror read directly: each traced call adds guards per compiled call

@@ -28,7 +28,7 @@ from torch import nn
 
 from ..functional.options import BACKEND_CHOICES, check_options
 from ._cells import LSTM_CELL
-from ._forward import run_sequence, run_step
+from ._forward import bound_layout, run_sequence, run_step
 from ._weights import RNNChild
 
 __all__ = ["LSTMNet", "MLP"]
@@ -197,10 +197,11 @@ class LSTMNet(RNNChild, nn.Module):
                     f"num_layers, {'P' if name == 'hidden0_in' else 'H'}]), got {list(h.shape)}."
                 )
         if sequence:  # outputs the final state at the last step, zeros before it
-            y, (h, c) = run_sequence(
-                LSTM_CELL, x, (hidden0_in[:, 0], hidden1_in[:, 0]), None, self._weights, None,
-                backend=self.lstm_backend, dropout=self._dropout, training=self.training,
-            )
+            first = (hidden0_in[:, 0], hidden1_in[:, 0])
+            params, layout = bound_layout(LSTM_CELL, self._weights, self._layout, x, first, ["input", "hidden0_in",
+                                                                                          "hidden1_in"], self._state_shapes)
+            y, (h, c) = run_sequence(x, first, None, params, layout, None, backend=self.lstm_backend,
+                                     dropout=self._dropout, training=self.training)
         else:
             y, (h, c) = run_step(LSTM_CELL, x, (hidden0_in, hidden1_in), self._weights, None, dropout=self._dropout,
                                  training=self.training, backend=self.lstm_backend)

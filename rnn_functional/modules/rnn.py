@@ -42,7 +42,7 @@ from ..functional.options import check_options
 from ..functional.slices import check_value
 from ._cells import GRU_CELL, LSTM_CELL
 from ._compat import TorchRLCompat
-from ._forward import read_inputs, run_sequence, run_step, write_outputs
+from ._forward import bound_layout, read_inputs, run_sequence, run_step, write_outputs
 from ._keys import resolve_keys
 from ._weights import RNNChild, build_rnn
 
@@ -116,9 +116,10 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
         x, states, is_init = read_inputs(cell, tensordict, in_keys, self._input_size, self._state_shapes, recurrent)
         layout = self._layout if params is self._weights else None  # checked when the weights were bound
         if recurrent:
+            params, layout = bound_layout(cell, params, layout, x, states, in_keys, self._state_shapes)
             first = None if states is None else tuple(s.select(-3, 0) for s in states)  # [*B, T, L, S] at t = 0
             y, out_states = run_sequence(
-                cell, x, first, states, params, is_init,
+                x, first, states, params, layout, is_init,
                 backend=self._sequence_backend(),
                 dropout=self._dropout if self.training else 0.0,
                 training=self.training,
@@ -127,7 +128,6 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
                 matmul_precision=self.recurrent_matmul_precision,
                 slice_len=self.recurrent_slice_len,
                 num_slices=self.recurrent_num_slices,
-                layout=layout,
             )
         else:
             dropout = self._dropout if self.training else 0.0

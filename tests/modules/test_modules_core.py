@@ -332,13 +332,13 @@ def test_options_reach_the_core(monkeypatch):
     from rnn_functional.modules import _forward
 
     seen = {}
-    real = _forward.core_sequence
+    real = _forward.execute
 
-    def spy(cell, x, state, params, is_init, reset_state, backend, opts, slice_len, num_slices, layout=None):
-        seen.update(backend=backend, opts=opts, layout=layout)
-        return real(cell, x, state, params, is_init, reset_state, backend, opts, slice_len, num_slices, layout=layout)
+    def spy(c, backend, opts, slice_len, num_slices):
+        seen.update(backend=backend, opts=opts, layout=c.layout)
+        return real(c, backend, opts, slice_len, num_slices)
 
-    monkeypatch.setattr(_forward, "core_sequence", spy)
+    monkeypatch.setattr(_forward, "execute", spy)
     module = make_module(
         "gru", recurrent_backend="scan", recurrent_recompute="full", recurrent_compute_dtype=torch.bfloat16,
         recurrent_matmul_precision="tf32x3", default_recurrent_mode=True,

@@ -8,6 +8,10 @@ time loop, and stay on chip for all ``T`` steps (compiled, Triton keeps these lo
 registers in the accumulation dtype (fp32, or fp64 for fp64 params). The input projection ``gx =
 x @ W_ih^T + b_ih`` comes precomputed for all steps (one GEMM).
 
+Each cell's gate math is written once (``_lstm_fwd_gates``, ``_gru_fwd_gates``, ``_lstm_bwd_gates``,
+``_gru_bwd_gates``) and shared by the resident and the streamed kernels, which are the time loops
+with the loads and stores around it.
+
 Layouts (every tensor has a leading ensemble dim ``E``, stride 0 where shared):
 ``gx [E, N, T, G*H]``, ``w [E, G*H, H]``, ``b [E, G*H]``, ``h0/c0 [E, N, H]``,
 ``is_init [E, N, T]`` (int8, any strides), ``rh/rc [E, N, T, H]`` (reset states),
@@ -51,6 +55,114 @@ def _load_w(w_base, sw, g, H, rows_kk, cols_jj, TRANSPOSE: tl.constexpr, CDT: tl
     else:
         ptr = w_base + (g * H + rows_kk) * sw + cols_jj
     return _operand(tl.load(ptr, mask=mask, other=0.0), CDT, ACC, UPCAST)
+
+
+@triton.jit
+def _init_tile(init_ptr, s_i_e, s_i_n, s_i_t, e, rows, rmask, t, HAS_INIT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``is_init`` of ``rows`` at step ``t`` as a ``[BLOCK_N, 1]`` mask (all false without ``HAS_INIT``)."""
+    if HAS_INIT:
+        init = tl.load(init_ptr + e * s_i_e + rows * s_i_n + t * s_i_t, mask=rmask, other=0) != 0
+    else:
+        init = tl.zeros((BLOCK_N,), dtype=tl.int1)
+    return init[:, None]
+
+
+@triton.jit
+def _reset(v, r_ptr, mask, init2, HAS_RESET: tl.constexpr, ACC: tl.constexpr):
+    """The carry ``v`` entering a step, replaced by the reset state (or 0) where ``init2``."""
+    if HAS_RESET:
+        return tl.where(init2, tl.load(r_ptr, mask=mask, other=0.0).to(ACC), v)
+    return tl.where(init2, 0.0, v)
+
+
+@triton.jit
+def _carry_in(st_ptr, r_ptr, mask, init2, HAS_INIT: tl.constexpr, HAS_RESET: tl.constexpr, ACC: tl.constexpr):
+    """A tile of the carry entering a step: stored state, replaced by the reset value (or 0) where ``init2``."""
+    v = tl.load(st_ptr, mask=mask, other=0.0).to(ACC)
+    if HAS_INIT:
+        v = _reset(v, r_ptr, mask, init2, HAS_RESET, ACC)
+    return v
+
+
+@triton.jit
+def _reset_grad(d, dr_ptr, mask, init2, HAS_RESET: tl.constexpr):
+    """The carry grad ``d`` leaving a step backwards: where ``init2`` it goes to the reset state
+    (stored at ``dr_ptr`` with ``HAS_RESET``) instead of the previous step."""
+    if HAS_RESET:
+        tl.store(dr_ptr, tl.where(init2, d, 0.0), mask=mask)
+    return tl.where(init2, 0.0, d)
+
+
+# ----------------------------------------------------------------------------- gate math
+#
+# One step of each cell on a tile, written once for the resident and the streamed kernels, which
+# do the loads and stores around it (in the order ptxas allocates fewest registers for). ``a_k``
+# are the recurrent pre-activations ``h W_k^T + b_k``, ``x_k`` the input projection's and ``q_k``
+# the saved activations (LSTM ``i, f, g, o``; GRU ``r, z, n, W_hn h + b_hn``).
+
+
+@triton.jit
+def _load_gates(ptr, H, mask, ACC: tl.constexpr):
+    """The four gate tiles of a row whose gates are ``H`` apart."""
+    q0 = tl.load(ptr, mask=mask, other=0.0).to(ACC)
+    q1 = tl.load(ptr + H, mask=mask, other=0.0).to(ACC)
+    q2 = tl.load(ptr + 2 * H, mask=mask, other=0.0).to(ACC)
+    q3 = tl.load(ptr + 3 * H, mask=mask, other=0.0).to(ACC)
+    return q0, q1, q2, q3
+
+
+@triton.jit
+def _store_gates(ptr, H, mask, q0, q1, q2, q3):
+    tl.store(ptr, q0, mask=mask)
+    tl.store(ptr + H, q1, mask=mask)
+    tl.store(ptr + 2 * H, q2, mask=mask)
+    tl.store(ptr + 3 * H, q3, mask=mask)
+
+
+@triton.jit
+def _lstm_fwd_gates(a0, a1, a2, a3, x0, x1, x2, x3, c):
+    """The activations ``i, f, g, o`` and ``(c, h)`` after the step from ``c`` before it."""
+    gi = _sigmoid(a0 + x0)
+    gf = _sigmoid(a1 + x1)
+    gg = _tanh(a2 + x2)
+    go = _sigmoid(a3 + x3)
+    c = gf * c + gi * gg
+    return gi, gf, gg, go, c, go * _tanh(c)
+
+
+@triton.jit
+def _gru_fwd_gates(a0, a1, a2, x0, x1, x2, h):
+    """The activations ``r, z, n`` and ``h`` after the step from ``h`` before it."""
+    gr = _sigmoid(x0 + a0)
+    gz = _sigmoid(x1 + a1)
+    gn = _tanh(x2 + gr * a2)
+    return gr, gz, gn, gn + gz * (h - gn)
+
+
+@triton.jit
+def _lstm_bwd_gates(dh, dc, c_t, c_prev, q0, q1, q2, q3):
+    """From the grads ``dh, dc`` of the step's outputs ``h, c_t``: the pre-activation grads
+    ``da0..da3`` and the grad of ``c_prev`` (through ``f``)."""
+    tc = _tanh(c_t)
+    dc += dh * q3 * (1.0 - tc * tc)
+    da0 = dc * q2 * q0 * (1.0 - q0)
+    da1 = dc * c_prev * q1 * (1.0 - q1)
+    da2 = dc * q0 * (1.0 - q2 * q2)
+    da3 = dh * tc * q3 * (1.0 - q3)
+    return da0, da1, da2, da3, dc * q1
+
+
+@triton.jit
+def _gru_bwd_gates(dh, h_prev, q0, q1, q2, q3):
+    """From the grad ``dh`` of the step's output: the pre-activation grads ``da0..da2``, the grad
+    ``dhn`` of ``W_hn h_prev + b_hn`` and the direct grad ``dh * z`` of ``h_prev``."""
+    da2 = dh * (1.0 - q1) * (1.0 - q2 * q2)
+    da1 = dh * (h_prev - q2) * q1 * (1.0 - q1)
+    dhn = da2 * q0
+    return da2 * q3 * q0 * (1.0 - q0), da1, da2, dhn, dh * q1
+
+
+# ----------------------------------------------------------------------------- resident
 
 
 @triton.jit
@@ -109,18 +221,10 @@ def _rnn_fwd_kernel(
 
     for t in range(T):
         if HAS_INIT:
-            init = tl.load(init_ptr + e * s_i_e + rows * s_i_n + t * s_i_t, mask=rmask, other=0) != 0
-            init2 = init[:, None]
-            if HAS_RESET:
-                rh = tl.load(rh_ptr + e * s_rh_e + r2 * s_rh_n + t * s_rh_t + c2, mask=m2, other=0.0)
-                h = tl.where(init2, rh.to(ACC), h)
-                if IS_LSTM:
-                    rc = tl.load(rc_ptr + e * s_rc_e + r2 * s_rc_n + t * s_rc_t + c2, mask=m2, other=0.0)
-                    c = tl.where(init2, rc.to(ACC), c)
-            else:
-                h = tl.where(init2, 0.0, h)
-                if IS_LSTM:
-                    c = tl.where(init2, 0.0, c)
+            init2 = _init_tile(init_ptr, s_i_e, s_i_n, s_i_t, e, rows, rmask, t, HAS_INIT, BLOCK_N)
+            h = _reset(h, rh_ptr + e * s_rh_e + r2 * s_rh_n + t * s_rh_t + c2, m2, init2, HAS_RESET, ACC)
+            if IS_LSTM:
+                c = _reset(c, rc_ptr + e * s_rc_e + r2 * s_rc_n + t * s_rc_t + c2, m2, init2, HAS_RESET, ACC)
         hc = _operand(h, CDT, ACC, UPCAST)
         gx_t = gx_row + t * s_gx_t
         a0 = tl.dot(hc, w0, input_precision=PREC, out_dtype=ACC)
@@ -138,30 +242,14 @@ def _rnn_fwd_kernel(
             if HAS_BIAS:
                 a3 += b3
             x3 = tl.load(gx_t + 3 * H, mask=m2, other=0.0).to(ACC)
-            gi = _sigmoid(a0 + x0)
-            gf = _sigmoid(a1 + x1)
-            gg = _tanh(a2 + x2)
-            go = _sigmoid(a3 + x3)
-            c = gf * c + gi * gg
-            h = go * _tanh(c)
+            gi, gf, gg, go, c, h = _lstm_fwd_gates(a0, a1, a2, a3, x0, x1, x2, x3, c)
             tl.store(cs_row + (t + 1) * H, c.to(cs_ptr.dtype.element_ty), mask=m2)
             if SAVE:
-                g_t = g_row + t * 4 * H
-                tl.store(g_t, gi, mask=m2)
-                tl.store(g_t + H, gf, mask=m2)
-                tl.store(g_t + 2 * H, gg, mask=m2)
-                tl.store(g_t + 3 * H, go, mask=m2)
+                _store_gates(g_row + t * 4 * H, H, m2, gi, gf, gg, go)
         else:
-            gr = _sigmoid(x0 + a0)
-            gz = _sigmoid(x1 + a1)
-            gn = _tanh(x2 + gr * a2)
-            h = gn + gz * (h - gn)
+            gr, gz, gn, h = _gru_fwd_gates(a0, a1, a2, x0, x1, x2, h)
             if SAVE:
-                g_t = g_row + t * 4 * H
-                tl.store(g_t, gr, mask=m2)
-                tl.store(g_t + H, gz, mask=m2)
-                tl.store(g_t + 2 * H, gn, mask=m2)
-                tl.store(g_t + 3 * H, a2, mask=m2)
+                _store_gates(g_row + t * 4 * H, H, m2, gr, gz, gn, a2)
         tl.store(hs_row + (t + 1) * H, h.to(hs_ptr.dtype.element_ty), mask=m2)
 
 
@@ -222,66 +310,40 @@ def _rnn_bwd_kernel(
         t = T - 1 - tt
         dh += tl.load(dhs_row + (t + 1) * H, mask=m2, other=0.0).to(ACC)
         if HAS_INIT:
+            # per element, not a broadcast per-row load: that crashes LLVM's SLP vectorizer for sm_90
             init2 = tl.load(init_ptr + e * s_i_e + r2 * s_i_n + t * s_i_t + c2 * 0, mask=m2, other=0) != 0
-        g_t = g_row + t * 4 * H
-        q0 = tl.load(g_t, mask=m2, other=0.0).to(ACC)
-        q1 = tl.load(g_t + H, mask=m2, other=0.0).to(ACC)
-        q2 = tl.load(g_t + 2 * H, mask=m2, other=0.0).to(ACC)
-        q3 = tl.load(g_t + 3 * H, mask=m2, other=0.0).to(ACC)
+        q0, q1, q2, q3 = _load_gates(g_row + t * 4 * H, H, m2, ACC)
         dgx_t = dgx_row + t * G * H
         if IS_LSTM:
             dc += tl.load(dcs_row + (t + 1) * H, mask=m2, other=0.0).to(ACC)
             c_t = tl.load(cs_row + (t + 1) * H, mask=m2, other=0.0).to(ACC)
             c_prev = tl.load(cs_row + t * H, mask=m2, other=0.0).to(ACC)
             if HAS_INIT:
-                if HAS_RESET:
-                    rc = tl.load(rc_ptr + e * s_rc_e + r2 * s_rc_n + t * s_rc_t + c2, mask=m2, other=0.0)
-                    c_prev = tl.where(init2, rc.to(ACC), c_prev)
-                else:
-                    c_prev = tl.where(init2, 0.0, c_prev)
-            tc = _tanh(c_t)
-            dc += dh * q3 * (1.0 - tc * tc)
-            da0 = dc * q2 * q0 * (1.0 - q0)
-            da1 = dc * c_prev * q1 * (1.0 - q1)
-            da2 = dc * q0 * (1.0 - q2 * q2)
-            da3 = dh * tc * q3 * (1.0 - q3)
-            dc = dc * q1
-            tl.store(dgx_t, da0, mask=m2)
-            tl.store(dgx_t + H, da1, mask=m2)
-            tl.store(dgx_t + 2 * H, da2, mask=m2)
-            tl.store(dgx_t + 3 * H, da3, mask=m2)
-            dh = tl.dot(_operand(da0, CDT, ACC, UPCAST), w0, input_precision=PREC, out_dtype=ACC)
-            dh += tl.dot(_operand(da1, CDT, ACC, UPCAST), w1, input_precision=PREC, out_dtype=ACC)
-            dh += tl.dot(_operand(da2, CDT, ACC, UPCAST), w2, input_precision=PREC, out_dtype=ACC)
-            dh += tl.dot(_operand(da3, CDT, ACC, UPCAST), w3, input_precision=PREC, out_dtype=ACC)
+                rc_t = rc_ptr + e * s_rc_e + r2 * s_rc_n + t * s_rc_t + c2
+                c_prev = _reset(c_prev, rc_t, m2, init2, HAS_RESET, ACC)
+            da0, da1, da2, da3, dc = _lstm_bwd_gates(dh, dc, c_t, c_prev, q0, q1, q2, q3)
+            _store_gates(dgx_t, H, m2, da0, da1, da2, da3)
+            dh = tl.zeros((BLOCK_N, BLOCK_H), dtype=ACC)  # LSTM's h_prev reaches h only through the gates
         else:
             h_prev = tl.load(hs_row + t * H, mask=m2, other=0.0).to(ACC)
             if HAS_INIT:
-                if HAS_RESET:
-                    rh = tl.load(rh_ptr + e * s_rh_e + r2 * s_rh_n + t * s_rh_t + c2, mask=m2, other=0.0)
-                    h_prev = tl.where(init2, rh.to(ACC), h_prev)
-                else:
-                    h_prev = tl.where(init2, 0.0, h_prev)
-            da2 = dh * (1.0 - q1) * (1.0 - q2 * q2)
-            da1 = dh * (h_prev - q2) * q1 * (1.0 - q1)
-            dhn = da2 * q0
-            da0 = da2 * q3 * q0 * (1.0 - q0)
+                rh_t = rh_ptr + e * s_rh_e + r2 * s_rh_n + t * s_rh_t + c2
+                h_prev = _reset(h_prev, rh_t, m2, init2, HAS_RESET, ACC)
+            da0, da1, da2, dhn, dh = _gru_bwd_gates(dh, h_prev, q0, q1, q2, q3)
             tl.store(dgx_t, da0, mask=m2)
             tl.store(dgx_t + H, da1, mask=m2)
             tl.store(dgx_t + 2 * H, da2, mask=m2)
             tl.store(dgh_row + t * H, dhn, mask=m2)
-            dh = dh * q1
-            dh += tl.dot(_operand(da0, CDT, ACC, UPCAST), w0, input_precision=PREC, out_dtype=ACC)
-            dh += tl.dot(_operand(da1, CDT, ACC, UPCAST), w1, input_precision=PREC, out_dtype=ACC)
-            dh += tl.dot(_operand(dhn, CDT, ACC, UPCAST), w2, input_precision=PREC, out_dtype=ACC)
+            da2 = dhn  # W_hn multiplies h_prev inside r * (W_hn h_prev + b_hn)
+        dh += tl.dot(_operand(da0, CDT, ACC, UPCAST), w0, input_precision=PREC, out_dtype=ACC)
+        dh += tl.dot(_operand(da1, CDT, ACC, UPCAST), w1, input_precision=PREC, out_dtype=ACC)
+        dh += tl.dot(_operand(da2, CDT, ACC, UPCAST), w2, input_precision=PREC, out_dtype=ACC)
+        if IS_LSTM:
+            dh += tl.dot(_operand(da3, CDT, ACC, UPCAST), w3, input_precision=PREC, out_dtype=ACC)
         if HAS_INIT:
-            if HAS_RESET:
-                tl.store(drh_row + t * H, tl.where(init2, dh, 0.0), mask=m2)
-                if IS_LSTM:
-                    tl.store(drc_row + t * H, tl.where(init2, dc, 0.0), mask=m2)
-            dh = tl.where(init2, 0.0, dh)
+            dh = _reset_grad(dh, drh_row + t * H, m2, init2, HAS_RESET)
             if IS_LSTM:
-                dc = tl.where(init2, 0.0, dc)
+                dc = _reset_grad(dc, drc_row + t * H, m2, init2, HAS_RESET)
     dh += tl.load(dhs_row, mask=m2, other=0.0).to(ACC)
     tl.store(dh0_ptr + (e * N + r2) * H + c2, dh, mask=m2)
     if IS_LSTM:
@@ -303,27 +365,6 @@ TILE = 32  # tile width of the streamed kernels (64 spills: see benchmarks/trito
 def resident(hidden: int, gates: int, itemsize: int) -> bool:
     """True when the ``gates`` padded ``[H, H]`` blocks of the operand dtype fit the on-chip budget."""
     return gates * max(16, triton.next_power_of_2(hidden)) ** 2 * itemsize <= RESIDENT_BYTES
-
-
-@triton.jit
-def _carry_in(st_ptr, r_ptr, mask, init2, HAS_INIT: tl.constexpr, HAS_RESET: tl.constexpr, ACC: tl.constexpr):
-    """A tile of the carry entering a step: stored state, replaced by the reset value (or 0) where ``init2``."""
-    v = tl.load(st_ptr, mask=mask, other=0.0).to(ACC)
-    if HAS_INIT:
-        if HAS_RESET:
-            v = tl.where(init2, tl.load(r_ptr, mask=mask, other=0.0).to(ACC), v)
-        else:
-            v = tl.where(init2, 0.0, v)
-    return v
-
-
-@triton.jit
-def _init_tile(init_ptr, s_i_e, s_i_n, s_i_t, e, rows, rmask, t, HAS_INIT: tl.constexpr, BLOCK_N: tl.constexpr):
-    if HAS_INIT:
-        init = tl.load(init_ptr + e * s_i_e + rows * s_i_n + t * s_i_t, mask=rmask, other=0) != 0
-    else:
-        init = tl.zeros((BLOCK_N,), dtype=tl.int1)
-    return init[:, None]
 
 
 @triton.jit
@@ -418,29 +459,15 @@ def _rnn_fwd_tiled_kernel(
             if IS_LSTM:
                 x3 = tl.load(gx_t + 3 * H, mask=m, other=0.0).to(ACC)
                 c = _carry_in(cs_row + t * H + c2, rc_row + t * s_rc_t + c2, m, init2, HAS_INIT, HAS_RESET, ACC)
-                gi = _sigmoid(a0 + x0)
-                gf = _sigmoid(a1 + x1)
-                gg = _tanh(a2 + x2)
-                go = _sigmoid(a3 + x3)
-                c = gf * c + gi * gg
-                h = go * _tanh(c)
+                gi, gf, gg, go, c, h = _lstm_fwd_gates(a0, a1, a2, a3, x0, x1, x2, x3, c)
                 tl.store(cs_row + (t + 1) * H + c2, c.to(cs_ptr.dtype.element_ty), mask=m)
                 if SAVE:
-                    tl.store(g_t, gi, mask=m)
-                    tl.store(g_t + H, gf, mask=m)
-                    tl.store(g_t + 2 * H, gg, mask=m)
-                    tl.store(g_t + 3 * H, go, mask=m)
+                    _store_gates(g_t, H, m, gi, gf, gg, go)
             else:
                 h = _carry_in(hs_row + t * H + c2, rh_row + t * s_rh_t + c2, m, init2, HAS_INIT, HAS_RESET, ACC)
-                gr = _sigmoid(x0 + a0)
-                gz = _sigmoid(x1 + a1)
-                gn = _tanh(x2 + gr * a2)
-                h = gn + gz * (h - gn)
+                gr, gz, gn, h = _gru_fwd_gates(a0, a1, a2, x0, x1, x2, h)
                 if SAVE:
-                    tl.store(g_t, gr, mask=m)
-                    tl.store(g_t + H, gz, mask=m)
-                    tl.store(g_t + 2 * H, gn, mask=m)
-                    tl.store(g_t + 3 * H, a2, mask=m)
+                    _store_gates(g_t, H, m, gr, gz, gn, a2)
             tl.store(hs_row + (t + 1) * H + c2, h.to(hs_ptr.dtype.element_ty), mask=m)
         tl.debug_barrier()
 
@@ -503,36 +530,25 @@ def _rnn_bwd_tiled_kernel(
             c2 = cj[None, :]
             m = rmask[:, None] & (cj < H)[None, :]
             dh = tl.load(dh_row + c2, mask=m, other=0.0) + tl.load(dhs_row + (t + 1) * H + c2, mask=m, other=0.0).to(ACC)
-            g_t = g_row + t * 4 * H + c2
-            q0 = tl.load(g_t, mask=m, other=0.0).to(ACC)
-            q1 = tl.load(g_t + H, mask=m, other=0.0).to(ACC)
-            q2 = tl.load(g_t + 2 * H, mask=m, other=0.0).to(ACC)
-            q3 = tl.load(g_t + 3 * H, mask=m, other=0.0).to(ACC)
+            q0, q1, q2, q3 = _load_gates(g_row + t * 4 * H + c2, H, m, ACC)
             dgx_t = dgx_row + t * G * H + c2
             if IS_LSTM:
                 dc = tl.load(dc_row + c2, mask=m, other=0.0) + tl.load(dcs_row + (t + 1) * H + c2, mask=m, other=0.0).to(ACC)
                 c_t = tl.load(cs_row + (t + 1) * H + c2, mask=m, other=0.0).to(ACC)
                 c_prev = _carry_in(cs_row + t * H + c2, rc_row + t * s_rc_t + c2, m, init2, HAS_INIT, HAS_RESET, ACC)
-                tc = _tanh(c_t)
-                dc += dh * q3 * (1.0 - tc * tc)
-                tl.store(dgx_t, dc * q2 * q0 * (1.0 - q0), mask=m)
-                tl.store(dgx_t + H, dc * c_prev * q1 * (1.0 - q1), mask=m)
-                tl.store(dgx_t + 2 * H, dc * q0 * (1.0 - q2 * q2), mask=m)
-                tl.store(dgx_t + 3 * H, dh * tc * q3 * (1.0 - q3), mask=m)
-                dc = dc * q1
+                da0, da1, da2, da3, dc = _lstm_bwd_gates(dh, dc, c_t, c_prev, q0, q1, q2, q3)
+                _store_gates(dgx_t, H, m, da0, da1, da2, da3)
                 if HAS_INIT:
-                    if HAS_RESET:
-                        tl.store(drc_row + t * H + c2, tl.where(init2, dc, 0.0), mask=m)
-                    dc = tl.where(init2, 0.0, dc)
+                    dc = _reset_grad(dc, drc_row + t * H + c2, m, init2, HAS_RESET)
                 tl.store(dc_row + c2, dc, mask=m)
             else:
                 h_prev = _carry_in(hs_row + t * H + c2, rh_row + t * s_rh_t + c2, m, init2, HAS_INIT, HAS_RESET, ACC)
-                da2 = dh * (1.0 - q1) * (1.0 - q2 * q2)
-                tl.store(dgx_t, da2 * q3 * q0 * (1.0 - q0), mask=m)
-                tl.store(dgx_t + H, dh * (h_prev - q2) * q1 * (1.0 - q1), mask=m)
+                da0, da1, da2, dhn, dz = _gru_bwd_gates(dh, h_prev, q0, q1, q2, q3)
+                tl.store(dgx_t, da0, mask=m)
+                tl.store(dgx_t + H, da1, mask=m)
                 tl.store(dgx_t + 2 * H, da2, mask=m)
-                tl.store(dgh_row + t * H + c2, da2 * q0, mask=m)
-                tl.store(tmp_row + c2, dh * q1, mask=m)
+                tl.store(dgh_row + t * H + c2, dhn, mask=m)
+                tl.store(tmp_row + c2, dz, mask=m)
         tl.debug_barrier()
         # phase B: dh_prev = sum_g da_g @ W_g, tile by tile, then the reset
         for k0 in range(0, H, BLOCK_T):
@@ -552,21 +568,19 @@ def _rnn_bwd_tiled_kernel(
                 da = _operand(tl.load(dgx_t + H, mask=m, other=0.0), CDT, ACC, UPCAST)
                 acc += tl.dot(da, _w_tile(w_base, s_w_r, 1, H, cj, ck, False, CDT, ACC, UPCAST),
                               input_precision=PREC, out_dtype=ACC)
+                # GRU's third product is with the grad of W_hn h + b_hn, not of the input projection
                 if IS_LSTM:
                     da = _operand(tl.load(dgx_t + 2 * H, mask=m, other=0.0), CDT, ACC, UPCAST)
-                    acc += tl.dot(da, _w_tile(w_base, s_w_r, 2, H, cj, ck, False, CDT, ACC, UPCAST),
-                                  input_precision=PREC, out_dtype=ACC)
+                else:
+                    da = _operand(tl.load(dgh_row + t * H + cj[None, :], mask=m, other=0.0), CDT, ACC, UPCAST)
+                acc += tl.dot(da, _w_tile(w_base, s_w_r, 2, H, cj, ck, False, CDT, ACC, UPCAST),
+                              input_precision=PREC, out_dtype=ACC)
+                if IS_LSTM:
                     da = _operand(tl.load(dgx_t + 3 * H, mask=m, other=0.0), CDT, ACC, UPCAST)
                     acc += tl.dot(da, _w_tile(w_base, s_w_r, 3, H, cj, ck, False, CDT, ACC, UPCAST),
                                   input_precision=PREC, out_dtype=ACC)
-                else:
-                    da = _operand(tl.load(dgh_row + t * H + cj[None, :], mask=m, other=0.0), CDT, ACC, UPCAST)
-                    acc += tl.dot(da, _w_tile(w_base, s_w_r, 2, H, cj, ck, False, CDT, ACC, UPCAST),
-                                  input_precision=PREC, out_dtype=ACC)
             if HAS_INIT:
-                if HAS_RESET:
-                    tl.store(drh_row + t * H + ck[None, :], tl.where(init2, acc, 0.0), mask=mk)
-                acc = tl.where(init2, 0.0, acc)
+                acc = _reset_grad(acc, drh_row + t * H + ck[None, :], mk, init2, HAS_RESET)
             tl.store(dh_row + ck[None, :], acc, mask=mk)
         tl.debug_barrier()
 

@@ -1,0 +1,458 @@
+"""The eager layouts of a call's segments: how ``pad`` (and the loops) run a call with interior resets.
+
+A *segment* is a maximal run of steps of one row between resets: it starts at ``t = 0`` or
+where ``is_init`` is True and ends before the next reset or at ``T - 1``. No state crosses a
+reset, so the segments of every row are independent sequences: each starts from its own
+initial carry (the incoming carry, reset where ``is_init[:, 0]``, for a segment at ``t = 0``;
+``reset_state`` at its first step, or zeros, for the others). Re-batched, a call of ``N`` rows
+of ``T`` steps becomes ``S`` rows (one per segment) of at most ``Lmax`` steps (the longest
+segment) with no interior reset: a flat ``SliceSampler`` batch ``[1, N]`` runs its slices side
+by side instead of ``N`` steps of one row. Every layout is exact and returns a :class:`Result`:
+
+* :func:`aligned`, for any backend's canonical ``sequence``: the segments are right-aligned in an
+  ``[S, Lmax]`` block (front padding) and each segment's first real step is marked as a reset to
+  its initial carry. Every segment then ends at the block's last step: its final carry is the
+  backend's final carry. The padded steps compute values that the reset discards.
+* :func:`packed`, for ``pad``: the steps, permuted into the packed (time-major) layout of the
+  segments sorted by length, run by ATen's kernels as one packed sequence
+  (:func:`rnn_functional.backends.pad.packed_sequence`).
+* :func:`bucketed`, for ``pad`` with one layer: the segments, sorted by length, are cut into a few
+  buckets (:func:`buckets`, by the cost table of :mod:`.costs`: padding against more calls); each
+  bucket runs as one plain (unpacked) ATen call on its left-aligned ``[S_b, L_b]`` block. Unpacked
+  calls keep the fast kernels (oneDNN's LSTM on CPU) and their backward is linear in the steps,
+  where a packed call's backward on CPU zero-fills the whole input-projection gradient at every step
+  (``docs/backends.md``). Outputs at real steps are exact (padding follows them); a segment's final
+  carry is its output at its last step for the carry's output part (``h``) and, for the other parts
+  (the LSTM's ``c``) of a segment shorter than its bucket, recomputed by the cell's step from the
+  kernel's outputs (:func:`_other_finals`).
+* :func:`whole_slices`, for ``pad`` where every row is slices of one length from ``t = 0``
+  (:attr:`SegmentPlan.slice_len`): a view of the call, no gather.
+
+Segment counts and lengths are host values read from the call's mask once (:func:`plan`): eager
+only. Under ``torch.compile`` the one layout is :func:`aligned` over a :func:`static_plan`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..cells import Carry, Layout, apply_reset
+from . import costs, pad
+from .base import SequenceOptions
+
+_MAX_DISTINCT = 256  # distinct segment lengths the bucket cut searches exactly (quadratic in them)
+
+
+class Result(NamedTuple):
+    """What a run returns: ``y [N, T, P]``, the ``final`` carry after the last step, the ``per_step``
+    carries ``[N, T, L, ·]`` (``None`` unless ``opts.segment_states``) and whether those hold the
+    segment-end states already (each segment's final carry at its last step, zeros elsewhere)."""
+
+    y: torch.Tensor
+    final: Carry
+    per_step: Carry | None
+    segment_ends: bool = False
+
+
+@dataclass
+class SegmentPlan:
+    """Where the segments of an ``[N, T]`` call lie (``S`` segments, the longest ``max_len`` steps).
+
+    ``shape``: ``(N, T)``; ``first [S]``: each segment's first step, row-major over ``N * T``; ``lengths [S]``:
+    its step count; both on the call's device. ``lengths_host``: ``lengths`` as a NumPy array, from the
+    call's one host read of ``is_init`` (:func:`plan`): every count and length the layouts need on the
+    host comes from it. :attr:`seg_of` and :attr:`pos` (``[N, T]``: each step's segment and its index
+    within it) are derived on first use, by the layouts that gather; ``index`` holds them once known.
+    ``static``: a plan of static shapes (:func:`static_plan`, under ``torch.compile``) whose ``first``
+    and ``lengths`` are bounds-clamped estimates past the real segments and which has no host values:
+    its layouts index by ``index`` only. ``memo``: the sorted lengths and the length buckets, computed once.
+    """
+
+    shape: tuple[int, int]
+    first: torch.Tensor
+    lengths: torch.Tensor
+    lengths_host: np.ndarray | None
+    max_len: int
+    index: tuple[torch.Tensor, torch.Tensor] | None = None
+    static: bool = False
+    memo: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def count(self) -> int:
+        """``S``, the number of segments."""
+        return int(self.first.shape[0])
+
+    @property
+    def row(self) -> torch.Tensor:
+        return self.first // self.shape[1]
+
+    @property
+    def start(self) -> torch.Tensor:
+        return self.first % self.shape[1]
+
+    def _index(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.index is None:
+            n, t_len = self.shape
+            dev = self.first.device
+            seg_of = torch.repeat_interleave(torch.arange(self.count, device=dev), self.lengths, output_size=n * t_len)
+            pos = torch.arange(n * t_len, device=dev) - self.first[seg_of]
+            self.index = (seg_of.view(n, t_len), pos.view(n, t_len))
+        return self.index
+
+    @property
+    def seg_of(self) -> torch.Tensor:
+        return self._index()[0]
+
+    @property
+    def pos(self) -> torch.Tensor:
+        return self._index()[1]
+
+    @property
+    def last(self) -> torch.Tensor:
+        """``[N]``: the segment that ends each row."""
+        n, t_len = self.shape
+        if self.static:
+            return self.seg_of[:, -1]
+        row_ends = torch.arange(1, n + 1, device=self.first.device) * t_len
+        return torch.searchsorted(self.first, row_ends) - 1
+
+    @property
+    def slice_len(self) -> int | None:
+        """``L`` when every row is slices of ``L < T`` steps from ``t = 0``, its last one ``T mod L`` steps where
+        ``L`` does not divide ``T`` (whole ``SliceSampler`` slices); else None."""
+        if "slice_len" not in self.memo:
+            n, t_len = self.shape
+            length = int(self.lengths_host[0])
+            whole, tail = divmod(t_len, length)
+            per_row = whole + (tail > 0)
+            regular = length < t_len and self.count == n * per_row
+            if regular:
+                pattern = np.full(per_row, length)
+                pattern[-1] = tail or length
+                regular = bool((self.lengths_host.reshape(n, per_row) == pattern).all())
+            self.memo["slice_len"] = length if regular else None
+        return self.memo["slice_len"]
+
+
+def plan(is_init: np.ndarray, device: torch.device) -> SegmentPlan:
+    """The segments of a call with resets ``is_init [N, T]`` (a bool NumPy array read from the call's mask,
+    ``N, T > 0``); the device tensors are copied to ``device`` (no read back)."""
+    n, t_len = is_init.shape
+    starts = is_init.copy()
+    starts[:, 0] = True
+    first = np.flatnonzero(starts)
+    lengths = np.diff(first, append=n * t_len)
+    return SegmentPlan((n, t_len), _to(first, device), _to(lengths, device), lengths, int(lengths.max()))
+
+
+def _to(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)
+
+
+def static_plan(is_init: torch.Tensor, slice_len: int, num_slices: int) -> SegmentPlan:
+    """The segments of ``is_init [N, T]`` in a ``[num_slices, slice_len]`` block, from static shapes only
+    (under ``torch.compile``). Indices are clamped into the block, so a batch beyond the bounds (which
+    the caller's hint check rejects) never indexes out of it; rows of the block past the last segment
+    hold no step."""
+    n, t_len = is_init.shape
+    starts = is_init.clone()
+    starts[:, 0] = True
+    seg_of = starts.reshape(-1).cumsum(0) - 1
+    clamped = seg_of.clamp(max=num_slices - 1)
+    lengths = clamped.new_zeros(num_slices).scatter_add(0, clamped, torch.ones_like(clamped)).clamp(1, slice_len)
+    step = torch.arange(n * t_len, device=is_init.device)
+    first = step.new_zeros(num_slices).scatter_reduce(0, clamped, step, "amin", include_self=False)
+    pos = (step - first[clamped]).clamp(max=slice_len - 1).reshape(n, t_len)
+    return SegmentPlan((n, t_len), first, lengths, None, slice_len, index=(clamped.reshape(n, t_len), pos), static=True)
+
+
+def _initial_carries(p: SegmentPlan, carry: Carry, is_init: torch.Tensor, reset: Carry | None,
+                     order: torch.Tensor | None = None) -> Carry:
+    """Every segment's carry before its first step (in ``order`` where given): tuple of ``[S, L, ·]``.
+
+    A segment starts from its row's incoming carry unless ``is_init`` is True at its first step (always,
+    past ``t = 0``), where it starts from ``reset`` there, or zeros.
+    """
+    row, start = (p.row, p.start) if order is None else (p.row[order], p.start[order])
+    fill = None if reset is None else tuple(r[row, start] for r in reset)
+    return apply_reset(tuple(s[row] for s in carry), is_init[row, start], fill)
+
+
+def _dest(p: SegmentPlan, base: torch.Tensor) -> torch.Tensor:
+    """``[N * T]``: each step's row in a block whose segment ``s`` holds its steps at rows ``base[s] + pos``."""
+    if p.static:
+        seg_of, pos = p.index
+        return (base[seg_of] + pos).reshape(-1)
+    n, t_len = p.shape
+    steps = torch.arange(n * t_len, device=base.device)
+    return steps + torch.repeat_interleave(base - p.first, p.lengths, output_size=n * t_len)
+
+
+def _block(x: torch.Tensor, dest: torch.Tensor, rows: int) -> torch.Tensor:
+    """``x [N, T, F]`` as a block of ``rows`` rows ``[rows, F]``: step ``i`` at row ``dest[i]``, zeros elsewhere."""
+    return x.new_zeros(rows, x.shape[-1]).index_copy(0, dest, x.reshape(-1, x.shape[-1]))
+
+
+def _scatter(p: SegmentPlan, y_rows: torch.Tensor, dest: torch.Tensor, seg_final: Carry, opts: SequenceOptions,
+             order: tuple[torch.Tensor, torch.Tensor] | None = None) -> Result:
+    """Block results back to the call's rows.
+
+    ``y_rows [rows, P]``: the block's outputs, step ``i`` at row ``dest[i]``; ``seg_final``: each segment's
+    final carry ``[S, L, ·]``, in segment order or, with ``order = (order, rank)``, in the order ``order``
+    (``rank`` its inverse). The per-step carries are the segment-end states themselves (each segment's
+    final carry at its last step, zeros elsewhere), except for a plan of static shapes, whose per-step
+    carries hold every step's segment final carry.
+    """
+    n, t_len = p.shape
+    y = y_rows.index_select(0, dest).view(n, t_len, -1)
+    last = p.last if order is None else order[1][p.last]
+    final = tuple(s.index_select(0, last) for s in seg_final)
+    if not opts.segment_states:
+        return Result(y, final, None)
+    if p.static:  # clamped ends past the real segments: gather every step's segment
+        return Result(y, final, tuple(s[p.seg_of] for s in seg_final))
+    ends = p.first + p.lengths - 1
+    ends = ends if order is None else ends[order[0]]
+    per_step = tuple(s.new_zeros(n * t_len, *s.shape[1:]).index_copy(0, ends, s).view(n, t_len, *s.shape[1:])
+                     for s in seg_final)
+    return Result(y, final, per_step, segment_ends=True)
+
+
+def aligned(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, reset,
+            opts: SequenceOptions) -> Result:
+    """``impl`` (a backend's canonical ``sequence``) run on the right-aligned segments of ``p``."""
+    offset = p.max_len - p.lengths  # [S] front padding of each segment
+    dest = _dest(p, torch.arange(p.count, device=x.device) * p.max_len + offset)
+    h0 = _initial_carries(p, carry, is_init, reset)
+    first = torch.zeros(p.count, p.max_len, dtype=torch.bool, device=x.device)
+    first[torch.arange(p.count, device=x.device), offset] = True
+    to_h0 = tuple(s.unsqueeze(1).expand(s.shape[0], p.max_len, *s.shape[1:]) for s in h0)
+    inner = dataclasses.replace(opts, segment_states=False)
+    x_block = _block(x, dest, p.count * p.max_len).view(p.count, p.max_len, -1)
+    y_block, seg_final, _ = impl(layout, params, x_block, h0, first, to_h0, inner)
+    return _scatter(p, y_block.reshape(-1, y_block.shape[-1]), dest, seg_final, opts)
+
+
+def packed(p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions) -> Result:
+    """The ``pad`` backend run on the segments of ``p`` packed by their lengths, one kernel call.
+
+    The packed steps are the call's steps permuted (time-major over the segments sorted by decreasing
+    length): one ``index_copy`` in and one ``index_select`` out, no padding.
+    """
+    order, _ = _sorted(p)
+    dev, steps = x.device, p.shape[0] * p.shape[1]
+    batch_sizes = alive_per_step(p)
+    rank = np.empty_like(order)
+    rank[order] = np.arange(p.count)
+    order_d, rank_d = _to(order, dev), _to(rank, dev)
+    seg_of, pos = p.seg_of.reshape(-1), p.pos.reshape(-1)
+    step_rows = _to(np.cumsum(batch_sizes) - batch_sizes, dev)  # the first packed row of each step
+    dest = step_rows[pos] + rank_d[seg_of]  # a permutation of the steps
+    data = x.new_empty(steps, x.shape[-1]).index_copy(0, dest, x.reshape(-1, x.shape[-1]))
+    h0 = _initial_carries(p, carry, is_init, reset, order_d)
+    out, seg_final = pad.packed_sequence(layout, params, data, _to(batch_sizes, torch.device("cpu")), h0, opts)
+    return _scatter(p, out, dest, seg_final, opts, order=(order_d, rank_d))
+
+
+def cut_buckets(lengths_sorted: list[int], call_cost: Callable[[int, int, int, int], float]) -> list[tuple[int, int, int]]:
+    """``(first, end, steps)`` row ranges of segments sorted by decreasing length, one kernel call each.
+
+    The cut minimises ``call_cost(steps, rows, short_steps, short_rows)`` summed over the calls (a call of
+    ``steps`` steps over ``rows`` rows, ``short_rows`` of which end before its last step, the longest of
+    them after ``short_steps``): exact dynamic programming over the distinct lengths (at most
+    ``_MAX_DISTINCT`` of them; beyond, buckets of lengths within a factor of two).
+    """
+    distinct = sorted(set(lengths_sorted), reverse=True)
+    if len(distinct) > _MAX_DISTINCT:
+        out, first = [], 0
+        while first < len(lengths_sorted):
+            end = first
+            while end < len(lengths_sorted) and 2 * lengths_sorted[end] > lengths_sorted[first]:
+                end += 1
+            out.append((first, end, lengths_sorted[first]))
+            first = end
+        return out
+    ends = [0]  # ends[k]: rows of the k longest distinct lengths
+    for d in distinct:
+        ends.append(ends[-1] + lengths_sorted.count(d))
+    best, cut = [0.0] + [float("inf")] * len(distinct), [0] * (len(distinct) + 1)
+    for j in range(1, len(distinct) + 1):
+        for i in range(j):
+            short = j - 1 > i  # the bucket holds rows shorter than its steps
+            cost = best[i] + call_cost(distinct[i], ends[j] - ends[i], distinct[i + 1] if short else 0,
+                                       ends[j] - ends[i + 1] if short else 0)
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    out, j = [], len(distinct)
+    while j > 0:
+        i = cut[j]
+        out.append((ends[i], ends[j], distinct[i]))
+        j = i
+    return out[::-1]
+
+
+def _other_finals(layout: Layout, params, x_block, h0: Carry, y_block, lengths: torch.Tensor) -> Carry:
+    """The carry parts after ``h`` (e.g. the LSTM's ``c``) after each row's last step, one layer.
+
+    ``x_block [R, T, F]`` and ``y_block [R, T, P]`` hold the rows' inputs and the kernel's outputs,
+    ``h0`` their initial carries ``[R, 1, ·]``, ``lengths [R]`` (on the device) their step counts.
+    The cell follows its other parts from ``h0`` with ``h`` read from the outputs
+    (:meth:`~rnn_functional.cells.Cell.carry_rest_given_h`; they depend on nothing else), so the
+    result is the carry the kernel held at each row's last step.
+    """
+    cell = layout.cell
+    w = cell.layer_weights(params, layout, 0)
+    gi = F.linear(x_block, w.weight_ih, w.bias_ih)
+    h_prev = torch.cat([h0[0], y_block[:, : x_block.shape[1] - 1]], dim=1)  # h before each step
+    rest = cell.carry_rest_given_h(gi, h_prev, tuple(s[:, 0] for s in h0[1:]), w)
+    last = (lengths - 1).view(-1, 1, 1)
+    return tuple(parts.gather(1, last.expand(-1, 1, parts.shape[-1])) for parts in rest)
+
+
+def _sorted(p: SegmentPlan) -> tuple[np.ndarray, np.ndarray]:
+    """``(order, lengths_sorted)``: the segments of ``p`` sorted by decreasing length (stable), on the host (memoised)."""
+    if "sorted" not in p.memo:
+        order = np.argsort(-p.lengths_host, kind="stable")
+        p.memo["sorted"] = (order, p.lengths_host[order])
+    return p.memo["sorted"]
+
+
+def alive_per_step(p: SegmentPlan) -> np.ndarray:
+    """``[Lmax]``: how many segments are longer than ``t``, for each ``t`` (a packed sequence's batch sizes)."""
+    return p.count - np.cumsum(np.bincount(p.lengths_host, minlength=p.max_len + 1)[:-1])
+
+
+def sorted_lengths(p: SegmentPlan) -> np.ndarray:
+    """The segments' lengths in decreasing order (the order :func:`bucketed` runs them in)."""
+    return _sorted(p)[1]
+
+
+def buckets(p: SegmentPlan, layout: Layout, records_grad: bool) -> list[tuple[int, int, int, int]]:
+    """The length buckets :func:`bucketed` runs for the segments of ``p`` (cut by :func:`.costs.bucket_call`
+    for ``layout``'s cell and ``records_grad``), as ``(first, end, steps, full)`` ranges of the sorted
+    segments with the count of rows that end at the bucket's last step (memoised on ``p``)."""
+    key = ("buckets", layout.cell.name, len(layout.state_sizes) > 1, records_grad)
+    if key not in p.memo:
+        lengths_sorted = _sorted(p)[1].tolist()
+        cut = cut_buckets(lengths_sorted, functools.partial(costs.bucket_call, layout, records_grad))
+        p.memo[key] = [(first, end, steps, lengths_sorted[first:end].count(steps)) for first, end, steps in cut]
+    return p.memo[key]
+
+
+def bucketed(p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions,
+             records_grad: bool = True) -> Result:
+    """The ``pad`` backend (one layer) run on the segments of ``p`` in length buckets, one unpacked call each
+    (cut for a call that autograd records, or not: ``records_grad``).
+
+    The buckets' blocks ``[S_b, L_b, F]`` lie one after the other in one zero-filled buffer (each
+    segment's steps consecutive from its block row's start), filled by one ``index_copy`` and read
+    back by one ``index_select`` of the outputs.
+    """
+    order, lengths_sorted = _sorted(p)
+    cut = buckets(p, layout, records_grad)
+    dev = x.device
+    rows_per_bucket = np.array([end - first for first, end, _, _ in cut])
+    steps_sorted = np.repeat(np.array([steps for *_, steps, _ in cut]), rows_per_bucket)
+    base = np.empty_like(steps_sorted)
+    base[order] = np.cumsum(steps_sorted) - steps_sorted  # each segment's first row in the buffer
+    rank = np.empty_like(order)
+    rank[order] = np.arange(p.count)
+    order_d, rank_d, len_d = _to(order, dev), _to(rank, dev), _to(lengths_sorted, dev)
+    dest = _dest(p, _to(base, dev))
+    x_rows = _block(x, dest, int(steps_sorted.sum()))
+    h0 = _initial_carries(p, carry, is_init, reset, order_d)
+    run = pad.aten_kernels(layout).sequence
+    ys, finals, row = [], [], 0
+    for first, end, steps, full in cut:
+        xb = x_rows[row: row + (end - first) * steps].view(end - first, steps, -1)
+        row += (end - first) * steps
+        hb = tuple(s[first:end] for s in h0)
+        yb, hx = run(layout, params, xb, pad.to_layer_major(hb), 0.0, False, None)
+        lb = len_d[first:end]
+        h_last = yb.gather(1, (lb - 1).view(-1, 1, 1).expand(-1, 1, yb.shape[-1]))  # [Sb, 1, P]
+        others = tuple(s.transpose(0, 1)[:full] for s in hx[1:])  # a prefix of the bucket ends at its last step
+        if full < end - first:
+            rest = slice(full, end - first)
+            short = _other_finals(layout, params, xb[rest, : int(lengths_sorted[first + full])],
+                                  tuple(s[rest] for s in hb), yb[rest], lb[rest])
+            others = tuple(torch.cat([a, b]) for a, b in zip(others, short))
+        finals.append((h_last, *others))
+        ys.append(yb.reshape(-1, yb.shape[-1]))
+    seg_final = tuple(torch.cat(parts) if len(parts) > 1 else parts[0] for parts in zip(*finals))  # sorted order
+    return _scatter(p, torch.cat(ys) if len(ys) > 1 else ys[0], dest, seg_final, opts, order=(order_d, rank_d))
+
+
+def slice_carries(slice_len: int, k: int, carry: Carry, reset: Carry | None) -> Carry:
+    """The carry before each of the ``k`` slices of every row, ``[N * k, ...]``: the call's for the first slice
+    and, for the others, the slice's reset state at its first step (zeros without ``reset``)."""
+    n = carry[0].shape[0]
+    later = (tuple(s.new_zeros(n, k - 1, *s.shape[1:]) for s in carry) if reset is None
+             else tuple(r[:, slice_len:k * slice_len:slice_len] for r in reset))
+    return tuple(torch.cat([s.unsqueeze(1), r], dim=1).reshape(n * k, *s.shape[1:]) for s, r in zip(carry, later))
+
+
+def merge_slices(n: int, t_len: int, y: torch.Tensor, final: Carry, per_step: Carry | None) -> Result:
+    """Results of ``[N * K, T / K]`` slices back to their rows: ``y [N, T, P]``, each row's last slice's final
+    carry and the per-step carries ``[N, T, ...]``."""
+    k = final[0].shape[0] // n
+    y = y.reshape(n, t_len, y.shape[-1])
+    final = tuple(s.reshape(n, k, *s.shape[1:])[:, -1] for s in final)
+    if per_step is not None:
+        per_step = tuple(s.reshape(n, t_len, *s.shape[2:]) for s in per_step)
+    return Result(y, final, per_step)
+
+
+def pads_tail(layout: Layout) -> bool:
+    """Whether :func:`whole_slices` pads a shorter last slice into its one call: where the carry is ``h`` alone
+    over one layer (``h`` is then the output, read at the slice's real end)."""
+    return layout.num_layers == 1 and len(layout.state_sizes) == 1
+
+
+def whole_slices(p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, reset,
+                 opts: SequenceOptions) -> Result:
+    """The ``pad`` backend on a call whose rows are slices of ``L = p.slice_len`` steps from ``t = 0``, the last
+    one ``T mod L`` steps where ``L`` does not divide ``T``: the whole slices run as one kernel call on the
+    view ``[N * T // L, L]``, the shorter last ones as a second call ``[N, T mod L]``, or, where the carry is
+    ``h`` alone over one layer (the GRU: ``h`` is the output), zero-padded to ``L`` steps in the same call
+    (padding after a slice's end cannot change its steps; its final ``h`` is its output at ``T - 1``). No
+    gather: every other slice ends at its call's last step, so the kernel's final carries are the slices'."""
+    slice_len = p.slice_len
+    n, t_len = p.shape
+    tail = t_len % slice_len
+    padded_tail = bool(tail) and pads_tail(layout)
+    k = -(-t_len // slice_len) if padded_tail else t_len // slice_len
+    whole = k * slice_len
+    inner = dataclasses.replace(opts, segment_states=False)
+    carry = apply_reset(carry, is_init[:, 0], None if reset is None else tuple(r[:, 0] for r in reset))
+    x_s = F.pad(x, (0, 0, 0, whole - t_len)) if padded_tail else x[:, :whole]
+    x_s = x_s.reshape(n * k, slice_len, x.shape[-1])
+    y_s, slice_finals, _ = pad.sequence(layout, params, x_s, slice_carries(slice_len, k, carry, reset), None, None, inner)
+    y, final, _, _ = merge_slices(n, whole, y_s, slice_finals, None)
+    tail_finals, ended = None, whole // slice_len  # ended: the slices whose final carry the kernel holds
+    if padded_tail:
+        y, ended = y[:, :t_len], k - 1
+        final = tail_finals = (y[:, -1].unsqueeze(1).clone(),)  # not a view of the outputs
+    elif tail:  # the shorter last slices
+        tail_carry = (tuple(s.new_zeros(s.shape) for s in carry) if reset is None
+                      else tuple(r[:, whole] for r in reset))
+        y_tail, tail_finals, _ = pad.sequence(layout, params, x[:, whole:], tail_carry, None, None, inner)
+        y, final = torch.cat([y, y_tail], dim=1), tail_finals
+    if not opts.segment_states:
+        return Result(y, final, None)
+    per_step = []  # the segment-end states: each slice's final carry at its last step
+    for i, part in enumerate(slice_finals):
+        states = part.new_zeros(n, t_len, *part.shape[1:])
+        ends = part.view(n, k, *part.shape[1:])[:, :ended]
+        states[:, slice_len - 1:ended * slice_len:slice_len] = ends
+        if tail_finals is not None:
+            states[:, -1] = tail_finals[i]
+        per_step.append(states)
+    return Result(y, final, tuple(per_step), segment_ends=True)
