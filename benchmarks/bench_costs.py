@@ -1,19 +1,25 @@
 """The cost table ``auto`` reads (``rnn_functional/backends/costs.py``), measured here.
 
-    python benchmarks/bench_costs.py [--threads N] [--repeats R] [--quick] [--write] [--out PATH]
+    python benchmarks/bench_costs.py [--threads 1 2] [--repeats R] [--quick] [--write] [--out PATH]
+    python benchmarks/bench_costs.py --refit      (the table again from the times in --out, no timing)
 
-For every cell (LSTM, GRU, layer-norm GRU) and mode (``fwd`` under ``torch.no_grad``; ``fwd+bwd``:
+At 1 and 2 threads (``torch.set_num_threads``: oneDNN's LSTM gains from threads more than ATen's
+per-step loops, so the ranking of routes moves with them), for every cell (LSTM, GRU, layer-norm GRU) and mode (``fwd`` under ``torch.no_grad``; ``fwd+bwd``:
 forward and ``y.sum().backward()``), each way of running a call is timed through the public functions
 (one layer, H=128, F=64; the fastest of the rounds), interleaved in random order, at ``rows`` rows and ``T`` in {1, 32} steps:
 
-* ``reference``, ``scan``, ``pad``: reset-free calls ``[rows, T]`` (``backend=...``);
-* ``packed``: ``backend="pad", segment_layout="packed"`` on one flat row of ``rows`` slices of ``T``
-  steps (every step runs ``rows`` rows), less the gathers' measured cost;
+* ``pad``: reset-free calls ``[rows, T]``; ``reference``, ``scan``: the same with a reset every 4 steps
+  (the loops apply a mask at every step of a call with resets, as their routes run them);
+* ``packed`` and ``buckets``: ``backend="pad", segment_layout="packed"`` (``"buckets"``: one bucket) on
+  one flat row of ``rows`` slices of ``T`` steps (every step runs ``rows`` rows), less the gathers'
+  measured cost: their call cost is the layout's own work (plan, sort, cut, indices) and one kernel call;
 * ``move``: the gathers a re-batched layout adds (an ``index_copy`` of the inputs into a block and an
   ``index_select`` of the outputs back, with their backward in ``fwd+bwd``) of ``rows`` row-steps.
 
 A kernel's step cost at ``rows`` rows is ``(t(32) - t(1)) / 31``, its call cost the median over the
-row counts of ``t(1) - step``; ``packed`` is stored as its extra over ``pad`` (clipped at zero).
+row counts of ``t(1) - step``. ``packed`` is timed at ``T = 8`` too: its backward zero-fills its whole
+input gradient at every step, a cost ``fill * T * (rows * T)`` (``packed_fill``) that the three times
+separate from its call and step costs.
 Writes ``results/costs_cpu.json`` (the times and the table); ``--write`` also rewrites the table block of ``rnn_functional/backends/costs.py``.
 """
 
@@ -26,6 +32,7 @@ import statistics
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -40,7 +47,7 @@ F_IN, HIDDEN = 64, 128
 CELLS = {"lstm": (rf.init_lstm_params, rf.lstm_sequence), "gru": (rf.init_gru_params, rf.gru_sequence),
          "norm_gru": (rf.init_norm_gru_params, rf.norm_gru_sequence)}
 ROWS, QUICK_ROWS = (2, 8, 64, 512), (2, 16)
-SHORT, LONG = 1, 32
+SHORT, MID, LONG = 1, 8, 32  # MID: packed only (its backward's fill grows with T squared)
 CPU = torch.device("cpu")
 
 
@@ -75,20 +82,25 @@ def measure(cell: str, grad: bool, rows: tuple, repeats: int) -> dict:
     params = init(F_IN, HIDDEN)
     if grad:
         params = params.apply(lambda t: t.detach().requires_grad_(True))
-    kernels = ["reference", "scan"] + (["pad", "packed"] if cell != "norm_gru" else [])
+    kernels = ["reference", "scan"] + (["pad", "packed", "buckets"] if cell != "norm_gru" else [])
     contenders = {}
     for n in rows:
-        for t_len in (SHORT, LONG):
+        for t_len in (SHORT, MID, LONG):
             x = torch.randn(n, t_len, F_IN)
-            for k in kernels:
-                if k == "packed":
+            for k in kernels if t_len != MID else ["packed"] * ("packed" in kernels):
+                if k in ("packed", "buckets"):  # one flat row of n slices: every step runs n rows
                     is_init = torch.zeros(1, n * t_len, dtype=torch.bool)
                     is_init[0, ::t_len] = True
-                    fn = (lambda xx, m=is_init: sequence(xx, None, params, is_init=m, backend="pad",
-                                                         segment_layout="packed"))
+                    fn = (lambda xx, m=is_init, k=k: sequence(xx, None, params, is_init=m, backend="pad",
+                                                              segment_layout=k))
                     contenders[k, n, t_len] = _timed(fn, x.reshape(1, n * t_len, F_IN), grad)
-                else:
-                    contenders[k, n, t_len] = _timed(lambda xx, k=k: sequence(xx, None, params, backend=k), x, grad)
+                elif k == "pad":
+                    contenders[k, n, t_len] = _timed(lambda xx: sequence(xx, None, params, backend="pad"), x, grad)
+                else:  # the loops as routes run them: a reset mask read at every step
+                    resets = torch.zeros(n, t_len, dtype=torch.bool)
+                    resets[:, ::4] = True
+                    contenders[k, n, t_len] = _timed(
+                        lambda xx, k=k, m=resets: sequence(xx, None, params, is_init=m, backend=k), x, grad)
             contenders["move", n, t_len] = _move(n * t_len, grad)
     times = interleaved({repr(key): fn for key, fn in contenders.items()}, CPU, repeats=repeats, shuffle=True)
     out: dict = {}
@@ -102,34 +114,46 @@ def table_row(times: dict) -> dict:
     """``kernel -> (call, ((rows, step), ...))`` in microseconds from the times of :func:`measure`."""
     row = {}
     for k, by_rows in times.items():
-        if k == "move":  # one gather of rows x T row-steps: a point per row-step count
-            points = sorted({(n * t, us * 1e6) for n, ts in by_rows.items() for t, us in ts.items()})
-            row[k] = (0.0, tuple((r, round(t, 3)) for r, t in points))
+        if k == "move":  # one gather of rows x T row-steps: a point per row-step count (the cheaper of equal ones)
+            points: dict[int, float] = {}
+            for n, ts in by_rows.items():
+                for t, seconds in ts.items():
+                    points[n * t] = min(points.get(n * t, seconds), seconds)
+            row[k] = (0.0, tuple((r, round(points[r] * 1e6, 3)) for r in sorted(points)))
             continue
+        if k in ("packed", "buckets"):  # their gathers are timed apart
+            by_rows = {n: {t: sec - times["move"][n][t] for t, sec in ts.items()} for n, ts in by_rows.items()}
+        fill = 0.0
+        if k == "packed":  # call + T * step + fill * T * (n * T): the three times of each n solve it; one fill for all
+            fills = []
+            for n, ts in by_rows.items():
+                t_len = np.array(sorted(ts), dtype=float)
+                solved = np.linalg.solve(np.stack([np.ones(3), t_len, n * t_len**2], 1), [ts[t] for t in sorted(ts)])
+                fills.append(max(float(solved[2]), 0.0))
+            fill = statistics.median(fills)
+            row["packed_fill"] = (round(fill * 1e6, 6), ())
         steps, calls = [], []
-        for n, ts in sorted(by_rows.items()):
-            t_short, t_long = ts[SHORT], ts[LONG]
-            if k == "packed":  # its gathers are timed apart
-                t_short, t_long = t_short - times["move"][n][SHORT], t_long - times["move"][n][LONG]
-            step = max((t_long - t_short) / (LONG - SHORT), 0.0)
-            steps.append((n, round(step * 1e6, 3)))
-            calls.append(max(t_short - SHORT * step, 0.0) * 1e6)
+        for n, ts in sorted(by_rows.items()):  # call + T * step through the times less the fill
+            t_len = np.array(sorted(ts), dtype=float)
+            step, call = np.polyfit(t_len, [ts[t] - fill * n * t**2 for t in sorted(ts)], 1)
+            steps.append((n, round(max(float(step), 0.0) * 1e6, 3)))
+            calls.append(max(float(call), 0.0) * 1e6)
         row[k] = (round(statistics.median(calls), 3), tuple(steps))
-    if "packed" in row:  # the table holds packed's extra over pad's kernel at the same rows (never negative)
-        (call, steps), (pad_call, pad_steps) = row["packed"], row["pad"]
-        row["packed"] = (round(max(call - pad_call, 0.0), 3),
-                         tuple((n, round(max(s - p, 0.0), 3)) for (n, s), (_, p) in zip(steps, pad_steps)))
     return row
 
 
 def write_table(table: dict, measured_on: str) -> None:
+    """The ``COSTS`` block of ``costs.py``: ``{threads: {cell: {mode: {kernel: (call, points)}}}}``."""
     lines = ["# BEGIN COSTS (generated by benchmarks/bench_costs.py; do not edit by hand)",
              f"MEASURED_ON = {measured_on!r}", "COSTS = {"]
-    for cell, modes in table.items():
-        lines.append(f"    {cell!r}: {{")
-        for mode, kernels in modes.items():
-            lines.append(f"        {mode!r}: {{")
-            lines += [f"            {k!r}: {(call, points)!r}," for k, (call, points) in kernels.items()]
+    for threads, cells in table.items():
+        lines.append(f"    {int(threads)}: {{")
+        for cell, modes in cells.items():
+            lines.append(f"        {cell!r}: {{")
+            for mode, kernels in modes.items():
+                lines.append(f"            {mode!r}: {{")
+                lines += [f"                {k!r}: {(call, tuple(map(tuple, points)))!r}," for k, (call, points) in kernels.items()]
+                lines.append("            },")
             lines.append("        },")
         lines.append("    },")
     lines += ["}", "# END COSTS"]
@@ -137,30 +161,42 @@ def write_table(table: dict, measured_on: str) -> None:
     COSTS_PY.write_text(re.sub(r"# BEGIN COSTS.*?# END COSTS", lambda _: "\n".join(lines), text, flags=re.S))
 
 
+def _ints(times: dict) -> dict:
+    """JSON's string keys of row counts and step counts back to ints."""
+    return {k: {int(n): {int(t): sec for t, sec in ts.items()} for n, ts in by_rows.items()} for k, by_rows in times.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--quick", action="store_true", help="two row counts, three repeats (a smoke run)")
     ap.add_argument("--write", action="store_true", help="rewrite the table block of rnn_functional/backends/costs.py")
     ap.add_argument("--out", type=Path, default=RESULTS / "costs_cpu.json")
+    ap.add_argument("--refit", action="store_true", help="rebuild the table from the times in --out (no timing)")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    rows, repeats = (QUICK_ROWS, 3) if args.quick else (ROWS, args.repeats)
-    table, times = {}, {}
-    for cell in CELLS:
-        table[cell], times[cell] = {}, {}
-        for mode in ("fwd", "fwd+bwd"):
-            times[cell][mode] = measure(cell, mode == "fwd+bwd", rows, repeats)
-            table[cell][mode] = table_row(times[cell][mode])
-            print(cell, mode, table[cell][mode], flush=True)
     env = environment(CPU)
+    if args.refit:
+        saved = json.loads(args.out.read_text())
+        times = {int(th): {cell: {mode: _ints(t) for mode, t in modes.items()} for cell, modes in cells.items()}
+                 for th, cells in saved["times_s"].items()}
+        env = saved["environment"]
+    else:
+        torch.manual_seed(0)
+        rows, repeats = (QUICK_ROWS, 3) if args.quick else (ROWS, args.repeats)
+        times = {}
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            times[threads] = {cell: {mode: measure(cell, mode == "fwd+bwd", rows, repeats) for mode in ("fwd", "fwd+bwd")}
+                              for cell in CELLS}
+            print(f"{threads} threads measured", flush=True)
+    table = {th: {cell: {mode: table_row(t) for mode, t in modes.items()} for cell, modes in cells.items()}
+             for th, cells in times.items()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"environment": env, "hidden": HIDDEN, "input": F_IN, "steps": [SHORT, LONG],
+    args.out.write_text(json.dumps({"environment": env, "hidden": HIDDEN, "input": F_IN, "steps": [SHORT, MID, LONG],
                                     "times_s": times, "table_us": table}, indent=1))
-    if args.write:
-        write_table(table, f"{env['device_name']}, {args.threads} threads, torch {torch.__version__}")
+    if args.write or args.refit:
+        write_table(table, f"{env['device_name']}, torch {env['torch']}")
 
 
 if __name__ == "__main__":

@@ -236,7 +236,11 @@ def _plan(cell: str, is_init: torch.Tensor, mode: str = "fwd+bwd", layout: str =
 
 def segment_stats(is_init: torch.Tensor) -> dict:
     """Rows, steps, segments and longest segment of a case, as the core sees it."""
-    p = _plan("gru", is_init, layout="packed").plan
+    from rnn_functional.backends import segments
+
+    mask = is_init.squeeze(-1)
+    mask = mask.unsqueeze(0) if mask.ndim == 1 else mask
+    p = segments.plan(mask.numpy(), mask.device)
     return {"rows": p.shape[0], "steps": p.shape[1], "segments": p.count, "longest": p.max_len}
 
 
@@ -245,9 +249,11 @@ def bucket_shapes(cell: str, is_init: torch.Tensor, records_grad: bool = True) -
     from rnn_functional.backends import segments
     from rnn_functional.functional._core import read_layout
 
-    route = _plan(cell, is_init, "fwd+bwd" if records_grad else "fwd", layout="packed")
+    mask = is_init.squeeze(-1)
+    mask = mask.unsqueeze(0) if mask.ndim == 1 else mask
     params = (rf.init_lstm_params if cell == "lstm" else rf.init_gru_params)(F_IN, HIDDEN)
-    return [(first, end, steps) for first, end, steps, _ in segments.buckets(route.plan, read_layout(params, cell),
+    plan = segments.plan(mask.numpy(), mask.device)
+    return [(first, end, steps) for first, end, steps, _ in segments.buckets(plan, read_layout(params, cell),
                                                                                records_grad)]
 
 

@@ -149,3 +149,28 @@ def test_per_call_benchmark_section_is_generated(benchmarks_on_path) -> None:
     page = (ROOT / "docs" / "benchmarks.md").read_text()
     assert bench_per_call.section(doc) in page, (
         "docs/benchmarks.md is out of date: run `python benchmarks/bench_per_call.py --report`")
+
+
+def test_cost_table_is_the_committed_measurement(benchmarks_on_path) -> None:
+    """``auto``'s cost table (rnn_functional/backends/costs.py) is what ``bench_costs.py --write`` made of the
+    committed results/costs_cpu.json: never edited by hand, every cell and mode, every kernel a route reads."""
+    import bench_costs
+
+    from rnn_functional.backends import costs
+
+    measured = json.loads((BENCHMARKS / "results" / "costs_cpu.json").read_text())["table_us"]
+    as_tuples = {int(threads): {cell: {mode: {k: (call, tuple(tuple(p) for p in points)) for k, (call, points) in
+                                              kernels.items()} for mode, kernels in modes.items()}
+                                for cell, modes in cells.items()} for threads, cells in measured.items()}
+    assert costs.COSTS == as_tuples, "rnn_functional/backends/costs.py is stale: run bench_costs.py --refit"
+    assert set(costs.COSTS) == {1, 2}
+    for cells in costs.COSTS.values():
+        assert set(cells) == set(bench_costs.CELLS) and costs.FALLBACK in cells
+        for cell, modes in cells.items():
+            assert set(modes) == {"fwd", "fwd+bwd"}
+            kernels = {"reference", "scan", "move"} | (
+                {"pad", "packed", "packed_fill", "buckets"} if cell != "norm_gru" else set())
+            for table in modes.values():
+                assert set(table) == kernels
+                for call, points in table.values():
+                    assert call >= 0 and all(r1 > r0 for (r0, _), (r1, _) in zip(points, points[1:]))

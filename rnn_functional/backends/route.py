@@ -65,14 +65,13 @@ class Route:
             return move + costs.estimate(layout, grad, self.backend, 1, [(p.count, p.max_len)])
         if self.segments == "packed":  # step t runs the segments longer than t
             alive, steps = np.unique(segments.alive_per_step(p), return_counts=True)
-            return move + costs.estimate(layout, grad, "packed", 1, zip(alive.tolist(), steps.tolist()))
+            return (move + costs.estimate(layout, grad, "packed", 1, zip(alive.tolist(), steps.tolist()))
+                    + costs.packed_fill(layout, grad, p.max_len, n * t_len))
         if self.segments == "buckets":
             cut, lengths = segments.buckets(p, layout, grad), segments.sorted_lengths(p)
-            return move + sum(
-                costs.bucket_call(layout, grad, steps, end - first, int(lengths[first + full]) if full < end - first
-                                  else 0, end - first - full)
-                for first, end, steps, full in cut
-            )
+            calls = np.array([(steps, end - first, lengths[first + full] if full < end - first else 0, end - first - full)
+                              for first, end, steps, full in cut], dtype=float).T
+            return move + costs.layout_work(layout, grad, "buckets") + float(costs.bucket_call(layout, grad, *calls).sum())
         k, tail = divmod(t_len, p.slice_len)
         if tail and segments.pads_tail(layout):  # the last slices padded into the one call
             return costs.estimate(layout, grad, "pad", 1, [(n * (k + 1), p.slice_len)])

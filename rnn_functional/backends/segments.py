@@ -262,13 +262,14 @@ def packed(p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, res
     return _scatter(p, out, dest, seg_final, opts, order=(order_d, rank_d))
 
 
-def cut_buckets(lengths_sorted: list[int], call_cost: Callable[[int, int, int, int], float]) -> list[tuple[int, int, int]]:
+def cut_buckets(lengths_sorted: list[int], call_cost: Callable) -> list[tuple[int, int, int]]:
     """``(first, end, steps)`` row ranges of segments sorted by decreasing length, one kernel call each.
 
     The cut minimises ``call_cost(steps, rows, short_steps, short_rows)`` summed over the calls (a call of
     ``steps`` steps over ``rows`` rows, ``short_rows`` of which end before its last step, the longest of
-    them after ``short_steps``): exact dynamic programming over the distinct lengths (at most
-    ``_MAX_DISTINCT`` of them; beyond, buckets of lengths within a factor of two).
+    them after ``short_steps``; NumPy arrays of candidate calls in, their costs out): exact dynamic
+    programming over the distinct lengths (at most ``_MAX_DISTINCT`` of them; beyond, buckets of lengths
+    within a factor of two), every candidate last call of a prefix costed at once.
     """
     distinct = sorted(set(lengths_sorted), reverse=True)
     if len(distinct) > _MAX_DISTINCT:
@@ -280,21 +281,23 @@ def cut_buckets(lengths_sorted: list[int], call_cost: Callable[[int, int, int, i
             out.append((first, end, lengths_sorted[first]))
             first = end
         return out
-    ends = [0]  # ends[k]: rows of the k longest distinct lengths
-    for d in distinct:
-        ends.append(ends[-1] + lengths_sorted.count(d))
-    best, cut = [0.0] + [float("inf")] * len(distinct), [0] * (len(distinct) + 1)
+    counts = [lengths_sorted.count(d) for d in distinct]
+    ends = np.concatenate([[0], np.cumsum(counts)]).astype(float)  # ends[k]: rows of the k longest distinct lengths
+    lengths = np.array(distinct + [0], dtype=float)
+    i, j = np.triu_indices(len(distinct) + 1, 1)  # a call holding the distinct lengths i..j-1, every one at once
+    short = i < j - 1
+    cost = np.full((len(distinct) + 1,) * 2, np.inf)
+    cost[i, j] = call_cost(lengths[i], ends[j] - ends[i], np.where(short, lengths[np.minimum(i + 1, j)], 0.0),
+                           np.where(short, ends[j] - ends[np.minimum(i + 1, j)], 0.0))
+    best, cut = np.zeros(len(distinct) + 1), [0] * (len(distinct) + 1)
     for j in range(1, len(distinct) + 1):
-        for i in range(j):
-            short = j - 1 > i  # the bucket holds rows shorter than its steps
-            cost = best[i] + call_cost(distinct[i], ends[j] - ends[i], distinct[i + 1] if short else 0,
-                                       ends[j] - ends[i + 1] if short else 0)
-            if cost < best[j]:
-                best[j], cut[j] = cost, i
+        total = best[:j] + cost[:j, j]
+        cut[j] = int(np.argmin(total))
+        best[j] = total[cut[j]]
     out, j = [], len(distinct)
     while j > 0:
         i = cut[j]
-        out.append((ends[i], ends[j], distinct[i]))
+        out.append((int(ends[i]), int(ends[j]), distinct[i]))
         j = i
     return out[::-1]
 
@@ -379,7 +382,7 @@ def bucketed(p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, r
         lb = len_d[first:end]
         h_last = yb.gather(1, (lb - 1).view(-1, 1, 1).expand(-1, 1, yb.shape[-1]))  # [Sb, 1, P]
         others = tuple(s.transpose(0, 1)[:full] for s in hx[1:])  # a prefix of the bucket ends at its last step
-        if full < end - first:
+        if full < end - first and len(hb) > 1:  # rows ending early: their parts after h, recomputed
             rest = slice(full, end - first)
             short = _other_finals(layout, params, xb[rest, : int(lengths_sorted[first + full])],
                                   tuple(s[rest] for s in hb), yb[rest], lb[rest])

@@ -35,6 +35,8 @@ def _cheapest(backends: tuple[str, ...], layout: Layout, plan: SegmentPlan | Non
     if len(routes) == 1:
         return routes[0]
     if forced == "auto" or plan is None:  # a forced layout only re-lays a call with interior resets
+        if plan is not None and plan.slice_len and any(r.segments == "slices" for r in routes):
+            return Route("pad", "slices", plan, records_grad)  # a view of the call: no gather, no padding
         return min(routes, key=lambda r: r.cost(layout, shape))
     for route in routes:
         if route.segments == forced:
