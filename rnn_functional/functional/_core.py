@@ -106,9 +106,14 @@ class Canonical:
 
 def current_layout(cell: Cell, params: Mapping[str, torch.Tensor], layout: Layout | None) -> Layout:
     """``layout`` when the caller checked the params against it (a module's own weights, checked when bound)
-    and their dtype and device have not moved since; else the params' layout, read and checked now."""
-    weight = params.get("weight_hh_l0")
-    if layout is None or weight is None or weight.dtype != layout.dtype or weight.device != layout.device:
+    and their dtype, device, sizes and layer count have not moved since (``TensorDict.to_module``,
+    ``load_state_dict(assign=True)`` and ``.to()`` swap the tensors in place); else the params' layout,
+    read and checked now."""
+    weight, w_in = params.get("weight_hh_l0"), params.get("weight_ih_l0")
+    if (layout is None or weight is None or w_in is None or weight.dtype != layout.dtype
+            or weight.device != layout.device or w_in.shape[-1] != layout.input_size
+            or weight.shape[-1] != layout.state_sizes[0] or weight.shape[0] % layout.hidden_size
+            or f"weight_hh_l{layout.num_layers - 1}" not in params or f"weight_hh_l{layout.num_layers}" in params):
         return cell.read_layout(params)
     return layout
 

@@ -518,3 +518,16 @@ def test_make_cudnn_based_refuses_recompute_full():
     module = make_module("lstm", recurrent_recompute="full")
     with pytest.raises(ValueError, match=r"make_cudnn_based\(\): recurrent_recompute='full' cannot be served"):
         module.make_cudnn_based()
+
+
+def test_weights_of_another_size_name_the_sizes_in_recurrent_mode():
+    """Weights swapped in for a module of another size (TensorDict.to_module): a clear error naming both sizes,
+    not a matmul shape error from inside the kernel."""
+    from tensordict import TensorDict
+
+    module = make_module("lstm", default_recurrent_mode=True)
+    other = make_module("lstm", input_size=6)
+    td = make_td("lstm", (2, 3))
+    TensorDict.from_module(other).to_module(module)
+    with pytest.raises(ValueError, match=r"weights are for .*but the module is built for"):
+        module(td)
