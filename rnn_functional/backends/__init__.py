@@ -13,12 +13,12 @@ import torch
 from . import costs, pad, reference, scan, segments
 from . import triton as triton_backend
 from .base import BACKENDS, RECOMPUTE_MODES, SequenceOptions, backends_for
-from .route import PAD_LAYOUTS, SEGMENT_LAYOUTS, Route, sequence_of
+from .route import LAYOUTS_OF, SEGMENT_LAYOUTS, Route, sequence_of
 from .segments import Result, SegmentPlan
 
 __all__ = [
     "BACKENDS",
-    "PAD_LAYOUTS",
+    "LAYOUTS_OF",
     "RECOMPUTE_MODES",
     "SEGMENT_LAYOUTS",
     "Result",

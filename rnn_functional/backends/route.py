@@ -20,7 +20,8 @@ from .recompute import checkpointed
 from .segments import Result, SegmentPlan
 
 SEGMENT_LAYOUTS = ("rows", "aligned", "packed", "buckets", "slices")
-PAD_LAYOUTS = ("packed", "buckets", "slices")
+LAYOUTS_OF = {"reference": ("rows", "aligned"), "scan": ("rows", "aligned"), "pad": ("packed", "buckets", "slices"),
+              "triton": ("rows",)}  # the layouts each backend runs a call with interior resets in
 
 
 def sequence_of(backend: str, opts: SequenceOptions):

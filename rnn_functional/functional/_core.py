@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from ..backends import Route, SequenceOptions, ensemble_scan, segments
+from ..backends import Route, SegmentPlan, SequenceOptions, ensemble_scan, segments
 from ..cells import Carry, Cell, Layout, apply_reset, final_at_last_step, keep_segment_ends
 from . import selection, slices
 from .options import call_context, check_options
@@ -55,14 +55,17 @@ def _from_carry(cell: Cell, carry: Carry):
     return carry[0] if len(cell.state_names) == 1 else tuple(carry)
 
 
+def check_dtype_device(t: torch.Tensor, arg: str, dtype: torch.dtype, device: torch.device,
+                       fix: str = "Convert it with .to(dtype=..., device=...) or convert the params.") -> None:
+    """Raise unless ``t`` has the params' ``dtype`` and ``device`` (``arg`` names it, ``fix`` says what to do)."""
+    if t.dtype != dtype or t.device != device:
+        raise ValueError(f"{arg}: expected dtype {dtype} on {device} (the params'), got {t.dtype} on {t.device}. {fix}")
+
+
 def _check_tensor(t: torch.Tensor, arg: str, shape: tuple, layout: Layout, hint: str) -> None:
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"{arg}: expected shape {list(shape)} {hint}, got {list(t.shape)}.")
-    if t.dtype != layout.dtype or t.device != layout.device:
-        raise ValueError(
-            f"{arg}: expected dtype {layout.dtype} on {layout.device} (the params'), got {t.dtype} on "
-            f"{t.device}. Convert it with .to(dtype=..., device=...) or convert the params."
-        )
+    check_dtype_device(t, arg, layout.dtype, layout.device)
 
 
 def _check_mask(is_init, want: tuple, arg: str = "is_init") -> torch.Tensor:
@@ -131,11 +134,8 @@ def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: 
             f"x: expected shape {dims} with F={layout.input_size} (the params' input size), "
             f"got {list(x.shape)}." + (" For a single step use the *_step function." if sequence and x.ndim == 1 else "")
         )
-    if x.dtype != layout.dtype or x.device != layout.device:
-        raise ValueError(
-            f"x: expected dtype {layout.dtype} on {layout.device} (the params'), got {x.dtype} on {x.device}. "
-            f"Convert it with x.to(dtype=..., device=...) or convert the params."
-        )
+    check_dtype_device(x, "x", layout.dtype, layout.device,
+                       "Convert it with x.to(dtype=..., device=...) or convert the params.")
     batch_shape = tuple(x.shape[:-lead])
     time = tuple(x.shape[-2:-1]) if sequence else ()
     L = layout.num_layers
@@ -241,13 +241,8 @@ def run_validated_step(
     compiled call re-checks. Dtype and device are still checked here (free under ``torch.compile``).
     """
     weight = params["weight_hh_l0"]
-    for i, t in enumerate((x, *carry)):
-        if t.dtype != weight.dtype or t.device != weight.device:
-            name = "x" if i == 0 else f"state ({layout.cell.state_names[i - 1]})"
-            raise ValueError(
-                f"{name}: expected dtype {weight.dtype} on {weight.device} (the params'), got {t.dtype} on "
-                f"{t.device}. Convert it with .to(dtype=..., device=...) or convert the params."
-            )
+    for name, t in zip(("x", *(f"state ({n})" for n in layout.cell.state_names)), (x, *carry)):
+        check_dtype_device(t, name, weight.dtype, weight.device)
     batch_shape = tuple(x.shape[:-1])
     n = math.prod(batch_shape)
     flat = tuple(t.reshape(n, *t.shape[-2:]) for t in carry)
@@ -279,6 +274,13 @@ def _reads_mask(backend: str, segment_layout: str) -> bool:
     """Whether an eager call with ``is_init`` reads it on the host to choose its route: ``pad`` and ``auto`` do, and
     a forced ``segment_layout``; ``reference``, ``scan`` and ``triton`` apply every reset on the device."""
     return backend in ("pad", "auto") or segment_layout != "auto"
+
+
+def _read_mask(is_init: torch.Tensor) -> tuple[np.ndarray, SegmentPlan | None]:
+    """``is_init [N, T]`` read on the host (the call's one read) and, with interior resets, the plan of its
+    segments (built from that copy: no further read), else ``None``."""
+    host = is_init.numpy(force=True)
+    return host, segments.plan(host, is_init.device) if host[:, 1:].any() else None
 
 
 @dataclass
@@ -314,10 +316,8 @@ def execute(c: Canonical, backend: str, opts: SequenceOptions, slice_len: int | 
         call = slices.split(slice_len, *call)
     plan = None
     if call[2] is not None and not (empty or ctx.traced) and _reads_mask(backend, segment_layout):
-        host = call[2].numpy(force=True)  # the call's one host read
-        if host[:, 1:].any():
-            plan = segments.plan(host, c.x.device)
-        else:
+        host, plan = _read_mask(call[2])
+        if plan is None:
             call = _first_step_resets(*call, host)
     route = selection.choose(backend, c.layout, call[0], opts, plan, records_grad, ctx, segment_layout)
     if empty:  # no step runs (the route was still chosen: a backend that cannot serve the call says so)
@@ -350,8 +350,7 @@ def sequence_route(cell: str, x: torch.Tensor, params: Mapping[str, torch.Tensor
     c = _canonicalize(CELLS[cell], x, None, params, is_init, None, sequence=True)
     plan = None
     if c.is_init is not None and c.is_init.numel() and _reads_mask(backend, segment_layout):
-        host = c.is_init.numpy(force=True)
-        plan = segments.plan(host, c.x.device) if host[:, 1:].any() else None
+        plan = _read_mask(c.is_init)[1]
     return selection.choose(backend, c.layout, c.x, SequenceOptions(recompute=recompute), plan, records_grad,
                             call_context(), segment_layout)
 

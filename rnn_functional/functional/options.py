@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..backends import BACKENDS, PAD_LAYOUTS, RECOMPUTE_MODES, SEGMENT_LAYOUTS
+from ..backends import BACKENDS, LAYOUTS_OF, RECOMPUTE_MODES, SEGMENT_LAYOUTS
 from ..precision import check_mode
 
 BACKEND_CHOICES = ("auto", *BACKENDS)
@@ -105,8 +105,7 @@ def check_options(
     if matmul_precision is not None:
         check_mode(matmul_precision, f"{owner}{pre}matmul_precision")
     if segment_layout != "auto":
-        serving = {"reference": ("rows", "aligned"), "scan": ("rows", "aligned"), "pad": PAD_LAYOUTS,
-                   "triton": ("rows",), "auto": ()}[backend]
+        serving = LAYOUTS_OF.get(backend, ())  # auto: none to force
         if segment_layout not in SEGMENT_LAYOUTS:
             raise ValueError(f"segment_layout: expected 'auto' or one of {list(SEGMENT_LAYOUTS)}, got {segment_layout!r}.")
         if segment_layout not in serving:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..backends import Route, SegmentPlan, SequenceOptions, available_backends, pad, triton_backend
+from ..backends import LAYOUTS_OF, Route, SegmentPlan, SequenceOptions, available_backends, pad, triton_backend
 from ..cells import Layout, multi_layer_step
 from .options import CallContext, call_context
 
@@ -22,9 +22,8 @@ def _layouts(backend: str, layout: Layout, plan: SegmentPlan | None) -> tuple[st
     """The ways ``backend`` can lay out a call with the segments ``plan`` (``None``: no interior reset)."""
     if plan is None:
         return ("rows",)
-    if backend != "pad":
-        return ("rows", "aligned")
-    return ("packed",) + ("buckets",) * (layout.num_layers == 1) + ("slices",) * (plan.slice_len is not None)
+    serves = {"buckets": layout.num_layers == 1, "slices": plan.slice_len is not None}
+    return tuple(name for name in LAYOUTS_OF[backend] if serves.get(name, True))
 
 
 def _cheapest(backends: tuple[str, ...], layout: Layout, plan: SegmentPlan | None, records_grad: bool,
@@ -35,9 +34,8 @@ def _cheapest(backends: tuple[str, ...], layout: Layout, plan: SegmentPlan | Non
     if len(routes) == 1:
         return routes[0]
     if forced == "auto" or plan is None:  # a forced layout only re-lays a call with interior resets
-        if plan is not None and plan.slice_len and any(r.segments == "slices" for r in routes):
-            return Route("pad", "slices", plan, records_grad)  # a view of the call: no gather, no padding
-        return min(routes, key=lambda r: r.cost(layout, shape))
+        view = [r for r in routes if r.segments == "slices"]  # a view of the call: no gather, no padding
+        return view[0] if view else min(routes, key=lambda r: r.cost(layout, shape))
     for route in routes:
         if route.segments == forced:
             return route

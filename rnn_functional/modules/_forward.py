@@ -13,7 +13,7 @@ from tensordict.utils import NestedKey
 
 from ..backends import SequenceOptions
 from ..cells import Layout
-from ..functional._core import current_layout, execute, flatten, restore, run_validated_step
+from ..functional._core import check_dtype_device, current_layout, execute, flatten, restore, run_validated_step
 from ._cells import ModuleCell
 
 __all__ = ["bound_layout", "read_inputs", "run_step", "run_sequence", "write_outputs"]
@@ -120,11 +120,8 @@ def bound_layout(cell: ModuleCell, params, layout: Layout | None, x: Tensor, sta
             f"{[list(s) for s in state_shapes]}. Load weights of the module's sizes (or build the module for these)."
         )
     for key, t in zip(in_keys, (x, *(states or ()))):
-        if t.dtype != layout.dtype or t.device != layout.device:
-            raise ValueError(
-                f"{owner}: key {key!r} holds dtype {t.dtype} on {t.device}; expected the weights' {layout.dtype} on "
-                f"{layout.device}. Convert the TensorDict (td.to(...)) or the module (module.to(...))."
-            )
+        check_dtype_device(t, f"{owner}: key {key!r}", layout.dtype, layout.device,
+                           "Convert the TensorDict (td.to(...)) or the module (module.to(...)).")
     return params, layout
 
 

@@ -24,7 +24,7 @@ import pytest
 import torch
 from tensordict.nn import TensorDictModule as Mod
 from tensordict.nn import TensorDictSequential as Seq
-from test_param_routes import F_IN, H, _inputs, _module
+from test_param_routes import H, _inputs, _module
 
 import rnn_functional as rf
 
