@@ -26,6 +26,18 @@ BACKENDS = ("reference", "scan", "pad", "triton")
 RECOMPUTE_MODES = ("none", "full")
 
 
+def forward_mode() -> bool:
+    """True in eager forward-mode AD: ``torch.func.jvp``/``jacfwd``/``hessian`` (functorch's Jvp transform) or
+    inside ``torch.autograd.forward_ad.dual_level()`` (the level ``make_dual`` reads; torch 2.13 has no public
+    accessor). ``torch.compile`` traces neither, so it is False there without reading anything."""
+    if torch.compiler.is_compiling():
+        return False
+    if torch.autograd.forward_ad._current_level >= 0:
+        return True
+    stack = torch._C._functorch.get_interpreter_stack() or ()
+    return any(i.key() == torch._C._functorch.TransformType.Jvp for i in stack)
+
+
 @dataclass(frozen=True)
 class SequenceOptions:
     """Per-call options every backend receives (validated by the functional layer).

@@ -23,6 +23,12 @@ backward, in one of two modes:
   (``torch.utils.checkpoint`` around the scan higher-order op is unsupported on torch 2.13,
   eager and compiled; this custom function works in both.)
 
+Its backward is itself differentiable: under ``create_graph=True`` (or ``torch.func``'s nested transforms) it is
+the vjp of the layer's plain steps, replayed (:func:`~.scan_parts._replayed_backward`), so second and higher
+orders are exact. Eager forward-mode AD (``torch.func.jvp``/``jacfwd``/``hessian``, dual tensors) runs the plain
+step loop under autograd instead (Dynamo refuses an ``autograd.Function`` with a ``jvp`` method); ``recompute``
+then saves no memory.
+
 Never torch's own scan autograd: Inductor's in-place buffer reuse miscompiles its backward on
 torch 2.13 (silently wrong recurrent-weight gradients with two chained scans and for a GRU's
 ``bias_hh``, pytorch/pytorch#153679), while the hand-written reverse scan compiles correctly.
@@ -35,7 +41,7 @@ import torch.nn.functional as F
 
 from ..cells import Carry, LayerWeights, Layout, between_layers
 from . import ensemble_scan
-from .base import SequenceOptions
+from .base import SequenceOptions, forward_mode
 from .scan_parts import HandWrittenLayer, scan_states
 
 
@@ -74,7 +80,7 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
             # compiled torch.vmap with autograd: the ensemble op (torch cannot vmap the layer below there)
             states = ensemble_scan.layer_states(cell, recompute, *layer_inputs)
             final, ys = tuple(s[-1] for s in states), (states if opts.segment_states else states[0])
-        elif _needs_grad(inp, *layer_carry, *(reset_k or ()), w):
+        elif _needs_grad(inp, *layer_carry, *(reset_k or ()), w) and not forward_mode():
             states = HandWrittenLayer.apply(cell, recompute, 0, *layer_inputs)[: len(layer_carry)]
             final, ys = tuple(s[-1] for s in states), (states if opts.segment_states else states[0])
         else:

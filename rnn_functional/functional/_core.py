@@ -170,6 +170,8 @@ def flatten(layout: Layout, params: dict[str, torch.Tensor], x: torch.Tensor, ca
             is_init: torch.Tensor | None, reset: Carry | None, sequence: bool = True) -> Canonical:
     """A checked call (shapes against ``layout``, ``is_init`` ``[*B(, T)]`` or with a trailing 1) with its batch
     dims ``*B`` flattened into ``N``; ``carry`` ``None`` for zeros."""
+    if not torch.compiler.is_compiling() and torch.is_grad_enabled():
+        x, is_init, carry, reset = _saveable(x, is_init, carry, reset)
     lead = 2 if sequence else 1
     batch_shape = tuple(x.shape[:-lead])
     n = math.prod(batch_shape)
@@ -183,6 +185,16 @@ def flatten(layout: Layout, params: dict[str, torch.Tensor], x: torch.Tensor, ca
     if reset is not None:
         reset = tuple(_flat(t, (n,) + time + (L, s)) for t, s in zip(reset, sizes))
     return Canonical(layout, params, batch_shape, _flat(x, (n,) + tuple(x.shape[len(batch_shape):])), carry, mask, reset)
+
+
+def _saveable(x: torch.Tensor, is_init, carry: Carry | None, reset: Carry | None):
+    """The call's tensors with any made under ``torch.inference_mode()`` copied to normal tensors: autograd cannot
+    save an inference tensor for backward, and a call that trains on data collected in inference mode is one
+    ``nn.LSTM`` and TorchRL serve (their kernels keep only their own buffers)."""
+    def own(t):
+        return t.clone() if t is not None and t.is_inference() else t
+
+    return own(x), own(is_init), carry and tuple(map(own, carry)), reset and tuple(map(own, reset))
 
 
 def _flat(t: torch.Tensor, shape: tuple) -> torch.Tensor:
@@ -238,11 +250,10 @@ def run_validated_step(
     ``[*B, 1]``; returns ``(y [*B, P], carry)``. The modules' compiled step: they check shapes
     against their configuration and the params once, when the weights are bound, so the traced
     step skips :func:`_canonicalize`, whose function and attribute reads each add a guard that every
-    compiled call re-checks. Dtype and device are still checked here (free under ``torch.compile``).
+    compiled call re-checks (their dtype and device too).
     """
-    weight = params["weight_hh_l0"]
-    for name, t in zip(("x", *(f"state ({n})" for n in layout.cell.state_names)), (x, *carry)):
-        check_dtype_device(t, name, weight.dtype, weight.device)
+    if not torch.compiler.is_compiling() and torch.is_grad_enabled():
+        x, is_init, carry, _ = _saveable(x, is_init, carry, None)
     batch_shape = tuple(x.shape[:-1])
     n = math.prod(batch_shape)
     flat = tuple(t.reshape(n, *t.shape[-2:]) for t in carry)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ..backends import BACKENDS, LAYOUTS_OF, RECOMPUTE_MODES, SEGMENT_LAYOUTS
+from ..backends.base import forward_mode
 from ..precision import check_mode
 
 BACKEND_CHOICES = ("auto", *BACKENDS)
@@ -28,15 +29,18 @@ def inside_vmap() -> bool:
 
 
 def inside_grad_transform() -> bool:
-    """True when called under ``torch.func.grad`` / ``vjp`` / ``jvp`` / ``jacrev`` (functorch's autodiff transforms)."""
+    """True when called under ``torch.func.grad`` / ``vjp`` / ``jvp`` / ``jacrev`` (functorch's autodiff transforms)
+    or inside ``torch.autograd.forward_ad.dual_level()`` (dual tensors: forward-mode AD without functorch)."""
+    if forward_mode():
+        return True
     stack = torch._C._functorch.get_interpreter_stack() or ()
-    kinds = (torch._C._functorch.TransformType.Grad, torch._C._functorch.TransformType.Jvp)
-    return any(i.key() in kinds for i in stack)
+    return any(i.key() == torch._C._functorch.TransformType.Grad for i in stack)
 
 
 @dataclass(frozen=True)
 class CallContext:
-    """Where a call runs: under ``torch.compile``, ``torch.vmap``, an eager ``torch.func`` autodiff."""
+    """Where a call runs: under ``torch.compile``, ``torch.vmap``, an eager ``torch.func`` autodiff (or forward-mode
+    AD with dual tensors)."""
 
     compiling: bool
     vmapped: bool

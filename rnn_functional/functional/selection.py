@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..backends import LAYOUTS_OF, Route, SegmentPlan, SequenceOptions, available_backends, pad, triton_backend
+from ..backends.base import forward_mode
 from ..cells import Layout, multi_layer_step
 from .options import CallContext, call_context
 
@@ -48,8 +49,16 @@ def _cheapest(backends: tuple[str, ...], layout: Layout, plan: SegmentPlan | Non
 
 
 def _check_triton(layout: Layout, x: torch.Tensor) -> None:
-    """Raise unless ``triton`` has kernels for the cell (checked first: no device would serve it) and runs on ``x``'s device."""
+    """Raise unless ``triton`` has kernels for the cell (checked first: no device would serve it), runs on ``x``'s
+    device and the call is not differentiated in forward mode (its kernels have a reverse-mode backward
+    only: tangents would be dropped)."""
     triton_backend.kernel_family(layout)
+    if forward_mode():
+        raise ValueError(
+            "backend 'triton' cannot serve forward-mode AD (torch.func.jvp/jacfwd/hessian, dual tensors): its fused "
+            "kernels have a reverse-mode backward only. Use backend 'scan', 'reference' or 'pad' (exact to every "
+            "order), or 'auto', which picks one of them there."
+        )
     if not triton_backend.is_available(x.device):
         raise ValueError(
             f"backend 'triton' is not available on {x.device} here (needs the triton package and a "
@@ -110,7 +119,7 @@ def resolve_step(name: str, layout: Layout, x: torch.Tensor):
     ``proj_size`` it runs ``reference`` too.
     """
     if name == "auto":
-        if x.is_cuda and triton_backend.serves(layout, x.device):
+        if x.is_cuda and not call_context().differentiated and triton_backend.serves(layout, x.device):
             return triton_backend.step
         if torch.compiler.is_compiling() or layout.cell.aten is None:
             return multi_layer_step

@@ -102,7 +102,8 @@ def read_inputs(
 
 
 def bound_layout(cell: ModuleCell, params, layout: Layout | None, x: Tensor, states: States | None,
-                 in_keys: list[NestedKey], state_shapes: tuple[tuple[int, int], ...]) -> tuple[dict, Layout]:
+                 in_keys: list[NestedKey], state_shapes: tuple[tuple[int, int], ...],
+                 owner: str | None = None) -> tuple[dict, Layout]:
     """``(params as a dict, their layout)``, with ``x`` and ``states`` (already checked against the module's
     configuration by :func:`read_inputs`) checked against the params' dtype, device and sizes.
 
@@ -111,7 +112,7 @@ def bound_layout(cell: ModuleCell, params, layout: Layout | None, x: Tensor, sta
     """
     params = params if isinstance(params, dict) else dict(params.items())
     layout = current_layout(cell.core, params, layout)
-    owner = cell.module_name
+    owner = owner or cell.module_name  # the error's prefix: the calling module's class
     if layout.input_size != x.shape[-1] or tuple(zip((layout.num_layers,) * len(layout.state_sizes),
                                                      layout.state_sizes)) != tuple(state_shapes):
         raise ValueError(

@@ -8,6 +8,8 @@ forward over them. Outputs carry the ensemble dim first (``[E, *B, ...]``); keys
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
@@ -24,8 +26,9 @@ class EnsembleModule(TensorDictModuleBase):
 
     Args:
         module: an :class:`~rnn_functional.LSTMModule` or :class:`~rnn_functional.GRUModule`; it
-            gives the architecture, keys and options. Its own parameter values are not used
-            (they are moved to the ``meta`` device); the members are freshly initialised.
+            gives the architecture, keys and options. Its parameter values are not used and it is
+            left unchanged (the ensemble keeps a copy holding ``meta`` tensors); the members are
+            freshly initialised.
         num_members: E.
         shared_input: True (default): the input TensorDict ``[*B]`` is the same for every member
             and is read without copies (``vmap`` with ``in_dims=None``). False: the input carries
@@ -65,8 +68,11 @@ class EnsembleModule(TensorDictModuleBase):
         self.members = torch.nn.Module()
         for key, value in members.items():
             self.members.register_parameter(key, torch.nn.Parameter(value))
-        template.to("meta").to_module(module)  # the wrapped module only provides code and config
-        object.__setattr__(self, "_template", module)  # not a child: its meta tensors stay out of state_dict
+        # the wrapped module only provides code and config: a copy of it holding meta tensors (leaves, so the
+        # ensemble deep-copies), made while the user's module briefly holds them; the user's module is unchanged
+        with template.detach().to("meta").to_module(module):
+            shell = copy.deepcopy(module)
+        object.__setattr__(self, "_template", shell)  # not a child: its meta tensors stay out of state_dict
         self._name = name
         self.num_members = num_members
         self.shared_input = shared_input
@@ -76,7 +82,7 @@ class EnsembleModule(TensorDictModuleBase):
 
     @property
     def module(self) -> LSTMModule | GRUModule:
-        """The wrapped module (its parameters are on ``meta``; the members' are in ``params``)."""
+        """The ensemble's copy of the wrapped module (its parameters are on ``meta``; the members' are in ``params``)."""
         return self._template
 
     @property

@@ -197,9 +197,10 @@ class LSTMNet(RNNChild, nn.Module):
                     f"num_layers, {'P' if name == 'hidden0_in' else 'H'}]), got {list(h.shape)}."
                 )
         if sequence:  # outputs the final state at the last step, zeros before it
-            first = (hidden0_in[:, 0], hidden1_in[:, 0])
-            params, layout = bound_layout(LSTM_CELL, self._weights, self._layout, x, first, ["input", "hidden0_in",
-                                                                                          "hidden1_in"], self._state_shapes)
+            # the state entering step 0 ([B, 0, ...] when T = 0: zeros, no step reads them)
+            first = tuple(h[:, 0] if h.shape[1] else h.new_zeros(h.shape[0], *h.shape[2:]) for h in (hidden0_in, hidden1_in))
+            params, layout = bound_layout(LSTM_CELL, self._weights, self._layout, x, first,
+                                          ["input", "hidden0_in", "hidden1_in"], self._state_shapes, owner="LSTMNet")
             y, (h, c) = run_sequence(x, first, None, params, layout, None, backend=self.lstm_backend,
                                      dropout=self._dropout, training=self.training)
         else:

@@ -115,8 +115,8 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
         in_keys, out_keys = self._in_keys, self._out_keys_apparent
         x, states, is_init = read_inputs(cell, tensordict, in_keys, self._input_size, self._state_shapes, recurrent)
         layout = self._layout if params is self._weights else None  # checked when the weights were bound
+        params, layout = bound_layout(cell, params, layout, x, states, in_keys, self._state_shapes)
         if recurrent:
-            params, layout = bound_layout(cell, params, layout, x, states, in_keys, self._state_shapes)
             first = None if states is None else tuple(s.select(-3, 0) for s in states)  # [*B, T, L, S] at t = 0
             y, out_states = run_sequence(
                 x, first, states, params, layout, is_init,

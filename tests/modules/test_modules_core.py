@@ -464,7 +464,7 @@ def test_step_dtype_checked_after_to(cell):
     y32 = module(td.clone())["y"]
     module.double()
     assert module._layout.dtype == torch.float64
-    with pytest.raises(ValueError, match=r"x: expected dtype torch.float64 .* got torch.float32.*\.to\("):
+    with pytest.raises(ValueError, match=r"key 'x': expected dtype torch.float64 .* got torch.float32.*\.to\("):
         module(td.clone())
     td64 = td.apply(lambda t: t.double() if t.is_floating_point() else t)
     torch.testing.assert_close(module(td64)["y"], y32.double(), rtol=1e-5, atol=1e-6)

@@ -297,6 +297,12 @@ def _weight_grad(d_out: Tensor, inp: Tensor) -> Tensor:
 
 def _make_backward(layer: LayerOps) -> Callable:
     def backward(ctx, dhs: Tensor, dcs: Tensor, _dgates: Tensor) -> tuple:
+        if torch.is_grad_enabled():  # create_graph=True: the kernels' backward has no derivative of its own
+            raise RuntimeError(
+                "backend 'triton' has no second-order gradients (a backward with create_graph=True, e.g. a "
+                "Hessian-vector product or a gradient penalty): its backward is a fused kernel. Run the forward "
+                "with backend 'scan', 'reference' or 'pad', which are exact to every order."
+            )
         x, w_ih, w, is_init, rh, rc, hs, cs, gates, b_ih, b, h0, c0 = ctx.saved_tensors
         lstm = ctx.lstm
         if not ctx.save:  # replay the forward (projection + kernel) to regenerate the gates
