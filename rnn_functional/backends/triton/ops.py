@@ -283,9 +283,8 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.has_bias = b is not None
     ctx.dtypes = (x.dtype, h0.dtype, None if c0 is None else c0.dtype,
                   None if rh is None else rh.dtype, None if rc is None else rc.dtype)
-    # recompute="full" keeps the (small) inputs to replay the forward instead of the per-step gates
-    replay = (b_ih, b, h0, c0) if not save else (None, None, None, None)
-    ctx.save_for_backward(x, w_ih, w, is_init, rh, rc, hs, cs, gates if save else None, *replay)
+    # the (small) inputs replay the forward: recompute="full" (no per-step gates), a create_graph backward
+    ctx.save_for_backward(x, w_ih, w, is_init, rh, rc, hs, cs, gates if save else None, b_ih, b, h0, c0)
 
 
 def _weight_grad(d_out: Tensor, inp: Tensor) -> Tensor:
@@ -298,11 +297,7 @@ def _weight_grad(d_out: Tensor, inp: Tensor) -> Tensor:
 def _make_backward(layer: LayerOps) -> Callable:
     def backward(ctx, dhs: Tensor, dcs: Tensor, _dgates: Tensor) -> tuple:
         if torch.is_grad_enabled():  # create_graph=True: the kernels' backward has no derivative of its own
-            raise RuntimeError(
-                "backend 'triton' has no second-order gradients (a backward with create_graph=True, e.g. a "
-                "Hessian-vector product or a gradient penalty): its backward is a fused kernel. Run the forward "
-                "with backend 'scan', 'reference' or 'pad', which are exact to every order."
-            )
+            return _replayed_backward(ctx, dhs, dcs)
         x, w_ih, w, is_init, rh, rc, hs, cs, gates, b_ih, b, h0, c0 = ctx.saved_tensors
         lstm = ctx.lstm
         if not ctx.save:  # replay the forward (projection + kernel) to regenerate the gates
@@ -331,6 +326,61 @@ def _make_backward(layer: LayerOps) -> Callable:
         )
 
     return backward
+
+
+def layer_ref(x: Tensor, w_ih: Tensor, b_ih: Optional[Tensor], w: Tensor, b: Optional[Tensor], h0: Tensor,
+              c0: Optional[Tensor], is_init: Optional[Tensor], rh: Optional[Tensor], rc: Optional[Tensor],
+              lstm: bool) -> tuple[Tensor, Tensor]:
+    """The fused layer's math in plain torch ops: ``triton_layer_fwd``'s arguments (``[E, ...]`` each) and states
+    ``(hs, cs)`` ``[E, N, T + 1, H]`` (the state before step 0, then after every step; ``cs`` ``[E, 0]`` for a
+    GRU), in the kernels' accumulation dtype. The carry entering step ``t`` is ``rh``/``rc`` (or 0) where
+    ``is_init``. Differentiable to every order: a ``create_graph`` backward replays it."""
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    x, w_ih, b_ih, w, b, h, c, rh, rc = (None if t is None else t.to(acc) for t in (x, w_ih, b_ih, w, b, h0, c0, rh, rc))
+    gx = _input_projection(x, w_ih, b_ih)  # [E, N, T, G*H]
+    hs, cs = [h], [c]
+    for t in range(x.shape[2]):
+        if is_init is not None:
+            m = is_init[:, :, t, None]
+            h = torch.where(m, 0.0 if rh is None else rh[:, :, t], h)
+            c = torch.where(m, 0.0 if rc is None else rc[:, :, t], c) if lstm else c
+        gh = torch.matmul(h, w.transpose(-1, -2)) + (0.0 if b is None else b[:, None, :])
+        if lstm:
+            i, f, g, o = (gx[:, :, t] + gh).chunk(4, -1)
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(c)
+        else:
+            (xr, xz, xn), (ar, az, an) = gx[:, :, t].chunk(3, -1), gh.chunk(3, -1)
+            r, z = torch.sigmoid(xr + ar), torch.sigmoid(xz + az)
+            n = torch.tanh(xn + r * an)
+            h = n + z * (h - n)
+        hs.append(h)
+        cs.append(c)
+    return torch.stack(hs, 2), (torch.stack(cs, 2) if lstm else hs[0].new_empty((hs[0].shape[0], 0)))
+
+
+def _replayed_backward(ctx, dhs: Optional[Tensor], dcs: Optional[Tensor]) -> tuple:
+    """The backward when autograd records it (``create_graph=True``): the vjp of :func:`layer_ref` replayed
+    from the saved inputs, itself differentiable, so every higher order is exact (one more forward, in plain ops)."""
+    x, w_ih, w, is_init, rh, rc, hs, cs, _, b_ih, b, h0, c0 = ctx.saved_tensors
+    args = (x, w_ih, b_ih, w, b, h0, c0, rh, rc)
+    present = [i for i, t in enumerate(args) if t is not None]
+
+    def states(*tensors):
+        full = list(args)
+        for i, t in zip(present, tensors):
+            full[i] = t
+        hs_, cs_ = layer_ref(*full[:7], is_init, *full[7:], ctx.lstm)
+        return (hs_, cs_) if ctx.lstm else (hs_,)
+
+    out, pullback = torch.func.vjp(states, *(args[i] for i in present))
+    given = (dhs, dcs)[: len(out)]
+    found = pullback(tuple(torch.zeros_like(o) if g is None else g for o, g in zip(out, given)))
+    grads: list = [None] * len(args)
+    for i, g in zip(present, found):
+        grads[i] = g
+    dx, dw_ih, db_ih, dw, db, dh0, dc0, drh, drc = grads
+    return dx, dw_ih, db_ih, dw, db, dh0, dc0, None, drh, drc, None, None, None, None
 
 
 # ----------------------------------------------------------------------------- vmap
