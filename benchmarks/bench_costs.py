@@ -18,8 +18,11 @@ forward and ``y.sum().backward()``), each way of running a call is timed through
 
 A kernel's step cost at ``rows`` rows is ``(t(32) - t(1)) / 31``, its call cost the median over the
 row counts of ``t(1) - step``. ``packed`` is timed at ``T = 8`` too: its backward zero-fills its whole
-input gradient at every step, a cost ``fill * T * (rows * T)`` (``packed_fill``) that the three times
-separate from its call and step costs.
+input gradient at every step, a cost ``fill * steps * (rows * T)`` (``packed_fill``) that the three times
+separate from its call and step costs. ``packed`` is timed on ragged slices (the first ``T + 1`` steps long,
+the last ``T - 1``): ATen's packed backward is several times faster when every step runs the same rows, a
+case the slices' view serves, and several times slower otherwise (``[32, 64]``, LSTM fwd+bwd: 12 ms with
+equal segments, 63 ms with one extra reset), the case packed is chosen for.
 Writes ``results/costs_cpu.json`` (the times and the table); ``--write`` also rewrites the table block of ``rnn_functional/backends/costs.py``.
 """
 
@@ -91,6 +94,9 @@ def measure(cell: str, grad: bool, rows: tuple, repeats: int) -> dict:
                 if k in ("packed", "buckets"):  # one flat row of n slices: every step runs n rows
                     is_init = torch.zeros(1, n * t_len, dtype=torch.bool)
                     is_init[0, ::t_len] = True
+                    if k == "packed":  # ragged, as packed runs (equal lengths take ATen's much faster path)
+                        is_init[0, t_len] = False
+                        is_init[0, min(t_len + 1, n * t_len - 1)] = True
                     fn = (lambda xx, m=is_init, k=k: sequence(xx, None, params, is_init=m, backend="pad",
                                                               segment_layout=k))
                     contenders[k, n, t_len] = _timed(fn, x.reshape(1, n * t_len, F_IN), grad)
@@ -124,18 +130,20 @@ def table_row(times: dict) -> dict:
         if k in ("packed", "buckets"):  # their gathers are timed apart
             by_rows = {n: {t: sec - times["move"][n][t] for t, sec in ts.items()} for n, ts in by_rows.items()}
         fill = 0.0
-        if k == "packed":  # call + T * step + fill * T * (n * T): the three times of each n solve it; one fill for all
+        longest = 1 if k == "packed" else 0  # packed's longest segment: T + 1 steps (ragged, see measure)
+        if k == "packed":  # call + (T+1) * step + fill * (T+1) * (n * T): three times per n solve it; one fill for all
             fills = []
             for n, ts in by_rows.items():
                 t_len = np.array(sorted(ts), dtype=float)
-                solved = np.linalg.solve(np.stack([np.ones(3), t_len, n * t_len**2], 1), [ts[t] for t in sorted(ts)])
+                solved = np.linalg.solve(np.stack([np.ones(3), t_len + 1, n * t_len * (t_len + 1)], 1),
+                                         [ts[t] for t in sorted(ts)])
                 fills.append(max(float(solved[2]), 0.0))
             fill = statistics.median(fills)
             row["packed_fill"] = (round(fill * 1e6, 6), ())
         steps, calls = [], []
-        for n, ts in sorted(by_rows.items()):  # call + T * step through the times less the fill
+        for n, ts in sorted(by_rows.items()):  # call + steps * step through the times less the fill
             t_len = np.array(sorted(ts), dtype=float)
-            step, call = np.polyfit(t_len, [ts[t] - fill * n * t**2 for t in sorted(ts)], 1)
+            step, call = np.polyfit(t_len + longest, [ts[t] - fill * n * t * (t + longest) for t in sorted(ts)], 1)
             steps.append((n, round(max(float(step), 0.0) * 1e6, 3)))
             calls.append(max(float(call), 0.0) * 1e6)
         row[k] = (round(statistics.median(calls), 3), tuple(steps))

@@ -65,9 +65,10 @@ class Route:
         if self.segments == "aligned":
             return move + costs.estimate(layout, grad, self.backend, 1, [(p.count, p.max_len)])
         if self.segments == "packed":  # step t runs the segments longer than t
-            alive, steps = np.unique(segments.alive_per_step(p), return_counts=True)
-            return (move + costs.estimate(layout, grad, "packed", 1, zip(alive.tolist(), steps.tolist()))
-                    + costs.packed_fill(layout, grad, p.max_len, n * t_len))
+            alive = segments.alive_per_step(p)
+            ragged = alive[0] != alive[-1]  # ATen's packed backward zero-fills only when the rows per step vary
+            return (move + costs.stepped(layout, grad, "packed", alive)
+                    + (costs.packed_fill(layout, grad, p.max_len, n * t_len) if ragged else 0.0))
         if self.segments == "buckets":
             cut, lengths = segments.buckets(p, layout, grad), segments.sorted_lengths(p)
             calls = np.array([(steps, end - first, lengths[first + full] if full < end - first else 0, end - first - full)

@@ -284,22 +284,27 @@ def cut_buckets(lengths_sorted: list[int], call_cost: Callable) -> list[tuple[in
     counts = [lengths_sorted.count(d) for d in distinct]
     ends = np.concatenate([[0], np.cumsum(counts)]).astype(float)  # ends[k]: rows of the k longest distinct lengths
     lengths = np.array(distinct + [0], dtype=float)
-    i, j = np.triu_indices(len(distinct) + 1, 1)  # a call holding the distinct lengths i..j-1, every one at once
+    i, j = _pairs(len(distinct) + 1)  # a call holding the distinct lengths i..j-1, every one at once
     short = i < j - 1
     cost = np.full((len(distinct) + 1,) * 2, np.inf)
     cost[i, j] = call_cost(lengths[i], ends[j] - ends[i], np.where(short, lengths[np.minimum(i + 1, j)], 0.0),
                            np.where(short, ends[j] - ends[np.minimum(i + 1, j)], 0.0))
-    best, cut = np.zeros(len(distinct) + 1), [0] * (len(distinct) + 1)
+    cost = cost.tolist()  # the recursion in plain Python: at most _MAX_DISTINCT small steps, NumPy's per-call cost dominates
+    best, cut = [0.0] * (len(distinct) + 1), [0] * (len(distinct) + 1)
     for j in range(1, len(distinct) + 1):
-        total = best[:j] + cost[:j, j]
-        cut[j] = int(np.argmin(total))
-        best[j] = total[cut[j]]
+        best[j], cut[j] = min((best[i] + cost[i][j], i) for i in range(j))
     out, j = [], len(distinct)
     while j > 0:
         i = cut[j]
         out.append((int(ends[i]), int(ends[j]), distinct[i]))
         j = i
     return out[::-1]
+
+
+@functools.cache
+def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.triu_indices(n, 1)``, built once per size (it costs more than the rest of a cut)."""
+    return np.triu_indices(n, 1)
 
 
 def _other_finals(layout: Layout, params, x_block, h0: Carry, y_block, lengths: torch.Tensor) -> Carry:
