@@ -163,3 +163,17 @@ def test_no_cell_name_compares_outside_cells(area: str) -> None:
     assert files
     hits = [hit for p in files for hit in _cell_name_compares(p)]
     assert not hits, "cell names compared outside cells/ (ask the cell instead):\n" + "\n".join(hits)
+
+
+def test_extras_by_purpose() -> None:
+    """The core depends on torch, tensordict and numpy only; ``[test]`` installs every other extra (a list of its
+    own, since pip's self-referencing extras need a resolver that finds this project by name)."""
+    import re
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    names = {re.split(r"[<>=\[]", r)[0] for r in project["dependencies"]}
+    assert names == {"torch", "tensordict", "numpy"}
+    extras = project["optional-dependencies"]
+    assert {"torchrl", "triton", "examples", "docs", "test"} <= set(extras)
+    assert set().union(*(v for k, v in extras.items() if k != "test")) <= set(extras["test"])
