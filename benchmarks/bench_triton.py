@@ -1,7 +1,7 @@
 """The fused ``triton`` backend against TorchRL's ``triton``/``pad`` backends and cuDNN, side by side.
 
     python benchmarks/bench_triton.py [--repeats R] [--quick]
-    TRITON_INTERPRET=1 python benchmarks/bench_triton.py --smoke   # CPU: checks the harness only
+    TRITON_INTERPRET=1 python benchmarks/bench_triton.py --smoke [--out PATH]   # CPU: checks the harness only
 
 Grid (issue 6): LSTM and GRU, one layer, F = H, B in {256, 2048}, T in {64, 256},
 H in {64, 128, 256, 512}, fp32 and bf16, reset probability 0.03 per step; forward (no grad) and
@@ -155,7 +155,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--quick", action="store_true", help="B=256, T=64 only")
-    parser.add_argument("--smoke", action="store_true", help="tiny CPU run through the interpreter (no results)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny CPU run through the interpreter (results only with --out)")
+    parser.add_argument("--out", type=Path, default=None, help="results JSON (default: results/triton_<device>.json)")
     args = parser.parse_args()
 
     if args.smoke:
@@ -187,13 +189,13 @@ def main() -> None:
             _print_row(row)
         sync(device)
 
-    if args.smoke:
+    if args.smoke and args.out is None:
         print("smoke run done (no results written).")
         return
     env = environment(device)
-    RESULTS.mkdir(exist_ok=True)
     name = re.sub(r"[^A-Za-z0-9]+", "_", env["device_name"]).strip("_").lower()
-    out = RESULTS / f"triton_{name}.json"
+    out = args.out or RESULTS / f"triton_{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"environment": env, "copy_bandwidth_Bps": bandwidth, "rows": rows}, indent=1))
     print(f"wrote {out}")
 

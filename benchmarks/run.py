@@ -303,6 +303,7 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--B", default=None, help="comma-separated batch sizes replacing the grid's")
     ap.add_argument("--T", default=None, help="comma-separated sequence lengths replacing the grid's")
     ap.add_argument("--reset-probs", default=None, help="comma-separated reset probabilities replacing the grid's")
+    ap.add_argument("--policy-B", default=None, help="comma-separated policy-step batch sizes replacing the grid's")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch.set_num_threads (default: torch's); 1 is steadier on a shared CPU")
     ap.add_argument("--out", type=Path, default=None, help="output JSON (default: results/suite_<grid>_<device>.json)")
@@ -321,6 +322,8 @@ def main(argv: list[str] | None = None) -> Path:
         grid.T = tuple(int(t) for t in args.T.split(","))
     if args.reset_probs:
         grid.reset_prob = tuple(float(p) for p in args.reset_probs.split(","))
+    if args.policy_B:
+        grid.policy_B = tuple(int(b) for b in args.policy_B.split(","))
     out = args.out or RESULTS / f"suite_{name}_{device.type}.json"
     start = time.perf_counter()
 

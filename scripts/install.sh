@@ -17,5 +17,6 @@ fi
 python -m pip install -q --upgrade pip
 python -m pip install -q "torch==2.13.0"
 echo "torch==2.13.0" > .venv/torch-constraint.txt
-PIP_CONSTRAINT=.venv/torch-constraint.txt python -m pip install -q -e ".[test]"
+# PYTHONWARNINGS: setuptools' editable-build deprecation banners are about our build config, not the user's install
+PIP_CONSTRAINT=.venv/torch-constraint.txt PYTHONWARNINGS=ignore python -m pip install -q -e ".[test]"
 echo "$wanted" > "$STAMP"

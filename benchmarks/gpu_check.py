@@ -1,0 +1,144 @@
+"""One command for a GPU lease: the GPU tests, then the GPU benchmarks, each within a time budget.
+
+    bash scripts/gpu_check.sh --out DIR              # on a CUDA machine (see docs/gpu.md)
+    bash scripts/gpu_check.sh --dry-run --out DIR    # the same steps on CPU: tiny sizes, TRITON_INTERPRET=1
+
+Each step runs as its own process under ``timeout`` with its budget (the budgets sum to 7.5 minutes, a
+lease's command may run 10); a step that overruns is stopped and recorded as such, and the next one
+starts. Writes into ``DIR`` (at most 8 files, what the device tool brings back): ``gpu_check.json``
+(the environment: device, driver, torch, triton, CPU, library versions; every step's command, exit
+status, wall time and output tail), ``summary.md`` (the same as a table), and each benchmark step's
+own JSON. The dry run writes the same files on CPU; the test suite runs it
+(``tests/test_gpu_check.py``), so the command is known to work before any GPU is seen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    argv: tuple[str, ...]
+    budget_s: int
+    output: str | None = None  # the JSON the step writes into the output folder
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def steps(out: Path, dry_run: bool) -> list[Step]:
+    """The steps in order: tests first (a kernel that fails them makes its timings moot), then benchmarks."""
+    py = sys.executable
+    pytest = (py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x")
+    if dry_run:
+        interp = (("TRITON_INTERPRET", "1"),)
+        return [
+            Step("tests", (*pytest, "tests/backends/test_triton.py", "-k", "matches_reference_fp64"), 120,
+                 env=interp),
+            Step("triton", (py, "benchmarks/bench_triton.py", "--smoke", "--repeats", "1", "--out",
+                            str(out / "triton.json")), 90, "triton.json", interp),
+            Step("suite", (py, "benchmarks/run.py", "--grid", "torchrl", "--device", "cpu", "--cells", "gru",
+                           "--B", "4", "--T", "8", "--reset-probs", "0.1", "--policy-B", "2", "--out",
+                           str(out / "suite.json")), 120, "suite.json"),
+        ]
+    return [
+        Step("tests", (*pytest, "-m", "gpu", "tests", "compile_tests"), 90),  # the GPU-marked tests, compiled kernels
+        Step("triton", (py, "benchmarks/bench_triton.py", "--quick", "--out", str(out / "triton.json")), 120,
+             "triton.json"),
+        # TorchRL's grid (B, T, reset probability), every contender side by side, and the policy step;
+        # split by reset probability so that a budget overrun loses one part, not the grid
+        *(Step(f"suite_p{p}", (py, "benchmarks/run.py", "--grid", "torchrl", "--device", "cuda",
+                               "--reset-probs", p, "--out", str(out / f"suite_p{p}.json")), 80,
+               f"suite_p{p}.json") for p in ("0.0", "0.01", "0.1")),  # 90 + 120 + 3 x 80 s = 7.5 min
+    ]
+
+
+def _versions() -> dict:
+    """Library versions and the machine, read in a child (the orchestrator itself imports no torch)."""
+    code = (
+        "import json, platform, torch\n"
+        "out = {'torch': torch.__version__, 'cuda': torch.version.cuda, 'python': platform.python_version()}\n"
+        "out['device'] = torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'\n"
+        "for name in ('triton', 'tensordict', 'torchrl', 'numpy'):\n"
+        "    try:\n"
+        "        out[name] = __import__(name).__version__\n"
+        "    except Exception as err:\n"
+        "        out[name] = f'missing ({type(err).__name__})'\n"
+        "print(json.dumps(out))\n"
+    )
+    try:
+        found = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                                          cwd=ROOT, check=True).stdout)
+    except (subprocess.SubprocessError, json.JSONDecodeError) as err:
+        found = {"error": f"{type(err).__name__}: {err}"}
+    try:
+        found["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                         capture_output=True, text=True, timeout=30).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        found["driver"] = None
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else None
+    return {**found, "cpu": cpu, "cores": os.cpu_count()}
+
+
+def run_step(step: Step, out: Path) -> dict:
+    env = {**os.environ, **dict(step.env), "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH"))))
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(step.argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=step.budget_s)
+        rc, text = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as err:
+        rc = "timeout"
+        text = "".join(b.decode(errors="replace") if isinstance(b, bytes) else (b or "") for b in (err.stdout, err.stderr))
+    wall = time.perf_counter() - start
+    wrote = step.output is not None and (out / step.output).exists()
+    return {"name": step.name, "command": " ".join(step.argv), "budget_s": step.budget_s, "rc": rc,
+            "wall_s": round(wall, 1), "wrote": step.output if wrote else None, "tail": text[-3000:]}
+
+
+def summary(doc: dict) -> str:
+    env = doc["environment"]
+    lines = [f"# gpu_check ({'dry run, CPU' if doc['dry_run'] else 'GPU'})", "",
+             f"device {env.get('device')}, driver {env.get('driver')}, torch {env.get('torch')} (CUDA "
+             f"{env.get('cuda')}), triton {env.get('triton')}, tensordict {env.get('tensordict')}, torchrl "
+             f"{env.get('torchrl')}, Python {env.get('python')}; CPU {env.get('cpu')} ({env.get('cores')} cores)", "",
+             "| step | exit | wall s | budget s | wrote |", "|---|---|---:|---:|---|"]
+    lines += [f"| {s['name']} | {s['rc']} | {s['wall_s']} | {s['budget_s']} | {s['wrote'] or '-'} |" for s in doc["steps"]]
+    lines += ["", f"total {doc['total_s']:.0f} s; every step passed: {doc['ok']}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="output folder (created; at most 8 files)")
+    ap.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, TRITON_INTERPRET=1")
+    args = ap.parse_args(argv)
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    results = []
+    for step in steps(out, args.dry_run):
+        results.append(run_step(step, out))
+        print(f"[{time.perf_counter() - start:6.1f}s] {step.name}: exit {results[-1]['rc']} in "
+              f"{results[-1]['wall_s']} s", flush=True)
+    doc = {"dry_run": args.dry_run, "environment": _versions(), "steps": results,
+           "total_s": time.perf_counter() - start, "ok": all(s["rc"] == 0 for s in results)}
+    (out / "gpu_check.json").write_text(json.dumps(doc, indent=1))
+    (out / "summary.md").write_text(summary(doc))
+    print(summary(doc))
+    return 0 if doc["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

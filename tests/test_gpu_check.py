@@ -1,0 +1,64 @@
+"""The GPU lease's one command, proven on CPU: its dry run end to end, and its wheel-installing step against
+stub wheels (no network)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_dry_run_writes_what_a_lease_brings_back(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": sys.executable}
+    done = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run", "--out", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["gpu_check.json", "suite.json", "summary.md", "triton.json"]
+    assert len(files) <= 8 and all(re.fullmatch(r"[A-Za-z0-9._-]+", f) for f in files)  # what the device tool returns
+    doc = json.loads((out / "gpu_check.json").read_text())
+    assert doc["dry_run"] and doc["ok"]
+    assert [s["name"] for s in doc["steps"]] == ["tests", "triton", "suite"]
+    assert all(s["rc"] == 0 and s["wall_s"] <= s["budget_s"] for s in doc["steps"])
+    assert doc["environment"]["torch"] and doc["environment"]["cpu"]
+    assert json.loads((out / "triton.json").read_text())["rows"]  # the benchmarks' own results
+    assert json.loads((out / "suite.json").read_text())["sequence"]
+    assert "| tests | 0 |" in (out / "summary.md").read_text()
+
+
+def _stub_wheel(folder: Path) -> Path:
+    """A minimal pure-Python wheel of a package ``rf_stub_pkg`` holding ``VALUE = 42``."""
+    wheel = folder / "rf_stub_pkg-0.1-py3-none-any.whl"
+    info = "rf_stub_pkg-0.1.dist-info"
+    files = {
+        "rf_stub_pkg/__init__.py": "VALUE = 42\n",
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: rf_stub_pkg\nVersion: 0.1\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in files) + f"{info}/RECORD,,\n"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return wheel
+
+
+def test_carried_wheels_install_without_an_index(tmp_path):
+    wheels = tmp_path / "whl"
+    wheels.mkdir()
+    _stub_wheel(wheels)
+    site = tmp_path / "site"
+    env = {**os.environ, "PYTHON": sys.executable, "PIP_NO_INDEX": "1"}
+    done = subprocess.run(["bash", "scripts/install_carried_wheels.sh", str(wheels), str(site)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == str(site)
+    ran = subprocess.run([sys.executable, "-c", "import rf_stub_pkg; print(rf_stub_pkg.VALUE)"],
+                         env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True, timeout=60)
+    assert ran.stdout.strip() == "42", ran.stderr
