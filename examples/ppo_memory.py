@@ -473,6 +473,29 @@ def _fmt_s(seconds: float) -> str:
     return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
 
 
+def _versions(*names: str) -> dict:
+    """The installed version of each named distribution (seeded returns differ across versions and CPUs)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in names:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (oneDNN's kernels, and so the seeded returns, depend on its instruction set)."""
+    info = Path("/proc/cpuinfo")
+    if info.exists():
+        for line in info.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
 def _seconds_since_start() -> float:
     """Wall time since this Python process started, imports included (Linux); else since import."""
     try:
@@ -638,6 +661,8 @@ def main(argv: list[str] | None = None) -> dict:
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "python": platform.python_version(),
             "torch": torch.__version__,
+            **_versions("tensordict", "torchrl", "gymnasium", "numpy", "rnn_functional"),
+            "cpu": _cpu_model(),
             "cpu_threads": torch.get_num_threads(),
         },
     }
