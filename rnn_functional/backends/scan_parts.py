@@ -335,7 +335,7 @@ class HandWrittenLayer(torch.autograd.Function):
         # what each step's backward reads: one model computes it for all steps at once (elementwise);
         # an ensemble per step, inside the scan (E times a member's buffers, [T, E, N, ·] each, would be
         # allocated and page-faulted in fresh on every call; see docs/ensembles.md, "Speed")
-        factors_per_step = bool(saved) and bool(members.count)
+        factors_per_step = len(saved) > 0 and members.count > 0  # not bool(tuple): Dynamo 2.11 cannot trace it
         if saved:
             xs["factors"] = saved if factors_per_step else cell.backward_factors(saved, pre, w)
         else:
