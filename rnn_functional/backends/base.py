@@ -38,6 +38,27 @@ def forward_mode() -> bool:
     return any(i.key() == torch._C._functorch.TransformType.Jvp for i in stack)
 
 
+def replayed_vjp(fn, args: tuple, cotangents: tuple) -> list:
+    """A hand-written backward's replacement when autograd records it (``create_graph=True``): the vjp of
+    ``fn(*args)`` (plain differentiable ops replaying the forward) with ``cotangents`` (``None``: zeros), itself
+    differentiable, so every higher order is exact. ``None`` entries of ``args`` (absent weights) stay fixed and
+    get ``None``; returns one gradient per entry of ``args``."""
+    present = [i for i, t in enumerate(args) if t is not None]
+
+    def of_present(*tensors):
+        full = list(args)
+        for i, t in zip(present, tensors):
+            full[i] = t
+        return fn(*full)
+
+    out, pullback = torch.func.vjp(of_present, *(args[i] for i in present))
+    found = pullback(tuple(torch.zeros_like(o) if g is None else g for o, g in zip(out, cotangents)))
+    grads: list = [None] * len(args)
+    for i, g in zip(present, found):
+        grads[i] = g
+    return grads
+
+
 @dataclass(frozen=True)
 class SequenceOptions:
     """Per-call options every backend receives (validated by the functional layer).

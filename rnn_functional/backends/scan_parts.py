@@ -18,6 +18,7 @@ import torch.utils._pytree as pytree
 from torch._higher_order_ops import scan
 
 from ..cells import Carry, Cell, LayerWeights, apply_reset, broadcast_mask
+from .base import replayed_vjp
 
 __all__ = ["HandWrittenLayer", "Members", "contiguous_copy", "scan_states", "split_inputs", "time_loop"]
 
@@ -393,43 +394,27 @@ class HandWrittenLayer(torch.autograd.Function):
         return (None, None, None, None, None, d_inp, None, *d_carry0, *d_reset, *d_weights)
 
 
-def _plain_layer(ctx, args: tuple, mask, what: str):
-    """``(states, present)``: the layer of :class:`HandWrittenLayer` as a plain function of its differentiable
-    arguments present in ``args`` (``inp, *carry0, *reset, *weights``, the forward's order; ``None`` where a weight
-    is absent), returning every step's carry; ``present`` indexes them in ``args``. Its steps are plain
-    differentiable operations (the eager loop), so torch's transforms of it are exact to every order."""
-    if ctx.members.count:
-        raise RuntimeError(
-            f"backend 'scan' under a compiled torch.vmap ensemble has no {what}: its backward is compiled once. "
-            "Use backend='reference' for these derivatives of an ensemble."
-        )
-    present = [i for i, t in enumerate(args) if t is not None]
-
-    def states(*tensors):
-        full = list(args)
-        for i, t in zip(present, tensors):
-            full[i] = t
-        carry0, reset, weights = split_inputs(full[1:], ctx.n_carry, ctx.n_reset > 0)
-        gi = F.linear(full[0], *weights[:2]).transpose(0, 1)  # [T, N, G*H], as the forward projects it
-        return scan_states(ctx.cell, weights, carry0, gi, mask, reset, "states")[1]
-
-    return states, present
-
-
 def _replayed_backward(ctx, grad_states: tuple) -> tuple:
     """:class:`HandWrittenLayer`'s backward when autograd records it (``create_graph=True``, ``torch.func``'s
-    transforms): the vjp of the layer's plain steps (:func:`_plain_layer`, one more forward), whose result is
-    differentiable again, so every higher order is exact. (The hand-written reverse scan reads the saved
-    activations as constants: its own derivative would miss their dependence on the inputs and weights.)"""
+    transforms): :func:`~.base.replayed_vjp` of the layer's plain steps (the eager loop). (The hand-written reverse
+    scan reads the saved activations as constants: its own derivative would miss their dependence on the inputs
+    and weights.) Not a ``jvp`` method: Dynamo refuses to trace a Function that defines one; forward mode runs
+    the plain loop instead (see :mod:`.scan`)."""
+    if ctx.members.count:
+        raise RuntimeError(
+            "backend 'scan' under a compiled torch.vmap ensemble has no higher-order gradients (create_graph=True): "
+            "its backward is compiled once. Use backend='reference' for these derivatives of an ensemble."
+        )
     n = ctx.n_carry
     inp, mask, *rest = ctx.saved_tensors
     reset = tuple(rest[len(rest) - ctx.n_reset :])
-    args = (inp, *rest[:n], *reset, *rest[n : n + ctx.n_weights])
-    states, present = _plain_layer(ctx, args, mask, "higher-order gradients (create_graph=True)")
-    out, pullback = torch.func.vjp(states, *(args[i] for i in present))
-    found = pullback(tuple(torch.zeros_like(o) if g is None else g for o, g in zip(out, grad_states)))
-    grads: list = [None] * len(args)
+
+    def states(x, *tensors):  # inp, *carry0, *reset, *weights: the forward's differentiable arguments, in order
+        carry0, reset_t, weights = split_inputs(tensors, n, ctx.n_reset > 0)
+        gi = F.linear(x, *weights[:2]).transpose(0, 1)  # [T, N, G*H], as the forward projects it
+        return scan_states(ctx.cell, weights, carry0, gi, mask, reset_t, "states")[1]
+
+    grads = replayed_vjp(states, (inp, *rest[:n], *reset, *rest[n : n + ctx.n_weights]), grad_states)
     needs = (ctx.needs_input_grad[5], *ctx.needs_input_grad[7:])
-    for i, g in zip(present, found):
-        grads[i] = g if needs[i] else None
+    grads = [g if need else None for g, need in zip(grads, needs)]
     return (None, None, None, None, None, grads[0], None, *grads[1:])

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..base import replayed_vjp
 from . import kernels
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # read once: triton.jit reads it at import too
@@ -360,25 +361,15 @@ def layer_ref(x: Tensor, w_ih: Tensor, b_ih: Optional[Tensor], w: Tensor, b: Opt
 
 
 def _replayed_backward(ctx, dhs: Optional[Tensor], dcs: Optional[Tensor]) -> tuple:
-    """The backward when autograd records it (``create_graph=True``): the vjp of :func:`layer_ref` replayed
-    from the saved inputs, itself differentiable, so every higher order is exact (one more forward, in plain ops)."""
+    """The backward when autograd records it (``create_graph=True``): :func:`~..base.replayed_vjp` of
+    :func:`layer_ref` from the saved inputs (one more forward, in plain ops), exact to every order."""
     x, w_ih, w, is_init, rh, rc, hs, cs, _, b_ih, b, h0, c0 = ctx.saved_tensors
-    args = (x, w_ih, b_ih, w, b, h0, c0, rh, rc)
-    present = [i for i, t in enumerate(args) if t is not None]
 
-    def states(*tensors):
-        full = list(args)
-        for i, t in zip(present, tensors):
-            full[i] = t
-        hs_, cs_ = layer_ref(*full[:7], is_init, *full[7:], ctx.lstm)
+    def states(x, w_ih, b_ih, w, b, h0, c0, rh, rc):
+        hs_, cs_ = layer_ref(x, w_ih, b_ih, w, b, h0, c0, is_init, rh, rc, ctx.lstm)
         return (hs_, cs_) if ctx.lstm else (hs_,)
 
-    out, pullback = torch.func.vjp(states, *(args[i] for i in present))
-    given = (dhs, dcs)[: len(out)]
-    found = pullback(tuple(torch.zeros_like(o) if g is None else g for o, g in zip(out, given)))
-    grads: list = [None] * len(args)
-    for i, g in zip(present, found):
-        grads[i] = g
+    grads = replayed_vjp(states, (x, w_ih, b_ih, w, b, h0, c0, rh, rc), (dhs, dcs)[: 2 if ctx.lstm else 1])
     dx, dw_ih, db_ih, dw, db, dh0, dc0, drh, drc = grads
     return dx, dw_ih, db_ih, dw, db, dh0, dc0, None, drh, drc, None, None, None, None
 
