@@ -26,6 +26,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -34,6 +35,7 @@ __all__ = [
     "interleaved",
     "peak_memory",
     "environment",
+    "write_section",
 ]
 
 def sync(device: torch.device) -> None:
@@ -191,3 +193,15 @@ def environment(device: torch.device) -> dict:
         "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def write_section(page: Path, begin: str, end: str, section: str) -> None:
+    """Put ``section`` (which starts with ``begin`` and ends with ``end``) in ``page``: in place of the previous one
+    where there is one, else appended."""
+    text = page.read_text()
+    if begin in text:
+        head, rest = text.split(begin, 1)
+        text = head + section + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    page.write_text(text)

@@ -61,7 +61,7 @@ from torch import nn
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _timing import environment, interleaved  # noqa: E402
+from _timing import environment, interleaved, write_section  # noqa: E402
 
 import rnn_functional as rf  # noqa: E402
 
@@ -392,13 +392,7 @@ def report(path: Path, doc_page: Path) -> None:
     """Print the table and rewrite the generated section of ``doc_page`` from the JSON at ``path``."""
     doc = json.loads(path.read_text())
     print(table(doc))
-    page = doc_page.read_text()
-    if BEGIN in page:
-        head, rest = page.split(BEGIN, 1)
-        page = head + section(doc) + rest.split(END, 1)[1]
-    else:
-        page = page.rstrip("\n") + "\n\n" + section(doc) + "\n"
-    doc_page.write_text(page)
+    write_section(doc_page, BEGIN, END, section(doc))
     print(f"wrote {doc_page}")
 
 

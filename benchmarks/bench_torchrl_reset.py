@@ -34,7 +34,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _timing import environment  # noqa: E402
+from _timing import environment, write_section  # noqa: E402
 
 RESULTS = HERE / "results"
 DOC_PAGE = HERE.parent / "docs" / "benchmarks.md"
@@ -174,13 +174,7 @@ def report(path: Path) -> None:
     """Print the table and rewrite the generated section of the docs page from the JSON at ``path``."""
     doc = json.loads(path.read_text())
     print(table(doc))
-    page = DOC_PAGE.read_text()
-    if BEGIN in page:
-        head, rest = page.split(BEGIN, 1)
-        page = head + section(doc) + rest.split(END, 1)[1]
-    else:
-        page = page.rstrip("\n") + "\n\n" + section(doc) + "\n"
-    DOC_PAGE.write_text(page)
+    write_section(DOC_PAGE, BEGIN, END, section(doc))
     print(f"wrote {DOC_PAGE}")
 
 

@@ -6,14 +6,17 @@ sees only the two positions, with noise. Episodes have random lengths and are pa
 to back into fixed-length sequences, so a sequence contains resets (``is_init``).
 
 Model (RSSM's deterministic path, no stochastic latent): ``e_t = tanh(W_e [o_t, a_t])``,
-``h_t = GRU(h_{t-1}, e_t)`` (reset to zeros where ``is_init``), ``o_{t+1} ~ W_d h_t``.
+``h_t = core(h_{t-1}, e_t)`` (reset to zeros where ``is_init``), ``o_{t+1} ~ W_d h_t``. The core is
+DreamerV3's block-diagonal GRU (:func:`rnn_functional.block_gru_sequence`, TorchRL's
+``DreamerV3BlockGRUCell`` parameters; the default) or a plain GRU (``--core gru``,
+:func:`rnn_functional.gru_sequence`).
 An ensemble of 5 members is trained jointly with ``torch.vmap`` over stacked parameters
-and :func:`rnn_functional.gru_sequence` (shared data, ``in_dims=None``); the vmapped loss is
+(shared data, ``in_dims=None``); the vmapped loss is
 compiled with ``torch.compile(..., fullgraph=True)``, forward and backward (``--eager``:
 without). After training, a few compiled and eager training steps run side by side on the
 same batches: their losses and grads must agree, and their times are printed. Then each
-member "imagines" H steps open loop from the state it filtered on a context window, with
-:func:`rnn_functional.gru_step` inside ``torch.compile(torch.vmap(...), fullgraph=True)``.
+member "imagines" H steps open loop from the state it filtered on a context window, with the
+core's step function inside ``torch.compile(torch.vmap(...), fullgraph=True)``.
 
 Reported: the held-out one-step prediction loss of the ensemble mean next to two trivial
 baselines (predict the last observation, predict the mean observation); the imagination
@@ -33,6 +36,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +57,8 @@ class Config:
     context: int = 24
     horizon: int = 16
     eval_batch: int = 256
+    core: str = "block_gru"  # or "gru"
+    blocks: int = 4  # block GRU: blocks of the state (hidden must divide)
 
 
 QUICK = Config(batch=32, time=20, hidden=32, embed=16, steps=60, lr=1.5e-2, context=10, horizon=5, eval_batch=128)
@@ -102,6 +108,28 @@ def generate(batch: int, time: int, g: torch.Generator, min_len: int = 6) -> tup
 # ----------------------------------------------------------------------------- the model
 
 
+@dataclass(frozen=True)
+class Core:
+    """A recurrent core: its functional sequence and step and its stacked ensemble params."""
+
+    sequence: Callable
+    step: Callable
+    init: Callable[[Config, torch.Generator], TensorDict]
+
+
+def _block_gru_members(cfg: Config, g: torch.Generator) -> TensorDict:
+    members = [rf.init_block_gru_params(cfg.embed, cfg.hidden, projection_size=cfg.embed, num_blocks=cfg.blocks,
+                                        generator=g) for _ in range(cfg.members)]
+    return torch.stack(members)
+
+
+CORES = {
+    "block_gru": Core(rf.block_gru_sequence, rf.block_gru_step, _block_gru_members),
+    "gru": Core(rf.gru_sequence, rf.gru_step, lambda cfg, g: rf.ensemble_init_gru_params(
+        cfg.members, cfg.embed, cfg.hidden, generator=g)),
+}
+
+
 def init_model(cfg: Config, g: torch.Generator) -> TensorDict:
     """Stacked params of ``cfg.members`` independent world models (``batch_size [E]``)."""
     e = cfg.members
@@ -114,7 +142,7 @@ def init_model(cfg: Config, g: torch.Generator) -> TensorDict:
         {
             "enc_w": uniform(cfg.embed, OBS + ACT, fan_in=OBS + ACT),
             "enc_b": uniform(cfg.embed, fan_in=OBS + ACT),
-            "gru": rf.ensemble_init_gru_params(e, cfg.embed, cfg.hidden, generator=g),
+            "core": CORES[cfg.core].init(cfg, g),
             "dec_w": uniform(OBS, cfg.hidden, fan_in=cfg.hidden),
             "dec_b": uniform(OBS, fan_in=cfg.hidden),
         },
@@ -130,9 +158,9 @@ def decode(p: TensorDict, h_out: torch.Tensor) -> torch.Tensor:
     return F.linear(h_out, p["dec_w"], p["dec_b"])
 
 
-def predict_next(p: TensorDict, obs, act, is_init) -> tuple[torch.Tensor, torch.Tensor]:
+def predict_next(core: Core, p: TensorDict, obs, act, is_init) -> tuple[torch.Tensor, torch.Tensor]:
     """One member: ``obs [B, T, 2]`` -> predictions of ``obs[:, 1:]`` ``[B, T-1, 2]`` and the final state."""
-    y, h = rf.gru_sequence(embed(p, obs[:, :-1], act[:, :-1]), None, p["gru"], is_init=is_init[:, :-1])
+    y, h = core.sequence(embed(p, obs[:, :-1], act[:, :-1]), None, p["core"], is_init=is_init[:, :-1])
     return decode(p, y), h
 
 
@@ -142,17 +170,17 @@ def masked_mse(pred: torch.Tensor, target: torch.Tensor, starts: torch.Tensor) -
     return ((pred - target) ** 2 * keep).sum() / (keep.sum() * pred.shape[-1])
 
 
-def member_loss(p: TensorDict, obs, act, is_init) -> torch.Tensor:
-    pred, _ = predict_next(p, obs, act, is_init)
+def member_loss(core: Core, p: TensorDict, obs, act, is_init) -> torch.Tensor:
+    pred, _ = predict_next(core, p, obs, act, is_init)
     return masked_mse(pred, obs[:, 1:], is_init[:, 1:])
 
 
-def imagine(p: TensorDict, h: torch.Tensor, obs0: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+def imagine(core: Core, p: TensorDict, h: torch.Tensor, obs0: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
     """One member, open loop: from state ``h [B, 1, H]`` and observation ``obs0 [B, 2]``, feed its own
     predictions for ``actions [B, K, 1]``; returns the predicted observations ``[B, K, 2]``."""
     obs, preds = obs0, []
     for k in range(actions.shape[1]):
-        y, h = rf.gru_step(embed(p, obs, actions[:, k]), h, p["gru"])
+        y, h = core.step(embed(p, obs, actions[:, k]), h, p["core"])
         obs = decode(p, y)
         preds.append(obs)
     return torch.stack(preds, 1)
@@ -164,10 +192,10 @@ def imagine(p: TensorDict, h: torch.Tensor, obs0: torch.Tensor, actions: torch.T
 LossFn = Callable[[TensorDict, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def make_loss(compiled: bool) -> LossFn:
+def make_loss(core: Core, compiled: bool) -> LossFn:
     """``(params [E], obs, act, is_init) -> summed loss of the E members``: ``torch.vmap`` over the
     stacked params (data shared by the members), compiled with its backward if ``compiled``."""
-    ensemble_loss = torch.vmap(member_loss, in_dims=(0, None, None, None))
+    ensemble_loss = torch.vmap(partial(member_loss, core), in_dims=(0, None, None, None))
 
     def loss(params: TensorDict, obs, act, is_init) -> torch.Tensor:
         return ensemble_loss(params, obs, act, is_init).sum()
@@ -201,7 +229,7 @@ def compare_steps(
 ) -> dict[str, float]:
     """Median seconds of one loss + backward, compiled and eager, called in turn on the same batches
     (on a copy of ``params``). The first batch also checks that both give the same loss and grads."""
-    eager_loss = make_loss(compiled=False)
+    eager_loss = make_loss(CORES[cfg.core], compiled=False)
     copy = params.detach().clone()
     leaves = list(copy.values(include_nested=True, leaves_only=True))
     for t in leaves:
@@ -231,13 +259,14 @@ def main(cfg: Config, seed: int = 0, compiled: bool = True, compare: int = 10) -
     params = init_model(cfg, g)
     for t in params.values(include_nested=True, leaves_only=True):
         t.requires_grad_(True)
-    loss_fn = make_loss(compiled)
+    core = CORES[cfg.core]
+    loss_fn = make_loss(core, compiled)
     mode = "torch.compile, fullgraph" if compiled else "eager"
     train_s, first_s = train(cfg, params, loss_fn, g)
-    print(f"trained {cfg.members} members x {cfg.steps} steps ({mode}) in {train_s:.1f}s "
+    print(f"trained {cfg.members} members x {cfg.steps} steps, core {cfg.core} ({mode}) in {train_s:.1f}s "
           f"(first step {first_s:.1f}s{', compilation included' if compiled else ''})")
     if compare:
-        step_s = compare_steps(cfg, params, loss_fn if compiled else make_loss(compiled=True), compare, g)
+        step_s = compare_steps(cfg, params, loss_fn if compiled else make_loss(core, compiled=True), compare, g)
         print(f"TRAIN STEP (loss + backward, {cfg.members} members, median of {compare}, interleaved): "
               f"compiled {1e3 * step_s['compiled']:.1f} ms, eager {1e3 * step_s['eager']:.1f} ms "
               f"({step_s['eager'] / step_s['compiled']:.2f}x); compiled and eager loss and grads agree")
@@ -246,7 +275,7 @@ def main(cfg: Config, seed: int = 0, compiled: bool = True, compare: int = 10) -
     eval_g = torch.Generator().manual_seed(seed + 1)
     obs, act, is_init = generate(cfg.eval_batch, cfg.time, eval_g)
     with torch.no_grad():
-        preds, _ = torch.vmap(predict_next, in_dims=(0, None, None, None))(params, obs, act, is_init)
+        preds, _ = torch.vmap(partial(predict_next, core), in_dims=(0, None, None, None))(params, obs, act, is_init)
     target, starts = obs[:, 1:], is_init[:, 1:]
     results = {
         "loss": masked_mse(preds.mean(0), target, starts).item(),
@@ -260,9 +289,9 @@ def main(cfg: Config, seed: int = 0, compiled: bool = True, compare: int = 10) -
     obs, act, _ = generate(cfg.eval_batch, total, ctx_g, min_len=total)  # one episode per row
     no_reset = torch.zeros(cfg.eval_batch, cfg.context + 1, dtype=torch.bool)
     no_reset[:, 0] = True
-    rollout = torch.compile(torch.vmap(imagine, in_dims=(0, 0, None, None)), fullgraph=True)
+    rollout = torch.compile(torch.vmap(partial(imagine, core), in_dims=(0, 0, None, None)), fullgraph=True)
     with torch.no_grad():
-        _, h = torch.vmap(predict_next, in_dims=(0, None, None, None))(
+        _, h = torch.vmap(partial(predict_next, core), in_dims=(0, None, None, None))(
             params, obs[:, : cfg.context + 1], act[:, : cfg.context + 1], no_reset
         )  # h: the state after seeing obs[:context] with act[:context]
         t0 = time.perf_counter()
@@ -289,6 +318,7 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="reduced sizes (CI); also WORLD_MODEL_QUICK=1")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eager", action="store_true", help="train without torch.compile")
+    parser.add_argument("--core", choices=list(CORES), default="block_gru", help="the recurrent core")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: the config's)")
     parser.add_argument("--compare", type=int, default=10, metavar="N",
@@ -298,5 +328,6 @@ if __name__ == "__main__":
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = QUICK if quick else Config()
-    main(cfg if args.steps is None else replace(cfg, steps=args.steps), seed=args.seed, compiled=not args.eager,
+    cfg = replace(cfg, core=args.core, **({} if args.steps is None else {"steps": args.steps}))
+    main(cfg, seed=args.seed, compiled=not args.eager,
          compare=args.compare)

@@ -2,10 +2,12 @@
 
 from .backends import available_backends
 from .ensemble import ensemble_init_gru_params, ensemble_init_lstm_params, stack_params, unstack_params
+from .cells.block_gru import init_block_gru_params
 from .cells.norm_gru import init_norm_gru_params
-from .functional import (gru_sequence, gru_step, lstm_sequence, lstm_step, norm_gru_sequence, norm_gru_step,
+from .functional import (block_gru_sequence, block_gru_step, gru_sequence, gru_step, lstm_sequence, lstm_step, norm_gru_sequence, norm_gru_step,
                          sequence_route)
-from .modules import GRUModule, LSTMModule, recurrent_mode, set_recurrent_mode
+from .modules import (DreamerV3BlockGRU, DreamerV3BlockGRUCell, GRUModule, LSTMModule, recurrent_mode,
+                      set_recurrent_mode)
 from .modules.ensemble import EnsembleModule
 from .modules.lstm_net import LSTMNet
 from .params import init_gru_params, init_lstm_params, params_from_module
@@ -16,6 +18,7 @@ __all__ = [
     "init_lstm_params",
     "init_gru_params",
     "init_norm_gru_params",
+    "init_block_gru_params",
     "params_from_module",
     "stack_params",
     "unstack_params",
@@ -28,6 +31,8 @@ __all__ = [
     "gru_sequence",
     "norm_gru_step",
     "norm_gru_sequence",
+    "block_gru_step",
+    "block_gru_sequence",
     "available_backends",
     "sequence_route",
     "set_recurrent_matmul_precision",
@@ -36,6 +41,8 @@ __all__ = [
     "LSTMModule",
     "GRUModule",
     "LSTMNet",
+    "DreamerV3BlockGRUCell",
+    "DreamerV3BlockGRU",
     "EnsembleModule",
     "set_recurrent_mode",
     "recurrent_mode",

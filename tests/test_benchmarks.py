@@ -174,3 +174,22 @@ def test_cost_table_is_the_committed_measurement(benchmarks_on_path) -> None:
                 assert set(table) == kernels
                 for call, points in table.values():
                     assert call >= 0 and all(r1 > r0 for (r0, _), (r1, _) in zip(points, points[1:]))
+
+
+def test_block_gru_benchmark_section_is_generated(benchmarks_on_path) -> None:
+    """The block-GRU speed table of docs/model_based.md comes from the committed JSON, and every row's speedup is
+    TorchRL's best time over ours, as measured."""
+    results = BENCHMARKS / "results" / "block_gru_cpu.json"
+    if not results.exists():
+        pytest.skip("no block GRU benchmark committed under benchmarks/results/")
+    import bench_block_gru
+
+    doc = json.loads(results.read_text())
+    for row in doc["rows"]:
+        _, base_a, base_b, ours = bench_block_gru.WORKLOADS[row["workload"]]
+        best = min(row["ms"][b] for b in (base_a, base_b) if b is not None)
+        assert row["speedup"] == round(best / row["ms"][ours], 2)
+        assert row["met"] == (best / row["ms"][ours] >= bench_block_gru.TARGET)
+    page = (ROOT / "docs" / "model_based.md").read_text()
+    assert bench_block_gru.section(doc) in page, (
+        "docs/model_based.md is out of date: run `python benchmarks/bench_block_gru.py --report`")

@@ -1,4 +1,5 @@
-"""The world-model example (examples/world_model.py) trains its ensemble under ``torch.compile``
+"""The world-model example (examples/world_model.py) trains its ensemble of DreamerV3 block-GRU world models
+(its default core) under ``torch.compile``
 (the vmapped loss and its backward, ``fullgraph=True``) in its reduced-size mode, to a held-out
 one-step loss clearly below the best trivial baseline; checks that the compiled training step
 gives the eager step's loss and grads; times both; and runs its compiled imagination rollout."""
@@ -22,7 +23,7 @@ def test_world_model_quick_mode_trains_compiled_and_beats_baseline() -> None:
     command = [sys.executable, str(EXAMPLE), "--compare", "3", "--threads", "1"]
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert re.search(r"trained 5 members x \d+ steps \(torch\.compile, fullgraph\)", proc.stdout), proc.stdout
+    assert re.search(r"trained 5 members x \d+ steps, core block_gru \(torch\.compile, fullgraph\)", proc.stdout), proc.stdout
     step = re.search(r"TRAIN STEP .*: compiled ([0-9.]+) ms, eager ([0-9.]+) ms .*grads agree", proc.stdout)
     assert step and float(step.group(1)) > 0 and float(step.group(2)) > 0, proc.stdout
     match = re.search(r"RESULT loss=([0-9.eE+-]+) baseline=([0-9.eE+-]+)", proc.stdout)

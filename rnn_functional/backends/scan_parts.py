@@ -286,8 +286,9 @@ class HandWrittenLayer(torch.autograd.Function):
     (:meth:`~rnn_functional.cells.Cell.step_backward_saved`) or recomputing them from ``inp`` and
     the saved carry before the step, after its reset (:meth:`~rnn_functional.cells.Cell.step_backward`).
     It emits the cotangents of the input and recurrent projections, from which the weight and input
-    gradients are a few whole-sequence GEMMs after the loop, and each step's share of the gradients
-    of the cell's ``extra`` weights, summed after the loop (summed in the scan's carry instead, two
+    gradients are a few whole-sequence GEMMs after the loop, and what each step contributes to the gradients
+    of the cell's ``extra`` weights, reduced after the loop (:meth:`~rnn_functional.cells.Cell.reduce_extra_grads`;
+    summed in the scan's carry instead, two
     chained layers under Inductor gave wrong norm-GRU layer-norm gradients on torch 2.13). (Hand-written
     rather than ``torch.func.vjp``, which refuses to run while saved-tensor hooks are active, e.g. under
     ``torch.autograd.graph.save_on_cpu`` or when ``torch.compile`` traces this backward there.)
@@ -326,7 +327,7 @@ class HandWrittenLayer(torch.autograd.Function):
         reset = tuple(rest[len(rest) - ctx.n_reset :])
         states, saved, grad_states = outputs[:n], tuple(outputs[n:]), grad_outputs[:n]
         w = LayerWeights.from_tensors(weights)
-        extra = [i for i, t in enumerate(w.extra) if t is not None]
+        extra = any(t is not None for t in w.extra)
         mask_t = members.time_major(mask, 0)
         x = members.time_major(inp, 1)  # [T, (e,) N, F]
         # the carry each step starts from: the state after the previous step (carry0 at step 0), reset where mask
@@ -354,7 +355,7 @@ class HandWrittenLayer(torch.autograd.Function):
             else:
                 grads = cell.step_backward(F.linear(inputs, wl.weight_ih, wl.bias_ih), pre_t, wl, d_new)
             d_gh = () if grads.d_gh is None else (grads.d_gh,)  # none: equal to d_gi (vmap returns tensors only)
-            return tuple(grads.d_carry), grads.d_gi, d_gh, tuple(grads.d_extra[i] for i in extra)
+            return tuple(grads.d_carry), grads.d_gi, d_gh, tuple(d for d in grads.d_extra if d is not None)
 
         def back_step(acc, xs_t):
             d_new = tuple(a + b for a, b in zip(acc["d_carry"], xs_t["g"]))
@@ -365,8 +366,8 @@ class HandWrittenLayer(torch.autograd.Function):
                 if reset:
                     out["d_reset"] = tuple(torch.where(broadcast_mask(m, d), d, 0.0) for d in d_pre)
                 d_pre = tuple(torch.where(broadcast_mask(m, d), 0.0, d) for d in d_pre)
-            if extra:
-                out["d_extra"] = d_extra
+            if extra:  # under compile, fresh: a cell's per-row factors may be views of the step's inputs (scan's rule)
+                out["d_extra"] = tuple(map(contiguous_copy, d_extra)) if torch.compiler.is_compiling() else d_extra
             return {"d_carry": tuple(own(d) for d in d_pre)}, out
 
         init = {"d_carry": tuple(torch.zeros_like(s[0]) for s in states)}
@@ -377,7 +378,7 @@ class HandWrittenLayer(torch.autograd.Function):
         acc, outs = time_loop(back_step, init, xs, reads, reverse=True, members=members)
         d_gi = members.from_rows_by_member(outs["d_gi"])  # [T, (E,) N, G*H], reversed time
         d_gh = members.from_rows_by_member(outs["d_gh"]) if "d_gh" in outs else d_gi
-        d_extra = iter(d.sum(0) for d in outs.get("d_extra", ()))
+        d_extra = iter(members.map_time_major(cell.reduce_extra_grads, *outs["d_extra"]) if extra else ())
         seq = members.map_time_major
         d_weights = (
             seq(_outer_sum, d_gi, x.flip(0)),

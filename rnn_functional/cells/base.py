@@ -79,7 +79,7 @@ class StepGrads(NamedTuple):
     d_carry: Carry  # cotangent of the carry before the step
     d_gi: torch.Tensor  # cotangent of the input projection gi [N, G]
     d_gh: torch.Tensor | None  # cotangent of the recurrent projection gh; None: equal to d_gi
-    d_extra: tuple[torch.Tensor | None, ...]  # this step's share of the gradients of ``extra``
+    d_extra: tuple[torch.Tensor | None, ...]  # what Cell.reduce_extra_grads turns into the gradients of ``extra``
 
 
 @dataclass(frozen=True)
@@ -146,6 +146,19 @@ class Cell(abc.ABC):
     def step_backward_saved(self, factors: Saved, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
         """Backward of one step from its :meth:`backward_factors` (no recurrent matmul of the forward is
         redone): ``carry`` is the carry before the step, ``d_new`` the cotangent of the carry after it."""
+
+    def prepare_input(self, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """The first layer's input, from the call's ``x [..., F]``, before any backend runs: a cell whose input
+        goes through more than the layer's linear projection (the block GRU's normalised projection) computes that
+        part here, once for every step, under autograd. Default: ``x``."""
+        return x
+
+    def reduce_extra_grads(self, *per_step: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The gradients of the present ``extra`` weights from the non-``None`` ``d_extra`` of every step of
+        :meth:`step_backward_saved`, stacked over time (``[T, ...]`` each). Default: each entry is a step's share of
+        one weight's gradient, summed over time; a cell may instead emit per-row factors and reduce them here, one
+        GEMM over the whole sequence."""
+        return tuple(d.sum(0) for d in per_step)
 
     def layer_step(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> Carry:
         """One layer, one step: ``gi [N, G]`` (the input projection), carry of ``[N, S]`` -> carry'."""

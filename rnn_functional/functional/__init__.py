@@ -9,9 +9,11 @@ from ..cells.gru import GRU
 from ..cells.lstm import LSTM
 from ..cells.norm_gru import NORM_GRU
 from ._core import public_functions, sequence_route
+from .block_gru import block_gru_sequence, block_gru_step
 
 lstm_step, lstm_sequence = public_functions(LSTM)
 gru_step, gru_sequence = public_functions(GRU)
 norm_gru_step, norm_gru_sequence = public_functions(NORM_GRU)
 
-__all__ = ["sequence_route", "lstm_step", "lstm_sequence", "gru_step", "gru_sequence", "norm_gru_step", "norm_gru_sequence"]
+__all__ = ["sequence_route", "lstm_step", "lstm_sequence", "gru_step", "gru_sequence", "norm_gru_step", "norm_gru_sequence",
+           "block_gru_step", "block_gru_sequence"]

@@ -236,7 +236,7 @@ def run_step(cell: Cell, x, state, params, is_init, backend: str) -> tuple[torch
     if c.x.shape[0] == 0:
         y, carry, _ = _empty_call(c, ())
     else:
-        y, carry = step(c.layout, c.params, c.x, apply_reset(c.carry, c.is_init, None))
+        y, carry = step(c.layout, c.params, cell.prepare_input(c.params, c.x), apply_reset(c.carry, c.is_init, None))
     y, *carry = restore(c.batch_shape, (y, *carry))
     return y, _from_carry(cell, tuple(carry))
 
@@ -259,7 +259,8 @@ def run_validated_step(
     flat = tuple(t.reshape(n, *t.shape[-2:]) for t in carry)
     mask = None if is_init is None else is_init.reshape(n)
     step = selection.resolve_step("auto", layout, x)
-    y, new_carry = step(layout, params, x.reshape(n, x.shape[-1]), apply_reset(flat, mask, None))
+    x = layout.cell.prepare_input(params, x.reshape(n, x.shape[-1]))
+    y, new_carry = step(layout, params, x, apply_reset(flat, mask, None))
     y, *new_carry = restore(batch_shape, (y, *new_carry))
     return y, tuple(new_carry)
 
@@ -321,7 +322,7 @@ def execute(c: Canonical, backend: str, opts: SequenceOptions, slice_len: int | 
     records_grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (c.x, *c.carry, *(c.reset or ()), *c.params.values())
     )
-    call = (c.x, c.carry, c.is_init, c.reset)
+    call = (c.layout.cell.prepare_input(c.params, c.x), c.carry, c.is_init, c.reset)
     reshaped = slice_len is not None and num_slices is None and not empty
     if reshaped:  # whole slices side by side: [N * T / slice_len, slice_len]
         call = slices.split(slice_len, *call)
@@ -441,10 +442,15 @@ _SEQUENCE_DOC = """A multi-layer {title} over a sequence, with resets.
     """
 
 
-def public_functions(cell: Cell) -> tuple[Callable, Callable]:
-    """``cell``'s public step and sequence functions (``{name}_step``, ``{name}_sequence``); registers the cell."""
+def register(cell: Cell) -> None:
+    """Make ``cell`` known by name (:func:`sequence_route`, the compiled ensemble op)."""
     CELLS[cell.name] = cell
     ensemble_scan.register_cell(cell)
+
+
+def public_functions(cell: Cell) -> tuple[Callable, Callable]:
+    """``cell``'s public step and sequence functions (``{name}_step``, ``{name}_sequence``); registers the cell."""
+    register(cell)
 
     def step(x: torch.Tensor, state, params: Mapping[str, torch.Tensor], *, is_init: torch.Tensor | None = None,
              backend: str = "auto"):

@@ -1,6 +1,7 @@
 """TensorDict modules over the functional core: drop-in replacements for TorchRL's."""
 
 from ._mode import recurrent_mode, set_recurrent_mode
+from .block_gru import DreamerV3BlockGRU, DreamerV3BlockGRUCell
 from .rnn import GRUModule, LSTMModule
 
-__all__ = ["LSTMModule", "GRUModule", "set_recurrent_mode", "recurrent_mode"]
+__all__ = ["LSTMModule", "GRUModule", "DreamerV3BlockGRUCell", "DreamerV3BlockGRU", "set_recurrent_mode", "recurrent_mode"]

@@ -1,0 +1,96 @@
+"""The public functions of DreamerV3's block GRU (:mod:`rnn_functional.cells.block_gru`).
+
+Its hyperparameters (``activation``, ``norm_eps``, ``update_bias``) are keywords, not params: each combination is
+one cell (:func:`~rnn_functional.cells.block_gru.block_gru_cell`), registered on first use like every public cell.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from ..backends import SequenceOptions
+from ..cells.block_gru import ACTIVATIONS, BlockGRUCell, block_gru_cell
+from ._core import register, run_sequence, run_step
+
+__all__ = ["block_gru_sequence", "block_gru_step", "configured_cell"]
+
+for _activation in ACTIVATIONS:  # the defaults of every activation, registered before any compile
+    register(block_gru_cell(_activation))
+
+
+def configured_cell(activation: str, norm_eps: float, update_bias: float) -> BlockGRUCell:
+    """The registered cell for these hyperparameters (``ValueError`` naming ``activation`` if unknown)."""
+    cell = block_gru_cell(activation, norm_eps, update_bias)
+    register(cell)
+    return cell
+
+
+def block_gru_step(
+    x: torch.Tensor,
+    state: torch.Tensor | None,
+    params: Mapping[str, torch.Tensor],
+    *,
+    is_init: torch.Tensor | None = None,
+    backend: str = "auto",
+    activation: str = "silu",
+    norm_eps: float = 1e-4,
+    update_bias: float = -1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of DreamerV3's block GRU.
+
+    Args:
+        x: ``[*B, F]``.
+        state: ``h [*B, 1, H]`` or ``None`` for zeros.
+        params: ``DreamerV3BlockGRUCell`` state-dict keys (see ``init_block_gru_params``).
+        is_init: bool ``[*B]`` (or ``[*B, 1]``); where True the state is reset to zeros first.
+        backend: ``"auto"`` or ``"reference"`` (``"pad"``/``"triton"`` have no kernel for this cell and say so).
+        activation: ``"silu"`` (DreamerV3's), ``"tanh"`` or ``"relu"``.
+        norm_eps: the RMS norms' epsilon.
+        update_bias: added to the update gate's logit.
+
+    Returns:
+        ``(y [*B, H], h [*B, 1, H])``.
+    """
+    return run_step(configured_cell(activation, norm_eps, update_bias), x, state, params, is_init, backend)
+
+
+def block_gru_sequence(
+    x: torch.Tensor,
+    state: torch.Tensor | None,
+    params: Mapping[str, torch.Tensor],
+    *,
+    is_init: torch.Tensor | None = None,
+    reset_state: torch.Tensor | None = None,
+    backend: str = "auto",
+    recompute: str = "none",
+    activation: str = "silu",
+    norm_eps: float = 1e-4,
+    update_bias: float = -1.0,
+    return_segment_states: bool = False,
+    slice_len: int | None = None,
+    num_slices: int | None = None,
+    segment_layout: str = "auto",
+):
+    """DreamerV3's block GRU over a sequence, with resets.
+
+    Args:
+        x: ``[*B, T, F]``.
+        state: ``h [*B, 1, H]`` before step 0, or ``None`` for zeros.
+        params: ``DreamerV3BlockGRUCell`` state-dict keys (see ``init_block_gru_params``).
+        is_init: bool ``[*B, T]`` (or ``[*B, T, 1]``); before every step ``t`` where it is True the carry is
+            replaced by ``reset_state[..., t, :, :]``, or by zeros.
+        reset_state: ``[*B, T, 1, H]``, the states to reset to.
+        backend: ``"auto"``, ``"reference"`` or ``"scan"`` (``"pad"``/``"triton"`` have no kernel for this cell and
+            say so).
+        recompute: ``"none"`` or ``"full"`` (recompute each step's activations in backward instead of saving them).
+        activation, norm_eps, update_bias: as :func:`block_gru_step`.
+        return_segment_states, slice_len, num_slices, segment_layout: as ``gru_sequence``.
+
+    Returns:
+        ``(y [*B, T, H], h_T [*B, 1, H])`` (and the segment states last, with ``return_segment_states``).
+    """
+    opts = SequenceOptions(recompute=recompute, segment_states=return_segment_states)
+    return run_sequence(configured_cell(activation, norm_eps, update_bias), x, state, params, is_init, reset_state,
+                        backend, opts, slice_len, num_slices, segment_layout)

@@ -1,0 +1,192 @@
+"""Drop-ins for TorchRL's ``DreamerV3BlockGRUCell`` and ``DreamerV3BlockGRU`` over the functional block GRU.
+
+Same constructor arguments, forward signatures, shapes (``hidden [B, H]``), exception classes and state-dict names
+(``input_linear.weight``, ..., ``gates.bias``; the sequence module nests them under ``cell.``), so checkpoints load
+both ways. Each forward checks its arguments once, as TorchRL does, reads the parameters as they are at that call
+(nothing derived from them is kept: ``torch.func.functional_call``, ``load_state_dict`` and ``torch.export`` swap
+them freely) and makes one call of the functional core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from ..backends import SequenceOptions
+from ..cells.block_gru import init_block_gru_params
+from ..functional._core import execute, flatten, run_validated_step
+from ..functional.block_gru import configured_cell
+
+__all__ = ["DreamerV3BlockGRU", "DreamerV3BlockGRUCell"]
+
+_ACTIVATION_NAMES = {nn.SiLU: "silu", nn.Tanh: "tanh", nn.ReLU: "relu"}
+RECURRENT_BACKENDS = ("auto", "reference", "scan", "triton")
+
+
+class _Scale(nn.Module):
+    """Holds an RMS norm's learned scale (``weight``), under TorchRL's ``input_norm``/``..._norms.k`` names."""
+
+    def __init__(self, weight: torch.Tensor, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(weight)
+
+
+class _Weights(nn.Module):
+    """Holds a (block-)linear layer's ``weight`` and ``bias`` under TorchRL's names."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor):
+        super().__init__()
+        self.weight = nn.Parameter(weight)
+        self.bias = nn.Parameter(bias)
+
+
+def _activation_name(activation_class) -> str:
+    cls = activation_class if isinstance(activation_class, type) else type(activation_class)
+    if cls not in _ACTIVATION_NAMES:
+        raise ValueError(
+            f"activation_class: expected one of nn.SiLU, nn.Tanh, nn.ReLU (class or instance), got {activation_class!r}. "
+            f"The block GRU's hand-written backward knows these three activations' derivatives."
+        )
+    return _ACTIVATION_NAMES[cls]
+
+
+class DreamerV3BlockGRUCell(nn.Module):
+    """One step of DreamerV3's block-diagonal GRU: ``forward(input [*B, F], hidden [*B, H] | None) -> hidden'``.
+
+    Args as TorchRL's ``DreamerV3BlockGRUCell``: ``input_size``, ``hidden_size``, ``projection_size=512``,
+    ``num_blocks=8``, ``num_layers=1`` (dynamics layers), ``activation_class`` (``nn.SiLU``, ``nn.Tanh`` or
+    ``nn.ReLU``), ``norm_eps=1e-4``, ``update_bias=-1.0``, ``device``. See :func:`rnn_functional.block_gru_step`.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        *,
+        projection_size: int = 512,
+        num_blocks: int = 8,
+        num_layers: int = 1,
+        activation_class: type[nn.Module] | Callable = nn.SiLU,
+        norm_eps: float = 1e-4,
+        update_bias: float = -1.0,
+        device: torch.device | str | int | None = None,
+    ):
+        super().__init__()
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}.")
+        if hidden_size % num_blocks:
+            raise ValueError(f"hidden_size must be divisible by num_blocks, got {hidden_size} and {num_blocks}.")
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be positive, got {num_layers}.")
+        self._activation_name = _activation_name(activation_class)
+        self.activation = activation_class() if isinstance(activation_class, type) else activation_class
+        self.input_size, self.hidden_size, self.projection_size = input_size, hidden_size, projection_size
+        self.num_blocks, self.num_layers, self.norm_eps, self.update_bias = num_blocks, num_layers, norm_eps, update_bias
+        p = init_block_gru_params(input_size, hidden_size, projection_size=projection_size, num_blocks=num_blocks,
+                                  num_layers=num_layers, device=device)
+        self.input_linear = _Weights(p["input_linear.weight"], p["input_linear.bias"])
+        self.input_norm = _Scale(p["input_norm.weight"], norm_eps)
+        self.hidden_linear = _Weights(p["hidden_linear.weight"], p["hidden_linear.bias"])
+        self.hidden_norm = _Scale(p["hidden_norm.weight"], norm_eps)
+        self.dynamic_linears = nn.ModuleList(
+            _Weights(p[f"dynamic_linears.{k}.weight"], p[f"dynamic_linears.{k}.bias"]) for k in range(num_layers)
+        )
+        self.dynamic_norms = nn.ModuleList(_Scale(p[f"dynamic_norms.{k}.weight"], norm_eps) for k in range(num_layers))
+        self.gates = _Weights(p["gates.weight"], p["gates.bias"])
+
+    def functional_cell(self):
+        """The functional core's cell for this module's activation, ``norm_eps`` and ``update_bias``."""
+        return configured_cell(self._activation_name, self.norm_eps, self.update_bias)
+
+    def params(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The parameters as the functional API takes them (TorchRL's names), in ``dtype``: TorchRL runs the
+        projections in the input's dtype, casting the parameters."""
+        return {name: (p if p.dtype == dtype else p.to(dtype)) for name, p in self.named_parameters()}
+
+    def forward(self, input: torch.Tensor, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        if input.shape[-1] != self.input_size:
+            raise ValueError(f"Expected input.size(-1) == {self.input_size}, got {input.shape[-1]}.")
+        batch = tuple(input.shape[:-1])
+        if hidden is not None and tuple(hidden.shape) != (*batch, self.hidden_size):
+            raise ValueError(
+                f"hidden must match the input batch shape and hidden_size: expected {[*batch, self.hidden_size]}, "
+                f"got {list(hidden.shape)}."
+            )
+        dtype = input.dtype if hidden is None else torch.promote_types(input.dtype, hidden.dtype)
+        params = self.params(dtype)
+        cell = self.functional_cell()
+        layout = cell.read_layout(params)
+        if not batch:  # the core's validated step takes one batch dim at least
+            return self(input.unsqueeze(0), None if hidden is None else hidden.unsqueeze(0)).squeeze(0)
+        h = input.new_zeros((*batch, 1, self.hidden_size), dtype=dtype) if hidden is None else hidden.to(dtype).unsqueeze(-2)
+        _, (h,) = run_validated_step(layout, params, input.to(dtype), (h,), None)
+        return h.squeeze(-2)
+
+
+class DreamerV3BlockGRU(nn.Module):
+    """DreamerV3's block-diagonal GRU over a sequence: ``forward(input [B, T, F], hidden [B, H] | None, is_init [B, T]
+    (or [B, T, 1]) | None) -> (output [B, T, H], hidden [B, H])``; the carry is zeroed before every step where
+    ``is_init``.
+
+    Args as TorchRL's ``DreamerV3BlockGRU``, plus ``recurrent_backend``: ``"auto"`` (the default: the cheapest of
+    ``reference`` and ``scan``, ``scan`` under ``torch.compile``), ``"reference"`` or ``"scan"``. TorchRL's
+    ``"triton"`` is refused: this library has no Triton kernel for the block GRU.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        *,
+        projection_size: int = 512,
+        num_blocks: int = 8,
+        num_layers: int = 1,
+        activation_class: type[nn.Module] | Callable = nn.SiLU,
+        norm_eps: float = 1e-4,
+        update_bias: float = -1.0,
+        recurrent_backend: str = "auto",
+        device: torch.device | str | int | None = None,
+    ):
+        super().__init__()
+        if recurrent_backend not in RECURRENT_BACKENDS:
+            raise ValueError(f"recurrent_backend must be one of {list(RECURRENT_BACKENDS)}, got {recurrent_backend!r}.")
+        if recurrent_backend == "triton":
+            raise ValueError(
+                "recurrent_backend='triton': rnn_functional has no Triton kernel for the block GRU. Use 'auto' (the "
+                "default), 'scan' or 'reference'."
+            )
+        self.cell = DreamerV3BlockGRUCell(
+            input_size, hidden_size, projection_size=projection_size, num_blocks=num_blocks, num_layers=num_layers,
+            activation_class=activation_class, norm_eps=norm_eps, update_bias=update_bias, device=device,
+        )
+        self.recurrent_backend = recurrent_backend
+
+    def forward(
+        self, input: torch.Tensor, hidden: torch.Tensor | None = None, is_init: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cell = self.cell
+        if input.ndim != 3 or input.shape[-1] != cell.input_size:
+            raise ValueError(f"input must have shape [batch, time, input_size], got {list(input.shape)}.")
+        batch, time, _ = input.shape
+        if time == 0:
+            raise ValueError("input must contain at least one timestep.")
+        if hidden is not None and tuple(hidden.shape) != (batch, cell.hidden_size):
+            raise ValueError(f"hidden must have shape {[batch, cell.hidden_size]}, got {list(hidden.shape)}.")
+        if is_init is not None:
+            if is_init.ndim == 3 and is_init.shape[-1] == 1:
+                is_init = is_init.squeeze(-1)
+            if tuple(is_init.shape) != (batch, time) or is_init.dtype is not torch.bool:
+                raise ValueError(
+                    f"is_init must be boolean with shape {[batch, time]} or {[batch, time, 1]}, got "
+                    f"{list(is_init.shape)} and {is_init.dtype}."
+                )
+        dtype = input.dtype if hidden is None else torch.promote_types(input.dtype, hidden.dtype)
+        params = cell.params(dtype)
+        layout = cell.functional_cell().read_layout(params)
+        first = None if hidden is None else (hidden.to(dtype).unsqueeze(1),)
+        c = flatten(layout, params, input.to(dtype), first, is_init, None)
+        out = execute(c, self.recurrent_backend, SequenceOptions())
+        return out.y, out.final[0].squeeze(1)
