@@ -149,7 +149,8 @@ def table(doc: dict) -> str:
         build, base_a, base_b, ours = WORKLOADS[r["workload"]]
         bases = [b for b in (base_a, base_b) if b is not None]
         best = min(bases, key=lambda b: r["ms"][b])
-        lines.append(f"| {r['workload']} | {r['shape']} (B={r['B']}, T={r['T']}, F=H=P={r['F']}, {r['nb']} blocks) | "
+        size = (f"B={ROLLOUT_B}, {ROLLOUT_STEPS} steps" if r["workload"] == "imagination" else f"B={r['B']}, T={r['T']}")
+        lines.append(f"| {r['workload']} | {r['shape']} ({size}, F=H=P={r['F']}, {r['nb']} blocks) | "
                      f"{r['threads']} | {r['ms'][best]} ({best.removeprefix('torchrl ')}) | {r['ms'][ours]} | "
                      f"{r['speedup']}x | {'met' if r['met'] else 'missed'} |")
     return "\n".join(lines)
@@ -157,7 +158,7 @@ def table(doc: dict) -> str:
 
 def section(doc: dict) -> str:
     env = doc["environment"]
-    return (f"{BEGIN}\n\n{table(doc)}\n\nMeasured on {env.get('cpu', 'CPU')}, torch {env.get('torch')}, fwd+bwd, "
+    return (f"{BEGIN}\n\n{table(doc)}\n\nMeasured on {env.get('device_name', 'CPU')} ({env.get('cpu_count')} cores), torch {env.get('torch')}, fwd+bwd, "
             f"{int(doc['reset_probability'] * 100)}% resets; median of interleaved rounds. Eager `torchrl` is the "
             f"faster of its `reference` and `scan` backends. Regenerate with "
             f"`python benchmarks/bench_block_gru.py && python benchmarks/bench_block_gru.py --report`.\n\n{END}")
