@@ -518,7 +518,7 @@ def _problems(draw):
     return params, x, h0, torch.tensor(mask).reshape(batch, time), reset
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_problems(), st.sampled_from(["reference", "scan", "auto"]))
 def test_no_information_crosses_a_reset(problem, backend: str) -> None:
     """Every segment's outputs equal a fresh run of that segment alone from its ``reset_state`` (or zeros), and
