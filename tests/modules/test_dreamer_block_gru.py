@@ -323,3 +323,23 @@ def test_model_based_doc_section_runs() -> None:
     (code,) = re.findall(r"^```python\n(.*?)^```", section, flags=re.MULTILINE | re.DOTALL)
     torch._dynamo.reset()
     exec(compile(code, "docs/model_based.md[block GRU]", "exec"), {"__name__": "docs_model_based"})
+
+
+def test_torch_export_of_both_modules() -> None:
+    """Non-strict ``torch.export`` swaps the parameters for fakes while it traces: the exported program equals eager,
+    and the module, called again after the export, still returns real tensors with the same values."""
+    seq = rf.DreamerV3BlockGRU(3, 8, projection_size=4, num_blocks=2).eval()
+    x = torch.randn(2, 5, 3)
+    is_init = torch.zeros(2, 5, dtype=torch.bool)
+    is_init[:, 0] = is_init[1, 3] = True
+    with torch.no_grad():
+        want = seq(x, None, is_init)
+        exported = torch.export.export(seq, (x, None, is_init), strict=False)
+        torch.testing.assert_close(exported.module()(x, None, is_init), want)
+        again = seq(x, None, is_init)
+    assert all(type(t) is torch.Tensor for t in again)
+    torch.testing.assert_close(again, want)
+    cell = rf.DreamerV3BlockGRUCell(3, 8, projection_size=4, num_blocks=2)
+    h = torch.randn(2, 8)
+    exported = torch.export.export(cell, (x[:, 0], h), strict=False)
+    torch.testing.assert_close(exported.module()(x[:, 0], h), cell(x[:, 0], h))
