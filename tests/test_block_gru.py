@@ -537,3 +537,37 @@ def test_no_information_crosses_a_reset(problem, backend: str) -> None:
             x2[b, : starts[-1]] += 1.0
             y2, _ = rf.block_gru_sequence(x2, h0, params, is_init=is_init, reset_state=reset, backend=backend)
             torch.testing.assert_close(y2[b, starts[-1] :], y[b, starts[-1] :])
+
+
+# ----------------------------------------------------------------------------- layouts users produce
+
+
+@pytest.mark.parametrize("backend,recompute", PATHS)
+def test_strided_inputs_match_contiguous(backend: str, recompute: str) -> None:
+    """Non-contiguous ``x``, ``h0``, ``is_init`` and ``reset_state`` (time-major storage, transposed) give the
+    contiguous call's outputs and gradients."""
+    c = make_case(2, "random-reset_state")
+    strided = [torch.stack([t, t], -1)[..., 0] for t in (c.x, c.h0, c.reset)]  # every last-dim stride 2
+    assert not any(t.is_contiguous() for t in strided)
+    mask = torch.stack([c.is_init, c.is_init], -1)[..., 0]
+    got = rf.block_gru_sequence(strided[0], strided[1], c.params, is_init=mask, reset_state=strided[2],
+                                backend=backend, recompute=recompute)
+    want = loop_block_gru(c.x, c.h0, c.params, c.is_init, c.reset)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(_grads(got, c.leaves), _grads(want, c.leaves))
+
+
+@pytest.mark.parametrize("backend", ["reference", "scan", "auto"])
+def test_empty_batch_and_empty_time(backend: str) -> None:
+    """``N = 0`` and ``T = 0``: the right shapes, the carry passed through, zero gradients into every parameter."""
+    params = make_params(1).apply(lambda t: t.requires_grad_(True))
+    h0 = torch.randn(2, 1, H, dtype=torch.float64)
+    y, h = rf.block_gru_sequence(torch.zeros(0, 4, F_IN, dtype=torch.float64), None, params, backend=backend)
+    assert y.shape == (0, 4, H) and h.shape == (0, 1, H)
+    y2, h2 = rf.block_gru_sequence(torch.zeros(2, 0, F_IN, dtype=torch.float64), h0, params, backend=backend)
+    assert y2.shape == (2, 0, H)
+    torch.testing.assert_close(h2, h0)
+    grads = torch.autograd.grad(y.sum() + h.sum() + y2.sum() + h2.sum(), list(params.values()))
+    assert all(torch.count_nonzero(g) == 0 for g in grads)
+    ys, hs = rf.block_gru_step(torch.zeros(0, F_IN, dtype=torch.float64), None, params)
+    assert ys.shape == (0, H) and hs.shape == (0, 1, H)

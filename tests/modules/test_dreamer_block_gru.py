@@ -343,3 +343,19 @@ def test_torch_export_of_both_modules() -> None:
     h = torch.randn(2, 8)
     exported = torch.export.export(cell, (x[:, 0], h), strict=False)
     torch.testing.assert_close(exported.module()(x[:, 0], h), cell(x[:, 0], h))
+
+
+def test_default_torch_compile_of_both_modules() -> None:
+    """A plain ``torch.compile(module)`` (no ``fullgraph``), as users write it, equals eager, forward and backward."""
+    seq = rf.DreamerV3BlockGRU(3, 8, projection_size=4, num_blocks=2)
+    cell = rf.DreamerV3BlockGRUCell(3, 8, projection_size=4, num_blocks=2)
+    x = torch.randn(2, 5, 3)
+    is_init = torch.rand(2, 5, generator=torch.Generator().manual_seed(0)) < 0.3
+    torch._dynamo.reset()
+    for module, args in ((seq, (x, None, is_init)), (cell, (x[:, 0],))):
+        params = list(module.parameters())
+        want = module(*args)
+        got = torch.compile(module)(*args)
+        torch.testing.assert_close(got, want)
+        loss = lambda out: sum(o.sum() for o in (out if isinstance(out, tuple) else (out,)))  # noqa: E731
+        torch.testing.assert_close(torch.autograd.grad(loss(got), params), torch.autograd.grad(loss(want), params))
