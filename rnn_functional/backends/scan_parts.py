@@ -288,8 +288,8 @@ class HandWrittenLayer(torch.autograd.Function):
     It emits the cotangents of the input and recurrent projections, from which the weight and input
     gradients are a few whole-sequence GEMMs after the loop, and what each step contributes to the gradients
     of the cell's ``extra`` weights, reduced after the loop (:meth:`~rnn_functional.cells.Cell.reduce_extra_grads`;
-    summed in the scan's carry instead, two
-    chained layers under Inductor gave wrong norm-GRU layer-norm gradients on torch 2.13). (Hand-written
+    summed in the scan's carry instead, two chained layers under Inductor gave wrong norm-GRU layer-norm
+    gradients on torch 2.13). (Hand-written
     rather than ``torch.func.vjp``, which refuses to run while saved-tensor hooks are active, e.g. under
     ``torch.autograd.graph.save_on_cpu`` or when ``torch.compile`` traces this backward there.)
     """

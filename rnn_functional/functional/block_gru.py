@@ -12,7 +12,7 @@ import torch
 
 from ..backends import SequenceOptions
 from ..cells.block_gru import ACTIVATIONS, BlockGRUCell, block_gru_cell
-from ._core import register, run_sequence, run_step
+from ._core import CELLS, register, run_sequence, run_step
 
 __all__ = ["block_gru_sequence", "block_gru_step", "configured_cell"]
 
@@ -21,9 +21,11 @@ for _activation in ACTIVATIONS:  # the defaults of every activation, registered 
 
 
 def configured_cell(activation: str, norm_eps: float, update_bias: float) -> BlockGRUCell:
-    """The registered cell for these hyperparameters (``ValueError`` naming ``activation`` if unknown)."""
+    """The registered cell for these hyperparameters (``ValueError`` naming ``activation`` if unknown); registered
+    on its first use only (a compiled call would otherwise replay the registry writes every time)."""
     cell = block_gru_cell(activation, norm_eps, update_bias)
-    register(cell)
+    if CELLS.get(cell.name) is not cell:
+        register(cell)
     return cell
 
 

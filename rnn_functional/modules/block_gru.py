@@ -115,12 +115,11 @@ class DreamerV3BlockGRUCell(nn.Module):
                 f"hidden must match the input batch shape and hidden_size: expected {[*batch, self.hidden_size]}, "
                 f"got {list(hidden.shape)}."
             )
-        dtype = input.dtype if hidden is None else torch.promote_types(input.dtype, hidden.dtype)
-        params = self.params(dtype)
-        cell = self.functional_cell()
-        layout = cell.read_layout(params)
         if not batch:  # the core's validated step takes one batch dim at least
             return self(input.unsqueeze(0), None if hidden is None else hidden.unsqueeze(0)).squeeze(0)
+        dtype = input.dtype if hidden is None else torch.promote_types(input.dtype, hidden.dtype)
+        params = self.params(dtype)
+        layout = self.functional_cell().read_layout(params)
         h = input.new_zeros((*batch, 1, self.hidden_size), dtype=dtype) if hidden is None else hidden.to(dtype).unsqueeze(-2)
         _, (h,) = run_validated_step(layout, params, input.to(dtype), (h,), None)
         return h.squeeze(-2)
