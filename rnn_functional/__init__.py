@@ -1,13 +1,15 @@
 """rnn_functional: functional LSTM/GRU (and layer-normalised GRU) with resets, for torch.compile, vmap and TorchRL."""
 
-from .backends import available_backends
 from .ensemble import ensemble_init_gru_params, ensemble_init_lstm_params, stack_params, unstack_params
 from .cells.block_gru import init_block_gru_params
+from .cells.min_gru import init_min_gru_params
 from .cells.norm_gru import init_norm_gru_params
-from .functional import (block_gru_sequence, block_gru_step, gru_sequence, gru_step, lstm_sequence, lstm_step, norm_gru_sequence, norm_gru_step,
+from .cells.rglru import init_rglru_params
+from .functional import (available_backends, block_gru_sequence, block_gru_step, gru_sequence, gru_step, lstm_sequence, lstm_step,
+                         min_gru_sequence, min_gru_step, norm_gru_sequence, norm_gru_step, rglru_sequence, rglru_step,
                          sequence_route)
-from .modules import (DreamerV3BlockGRU, DreamerV3BlockGRUCell, GRUModule, LSTMModule, recurrent_mode,
-                      set_recurrent_mode)
+from .modules import (DreamerV3BlockGRU, DreamerV3BlockGRUCell, GRUModule, LSTMModule, MinGRUModule, RGLRUModule,
+                      recurrent_mode, set_recurrent_mode)
 from .modules.ensemble import EnsembleModule
 from .modules.lstm_net import LSTMNet
 from .params import init_gru_params, init_lstm_params, params_from_module
@@ -19,6 +21,8 @@ __all__ = [
     "init_gru_params",
     "init_norm_gru_params",
     "init_block_gru_params",
+    "init_min_gru_params",
+    "init_rglru_params",
     "params_from_module",
     "stack_params",
     "unstack_params",
@@ -33,6 +37,10 @@ __all__ = [
     "norm_gru_sequence",
     "block_gru_step",
     "block_gru_sequence",
+    "min_gru_step",
+    "min_gru_sequence",
+    "rglru_step",
+    "rglru_sequence",
     "available_backends",
     "sequence_route",
     "set_recurrent_matmul_precision",
@@ -43,6 +51,8 @@ __all__ = [
     "LSTMNet",
     "DreamerV3BlockGRUCell",
     "DreamerV3BlockGRU",
+    "MinGRUModule",
+    "RGLRUModule",
     "EnsembleModule",
     "set_recurrent_mode",
     "recurrent_mode",

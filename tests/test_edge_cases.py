@@ -17,7 +17,7 @@ from torch import nn
 
 import rnn_functional as rf
 
-SEQUENCE_BACKENDS = [*rf.available_backends(), "auto"]
+SEQUENCE_BACKENDS = [*rf.available_backends(cell="gru"), "auto"]
 STEP_BACKENDS = [b for b in SEQUENCE_BACKENDS if b != "scan"]
 CELLS = ["lstm", "gru"]
 LAYERS, HIDDEN, INPUT = 2, 3, 2

@@ -19,7 +19,7 @@ from torch.autograd.graph import saved_tensors_hooks
 import rnn_functional as rf
 from rnn_functional import ensemble_init_gru_params, ensemble_init_lstm_params, stack_params, unstack_params
 
-SEQ_BACKENDS = rf.available_backends() + ["auto"]
+SEQ_BACKENDS = rf.available_backends(cell="gru") + ["auto"]
 STEP_BACKENDS = ["reference", "auto"] + (["triton"] if "triton" in rf.available_backends() else [])
 ENSEMBLE_INIT = {"lstm": ensemble_init_lstm_params, "gru": ensemble_init_gru_params}
 B, T, F, H, L = 3, 5, 4, 5, 2

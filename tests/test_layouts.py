@@ -27,7 +27,7 @@ from tensordict import TensorDict
 
 import rnn_functional as rf
 
-SEQUENCE_BACKENDS = [*rf.available_backends(), "auto"]
+SEQUENCE_BACKENDS = [*rf.available_backends(cell="gru"), "auto"]
 STEP_BACKENDS = [b for b in SEQUENCE_BACKENDS if b != "scan"]
 ALL = {"x", "state", "is_init", "reset", "params"}
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from . import costs, pad, reference, scan, segments
+from ..cells import Cell
+from . import costs, pad, parallel, reference, scan, segments
 from . import triton as triton_backend
 from .base import BACKENDS, RECOMPUTE_MODES, SequenceOptions, backends_for
 from .route import LAYOUTS_OF, SEGMENT_LAYOUTS, Route, sequence_of
@@ -29,6 +30,7 @@ __all__ = [
     "backends_for",
     "costs",
     "pad",
+    "parallel",
     "reference",
     "scan",
     "segments",
@@ -37,10 +39,10 @@ __all__ = [
 ]
 
 
-def available_backends(device: torch.device | str | None = None) -> list[str]:
-    """Backends that can run on ``device`` (default: CPU) in this environment."""
+def available_backends(device: torch.device | str | None = None, cell: Cell | None = None) -> list[str]:
+    """Backends that can run on ``device`` (default: CPU) in this environment; with ``cell``, those serving it."""
     device = torch.device(device) if device is not None else torch.device("cpu")
-    names = ["reference", "scan", "pad"]
+    names = ["reference", "scan", "pad", "parallel"]
     if triton_backend.is_available(device):
         names.append("triton")
-    return names
+    return names if cell is None else [name for name in names if name in backends_for(cell)]

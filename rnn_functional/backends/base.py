@@ -22,7 +22,7 @@ import torch
 
 from ..cells import Cell
 
-BACKENDS = ("reference", "scan", "pad", "triton")
+BACKENDS = ("reference", "scan", "pad", "triton", "parallel")
 RECOMPUTE_MODES = ("none", "full")
 
 
@@ -77,8 +77,9 @@ class SequenceOptions:
 
 def backends_for(cell: Cell) -> list[str]:
     """The backends that can run ``cell``: ``reference`` and ``scan`` run any cell (its step and
-    step backward); ``pad`` needs its ATen kernels, ``triton`` its Triton kernel family."""
-    hooks = {"pad": cell.aten, "triton": cell.triton}
+    step backward); ``pad`` needs its ATen kernels, ``triton`` its Triton kernel family, ``parallel`` a cell
+    linear in its state."""
+    hooks = {"pad": cell.aten, "triton": cell.triton, "parallel": cell.linear_in_state or None}
     return [name for name in BACKENDS if hooks.get(name, True) is not None]
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..cells import Carry, Layout
-from . import costs, pad, reference, scan, segments
+from . import costs, pad, parallel, reference, scan, segments
 from . import triton as triton_backend
 from .base import SequenceOptions
 from .recompute import checkpointed
@@ -21,14 +21,15 @@ from .segments import Result, SegmentPlan
 
 SEGMENT_LAYOUTS = ("rows", "aligned", "packed", "buckets", "slices")
 LAYOUTS_OF = {"reference": ("rows", "aligned"), "scan": ("rows", "aligned"), "pad": ("packed", "buckets", "slices"),
-              "triton": ("rows",)}  # the layouts each backend runs a call with interior resets in
+              "triton": ("rows",), "parallel": ("rows",)}  # the layouts each backend runs a call with interior resets in
 
 
 def sequence_of(backend: str, opts: SequenceOptions):
-    """The canonical ``sequence`` of ``backend`` for ``opts`` (``reference`` checkpointed for ``recompute="full"``;
-    ``scan`` and ``triton`` serve it themselves)."""
-    if backend == "reference":
-        return checkpointed(reference.sequence) if opts.recompute == "full" else reference.sequence
+    """The canonical ``sequence`` of ``backend`` for ``opts`` (``reference`` and ``parallel`` checkpointed for
+    ``recompute="full"``; ``scan`` and ``triton`` serve it themselves)."""
+    if backend in ("reference", "parallel"):
+        impl = reference.sequence if backend == "reference" else parallel.sequence
+        return checkpointed(impl) if opts.recompute == "full" else impl
     return {"scan": scan.sequence, "pad": pad.sequence, "triton": triton_backend.sequence}[backend]
 
 

@@ -383,7 +383,7 @@ class HandWrittenLayer(torch.autograd.Function):
         d_weights = (
             seq(_outer_sum, d_gi, x.flip(0)),
             seq(_sum_rows, d_gi) if w.bias_ih is not None else None,
-            seq(_outer_sum, d_gh, pre[0].flip(0)),
+            seq(_outer_sum, d_gh, pre[0].flip(0)) if w.weight_hh is not None else None,  # none: linear in the state
             seq(_sum_rows, d_gh) if w.bias_hh is not None else None,
             *(None if t is None else next(d_extra) for t in w.extra),
         )

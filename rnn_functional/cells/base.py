@@ -118,6 +118,7 @@ class Cell(abc.ABC):
     out_dim: str = "H"  # the output width's symbol in docs
     aten: AtenKernels | None = None
     triton: TritonKernels | None = None
+    linear_in_state: bool = False  # h' = a * h + b with (a, b) from the input alone (the ``parallel`` backend's cells)
 
     @abc.abstractmethod
     def read_layout(self, params: Mapping[str, torch.Tensor]) -> Layout:

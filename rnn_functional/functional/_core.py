@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from .. import backends
 from ..backends import Route, SegmentPlan, SequenceOptions, ensemble_scan, segments
 from ..cells import Carry, Cell, Layout, apply_reset, final_at_last_step, keep_segment_ends
 from . import selection, slices
@@ -23,6 +24,14 @@ from .options import call_context, check_options
 CELLS: dict[str, Cell] = {}  # every cell with public functions, by name (filled by public_functions)
 
 _COUNT = ("no", "one", "two", "three", "four", "five")
+
+
+def available_backends(device: torch.device | str | None = None, cell: str | None = None) -> list[str]:
+    """The backends that can run on ``device`` (default: CPU) in this environment; with ``cell`` (a function prefix:
+    ``"lstm"``, ``"gru"``, ``"min_gru"``, ...), those that serve that cell."""
+    if cell is not None and cell not in CELLS:
+        raise ValueError(f"cell: expected one of {sorted(CELLS)}, got {cell!r}.")
+    return backends.available_backends(device, None if cell is None else CELLS[cell])
 
 
 def read_layout(params: Mapping[str, torch.Tensor], cell: str) -> Layout:
@@ -282,10 +291,13 @@ def _first_step_resets(x, carry: Carry, is_init: torch.Tensor, reset: Carry | No
     return x, carry, None, None
 
 
-def _reads_mask(backend: str, segment_layout: str) -> bool:
-    """Whether an eager call with ``is_init`` reads it on the host to choose its route: ``pad`` and ``auto`` do, and
-    a forced ``segment_layout``; ``reference``, ``scan`` and ``triton`` apply every reset on the device."""
-    return backend in ("pad", "auto") or segment_layout != "auto"
+def _reads_mask(backend: str, segment_layout: str, cell: Cell) -> bool:
+    """Whether an eager call with ``is_init`` reads it on the host to choose its route: ``pad`` and ``auto`` do (but
+    ``auto`` for a cell linear in its state, which runs ``parallel``), and a forced ``segment_layout``;
+    ``reference``, ``scan``, ``triton`` and ``parallel`` apply every reset on the device."""
+    if segment_layout != "auto":
+        return True
+    return backend == "pad" or (backend == "auto" and not cell.linear_in_state)
 
 
 def _read_mask(is_init: torch.Tensor) -> tuple[np.ndarray, SegmentPlan | None]:
@@ -327,7 +339,7 @@ def execute(c: Canonical, backend: str, opts: SequenceOptions, slice_len: int | 
     if reshaped:  # whole slices side by side: [N * T / slice_len, slice_len]
         call = slices.split(slice_len, *call)
     plan = None
-    if call[2] is not None and not (empty or ctx.traced) and _reads_mask(backend, segment_layout):
+    if call[2] is not None and not (empty or ctx.traced) and _reads_mask(backend, segment_layout, c.layout.cell):
         host, plan = _read_mask(call[2])
         if plan is None:
             call = _first_step_resets(*call, host)
@@ -335,7 +347,7 @@ def execute(c: Canonical, backend: str, opts: SequenceOptions, slice_len: int | 
     if empty:  # no step runs (the route was still chosen: a backend that cannot serve the call says so)
         y, final, seg = _empty_call(c, (t_len,))
         return SequenceOut(y, final, seg if opts.segment_states else None)
-    if num_slices is not None and ctx.compiling:  # the segments in a [num_slices, slice_len] block
+    if num_slices is not None and ctx.compiling and route.backend != "parallel":  # the segments in a [num_slices, slice_len] block
         route = Route(route.backend, "aligned", segments.static_plan(c.is_init, slice_len, num_slices))
     result = route.run(c.layout, c.params, *call, opts if call[2] is not None else replace(opts, segment_states=False))
     y, final, seg = result.y, result.final, None
@@ -361,7 +373,7 @@ def sequence_route(cell: str, x: torch.Tensor, params: Mapping[str, torch.Tensor
     check_options(backend=backend, recompute=recompute, segment_layout=segment_layout)
     c = _canonicalize(CELLS[cell], x, None, params, is_init, None, sequence=True)
     plan = None
-    if c.is_init is not None and c.is_init.numel() and _reads_mask(backend, segment_layout):
+    if c.is_init is not None and c.is_init.numel() and _reads_mask(backend, segment_layout, c.layout.cell):
         plan = _read_mask(c.is_init)[1]
     return selection.choose(backend, c.layout, c.x, SequenceOptions(recompute=recompute), plan, records_grad,
                             call_context(), segment_layout)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from ..backends import LAYOUTS_OF, Route, SegmentPlan, SequenceOptions, available_backends, pad, triton_backend
+from ..backends import LAYOUTS_OF, Route, SegmentPlan, SequenceOptions, available_backends, pad, parallel, triton_backend
 from ..backends.base import forward_mode
 from ..cells import Layout, multi_layer_step
 from .options import CallContext, call_context
 
-STEP_BACKENDS = ("auto", "reference", "pad", "triton")
+STEP_BACKENDS = ("auto", "reference", "pad", "triton", "parallel")
 
 __all__ = ["choose", "resolve_step", "STEP_BACKENDS"]
 
@@ -72,7 +72,8 @@ def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, pl
 
     ``plan``: the call's segments where the caller read ``is_init`` on the host and found interior
     resets (eager ``pad``/``auto``, or a forced ``segment_layout``), else ``None``; ``records_grad``:
-    autograd records the call. ``auto``: ``triton`` on CUDA where it serves the call (it compiles whole
+    autograd records the call. ``auto``: ``parallel`` for a cell linear in its state, in every context (``scan``
+    for ``recompute="full"`` under eager ``torch.func`` transforms); for the others ``triton`` on CUDA where it serves the call (it compiles whole
     and vmaps in one launch); ``scan`` under ``torch.compile``; under eager ``torch.func`` transforms
     ``reference`` (``scan`` for ``recompute="full"``: reference's checkpointing cannot cross them); in
     plain eager mode the cheapest route of every backend that serves the call, by the cost table.
@@ -81,6 +82,8 @@ def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, pl
     kernels cannot run (no vmap batching rule, data-dependent splits).
     """
     shape = (x.shape[0], x.shape[1])
+    if name == "auto" and layout.cell.linear_in_state:  # fastest in every context measured (docs/linear_recurrences.md)
+        name = "scan" if opts.recompute == "full" and ctx.traced and not ctx.compiling else "parallel"
     if name == "auto":
         if x.is_cuda and not ctx.differentiated and triton_backend.serves(layout, x.device, opts):
             return Route("triton")
@@ -99,9 +102,11 @@ def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, pl
         _check_triton(layout, x)
         triton_backend.check_supported(layout, opts)
         return Route("triton")
-    if name == "reference" and opts.recompute == "full" and ctx.traced and not ctx.compiling:
+    if name == "parallel":
+        parallel.check_cell(layout.cell)
+    if name in ("reference", "parallel") and opts.recompute == "full" and ctx.traced and not ctx.compiling:
         raise ValueError(
-            "backend 'reference' cannot serve recompute='full' under an eager torch.func transform: its "
+            f"backend {name!r} cannot serve recompute='full' under an eager torch.func transform: its "
             "activation checkpointing replays the forward outside torch.vmap and relies on saved-tensor hooks, "
             "which torch.func.grad/vjp refuse. Under torch.vmap use backend 'scan' (or 'auto'); under "
             "torch.func.grad use recompute='none' or run under torch.compile."
@@ -130,6 +135,9 @@ def resolve_step(name: str, layout: Layout, x: torch.Tensor):
     if name == "triton":
         _check_triton(layout, x)
         return triton_backend.step
+    if name == "parallel":  # one step of a linear recurrence is the reference step
+        parallel.check_cell(layout.cell)
+        return multi_layer_step
     if name != "reference":
         raise ValueError(f"backend: expected one of {list(STEP_BACKENDS)} for a step, got {name!r}.")
     return multi_layer_step

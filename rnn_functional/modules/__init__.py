@@ -2,6 +2,8 @@
 
 from ._mode import recurrent_mode, set_recurrent_mode
 from .block_gru import DreamerV3BlockGRU, DreamerV3BlockGRUCell
+from .linear_rnn import MinGRUModule, RGLRUModule
 from .rnn import GRUModule, LSTMModule
 
-__all__ = ["LSTMModule", "GRUModule", "DreamerV3BlockGRUCell", "DreamerV3BlockGRU", "set_recurrent_mode", "recurrent_mode"]
+__all__ = ["LSTMModule", "GRUModule", "DreamerV3BlockGRUCell", "DreamerV3BlockGRU", "MinGRUModule", "RGLRUModule",
+           "set_recurrent_mode", "recurrent_mode"]

@@ -28,7 +28,7 @@ class ModuleCell:
 
     Attributes:
         module_name: the module class name, prefixed to error messages (``"LSTMModule"``).
-        nn_class: the ``torch.nn`` class holding the weights (``nn.LSTM``).
+        nn_class: the ``torch.nn`` class holding the weights (``nn.LSTM``; a plain module for the linear cells).
         child_attr: the attribute naming that child, TorchRL's name (``"lstm"``).
         hyper_names: the ``nn_class`` constructor hyper-parameters a module exposes.
         state_names: the state tensors, in the core's order (``("h", "c")``).
@@ -40,7 +40,7 @@ class ModuleCell:
     """
 
     module_name: str
-    nn_class: type[nn.RNNBase]
+    nn_class: type[nn.Module]
     child_attr: str
     hyper_names: tuple[str, ...]
     state_names: tuple[str, ...]
@@ -71,17 +71,17 @@ def _lstm_widths(rnn: nn.RNNBase) -> tuple[int, int]:
     return (rnn.proj_size or rnn.hidden_size, rnn.hidden_size)
 
 
-def _gru_widths(rnn: nn.RNNBase) -> tuple[int]:
+def gru_widths(rnn: nn.Module) -> tuple[int]:
     return (rnn.hidden_size,)
 
 
-_HYPER = ("input_size", "hidden_size", "num_layers", "bias", "dropout")
+HYPER = ("input_size", "hidden_size", "num_layers", "bias", "dropout")
 
 LSTM_CELL = ModuleCell(
     module_name="LSTMModule",
     nn_class=nn.LSTM,
     child_attr="lstm",
-    hyper_names=(*_HYPER, "proj_size"),
+    hyper_names=(*HYPER, "proj_size"),
     state_names=("h", "c"),
     default_in_keys=("recurrent_state_h", "recurrent_state_c"),
     default_out_keys=(("next", "recurrent_state_h"), ("next", "recurrent_state_c")),
@@ -96,7 +96,7 @@ GRU_CELL = ModuleCell(
     module_name="GRUModule",
     nn_class=nn.GRU,
     child_attr="gru",
-    hyper_names=_HYPER,
+    hyper_names=HYPER,
     state_names=("h",),
     default_in_keys=("recurrent_state",),
     default_out_keys=(("next", "recurrent_state"),),
@@ -104,5 +104,5 @@ GRU_CELL = ModuleCell(
     step=gru_step,
     sequence=gru_sequence,
     ensemble_init=ensemble_init_gru_params,
-    state_widths=_gru_widths,
+    state_widths=gru_widths,
 )

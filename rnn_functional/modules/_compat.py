@@ -51,7 +51,7 @@ def python_based_class(cell: ModuleCell) -> type[nn.RNNBase] | None:
     (``torchrl.modules.LSTM``/``GRU``), so that calling ``module.lstm(x)`` runs TorchRL's
     Python loop (vmap-able) as in TorchRL, and both ``isinstance`` checks hold.
     """
-    if _TORCHRL_RNN not in sys.modules:
+    if _TORCHRL_RNN not in sys.modules or not issubclass(cell.nn_class, nn.RNNBase):  # TorchRL has LSTM/GRU only
         return None
     return _python_class(cell.nn_class.__name__)
 
@@ -123,6 +123,11 @@ class TorchRLCompat:
     def make_cudnn_based(self):
         """Run the eager recurrent path with ATen's (cuDNN/oneDNN) kernels: ``recurrent_backend="pad"``
         (routed to ``scan`` under compile/vmap, as always). Returns self."""
+        if self._cell.core.aten is None:
+            raise ValueError(
+                f"{self._cell.module_name}.make_cudnn_based(): cuDNN/oneDNN have no {self._cell.core.title} kernel "
+                f"(backend 'pad'); keep recurrent_backend={self.recurrent_backend!r}."
+            )
         if self.recurrent_recompute != "none":
             raise ValueError(
                 f"{self._cell.module_name}.make_cudnn_based(): recurrent_recompute={self.recurrent_recompute!r} "

@@ -38,6 +38,7 @@ from tensordict.nn import TensorDictModuleBase, dispatch
 from tensordict.utils import NestedKey
 from torch import nn
 
+from ..backends.base import backends_for, no_kernel_for
 from ..functional.options import check_options
 from ..functional.slices import check_value
 from ._cells import GRU_CELL, LSTM_CELL
@@ -66,6 +67,8 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
         check_options(backend=recurrent_backend, recompute=recurrent_recompute, dropout=given["dropout"],
                       matmul_precision=recurrent_matmul_precision, compute_dtype=recurrent_compute_dtype,
                       owner=f"{cell.module_name}: ")
+        if recurrent_backend != "auto" and recurrent_backend not in backends_for(cell.core):
+            raise no_kernel_for(recurrent_backend, cell.core)
         check_value(recurrent_slice_len, f"{cell.module_name}: recurrent_slice_len")
         check_value(recurrent_num_slices, f"{cell.module_name}: recurrent_num_slices")
         if not isinstance(python_based, bool):

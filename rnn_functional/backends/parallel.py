@@ -1,0 +1,190 @@
+"""``parallel``: cells linear in their state (``h_t = a_t * h_{t-1} + b_t``) solved in parallel over time.
+
+Each layer computes its coefficients ``(a, b)`` for every step at once (one GEMM and elementwise ops,
+:meth:`~rnn_functional.cells.base.Cell.coefficients`), folds the resets in (where ``is_init``: ``b_t += a_t *
+reset_t``, then ``a_t = 0``; the initial state enters as the scan's start) and solves the recurrence with
+:func:`linear_scan`. Any segment layout, flat ``SliceSampler`` batches included, is served as it is: a reset is a
+zero coefficient, nothing is re-batched, nothing is read on the host.
+
+:func:`linear_scan` is a chunked scan of plain ops: time is cut into chunks of about ``sqrt(T)`` steps; a first
+pass runs every chunk at once from a zero start (``C`` steps over ``[N, T/C, H]``) and takes the chunks'
+cumulative products of ``a`` (``torch.cumprod``); a second pass carries the state across chunk boundaries
+(``T/C`` steps over ``[N, H]``); one fused ``h_local + prod(a) * carry`` finishes. No step divides by a product of
+``a`` (such products underflow fp32 within a few hundred steps: a division would give inf/NaN), so it is as
+stable as the sequential loop. Measured against torch's ``associative_scan`` (``combine_mode="generic"``, the
+only one on CPU), see ``docs/linear_recurrences.md``.
+
+Eagerly, the scan is an ``autograd.Function`` (:class:`LinearScan`) whose backward is the same scan run in
+reverse (the adjoint of a linear recurrence is one: ``g_t = dh_t + a_{t+1} g_{t+1}``), itself recorded under
+``create_graph=True``, so every order of derivative is exact. Under ``torch.compile`` and in forward mode the plain
+ops run under autograd (Dynamo cannot ``torch.vmap`` an ``autograd.Function``, nor trace one with a ``jvp``);
+AOTAutograd's backward of the chunked ops is again a chunked reverse scan.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..cells import Carry, Cell, Layout, between_layers
+from .base import SequenceOptions, backends_for, forward_mode
+
+__all__ = ["LinearScan", "check_cell", "linear_scan", "sequence"]
+
+
+def check_cell(cell: Cell) -> None:
+    """Raise the usual ``ValueError`` for a cell whose update is not linear in its state (the LSTM, the GRU)."""
+    if not cell.linear_in_state:
+        raise ValueError(
+            f"backend 'parallel' cannot serve the {cell.title} cell: it solves recurrences linear in the state "
+            f"(h' = a * h + b, a and b from the input alone: minGRU, RG-LRU), and the {cell.title}'s is not. Use one "
+            f"of {backends_for(cell)} (or backend='auto', which picks one that can)."
+        )
+
+
+def _chunk_len(t_len: int) -> int:
+    """A power of two near ``sqrt(T)``: the passes over the chunks run that many steps, the pass across them
+    ``T / chunk``."""
+    return 1 << (t_len.bit_length() // 2)
+
+
+def _solve(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reverse: bool,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """The chunked scan (see the module docstring); shapes as :func:`linear_scan`. ``out``: a ``[N, T, ...]`` buffer
+    to write ``h`` into (eager, autograd off); ``None``: the steps are stacked (differentiable, traceable).
+
+    The first ``count * chunk`` steps in time order (the last ones in reverse) run chunked: (1) every chunk from a
+    zero start at once, keeping its last value, and the product of its ``a`` (``prod``, no division); (2) the state
+    entering each chunk, across the chunks; (3) every chunk again from its entering state, keeping every step. The
+    remaining ``T mod chunk`` steps then run one by one (no padding copy).
+    """
+    t_len = a.shape[1]
+    if t_len == 0:
+        return b.clone() if out is None else out
+    chunk = _chunk_len(t_len)
+    count = t_len // chunk
+    lo = t_len - count * chunk if reverse else 0
+    span = slice(lo, lo + count * chunk)
+    a_c, b_c = (t[:, span].unflatten(1, (count, chunk)) for t in (a, b))  # views: [N, count, chunk, ...]
+    order = (lambda k: range(k - 1, -1, -1)) if reverse else range
+    steps = order(chunk)
+    h = b_c[:, :, steps[0]]
+    for j in steps[1:]:  # (1) the chunks' last values from zero starts
+        h = torch.addcmul(b_c[:, :, j], a_c[:, :, j], h)
+    prod = a_c.prod(2)
+    state = torch.zeros_like(b[:, 0]) if init is None else init
+    starts = [state] * count
+    for c in order(count):  # (2) the state entering each chunk
+        starts[c] = state
+        state = torch.addcmul(h[:, c], prod[:, c], state)
+    h = torch.stack(starts, dim=1)
+    o_c = None if out is None else out[:, span].unflatten(1, (count, chunk))
+    kept = []
+    for j in steps:  # (3) every step, from the chunks' entering states
+        h = torch.addcmul(b_c[:, :, j], a_c[:, :, j], h, out=None if out is None else o_c[:, :, j])
+        kept.append(h)
+    tail = []
+    for t in (range(lo - 1, -1, -1) if reverse else range(lo + count * chunk, t_len)):  # the rest, step by step
+        state = torch.addcmul(b[:, t], a[:, t], state, out=None if out is None else out[:, t])
+        tail.append(state)
+    if out is not None:
+        return out
+    if reverse:
+        kept.reverse()
+        tail.reverse()
+    main = torch.stack(kept, dim=2).flatten(1, 2)
+    if not tail:
+        return main
+    tail = torch.stack(tail, dim=1)
+    return torch.cat([tail, main] if reverse else [main, tail], dim=1)
+
+
+def _before(h: torch.Tensor, reverse: bool, init: torch.Tensor | None) -> torch.Tensor:
+    """The state each step starts from, ``[N, T, ...]``: ``h_{t-1}`` at ``t`` (``h_{t+1}`` in reverse), ``init`` (or
+    zeros) at the first step."""
+    first = (torch.zeros_like(h[:, 0]) if init is None else init).unsqueeze(1)
+    return torch.cat([h[:, 1:], first] if reverse else [first, h[:, :-1]], dim=1)
+
+
+def _wrapped(*tensors: torch.Tensor) -> bool:
+    """True for ``torch.func`` tensors (vmapped, grad-tracking): ``out=`` and in-place writes have no batching rule."""
+    return any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
+
+
+class LinearScan(torch.autograd.Function):
+    """``h = linear_scan(a, b, init, reverse)`` with a backward that is a linear scan in the other direction."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(a, b, init, reverse: bool):
+        return _solve(a, b, init, reverse, None if _wrapped(a, b) else torch.empty_like(b))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        a, _, init, reverse = inputs
+        ctx.reverse, ctx.has_init = reverse, init is not None
+        ctx.save_for_backward(a, output, *((init,) if init is not None else ()))
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, h, *init = ctx.saved_tensors
+        rev, start = ctx.reverse, init[0] if init else None
+        # The cotangent of h_t, g_t = grad_t + a_{t+1} g_{t+1} (mirrored in reverse), is the same scan the other way:
+        # from g = grad at the last step, over the T - 1 others, each reading the next step's a.
+        last, rest, ahead = (0, slice(1, None), slice(0, -1)) if rev else (-1, slice(0, -1), slice(1, None))
+        first = -1 if rev else 0
+        if torch.is_grad_enabled() or _wrapped(a, grad):  # create_graph=True: recorded, every higher order exact
+            inner = LinearScan.apply(a[:, ahead], grad[:, rest], grad[:, last], not rev) if a.shape[1] > 1 else grad[:, rest]
+            edge = grad[:, last].unsqueeze(1)
+            g = torch.cat([edge, inner] if rev else [inner, edge], dim=1)
+            d_a = g * _before(h, rev, start)
+        else:  # written in place: no copies
+            g = torch.empty_like(grad)
+            g[:, last] = grad[:, last]
+            _solve(a[:, ahead], grad[:, rest], grad[:, last], not rev, g[:, rest])
+            d_a = torch.empty_like(a)
+            torch.mul(g[:, ahead], h[:, rest], out=d_a[:, ahead])
+            d_a[:, first] = 0.0 if start is None else g[:, first] * start
+        return d_a, g, None if start is None else g[:, first] * a[:, first], None
+
+
+def linear_scan(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None = None, reverse: bool = False) -> torch.Tensor:
+    """``h_t = a_t * h_{t-1} + b_t`` for every ``t``, from ``h_{-1} = init`` (``None``: zeros); with ``reverse``,
+    ``h_t = a_t * h_{t+1} + b_t`` from ``h_T = init``.
+
+    ``a, b [N, T, ...]`` (time is dim 1), ``init [N, ...]`` -> ``h [N, T, ...]``.
+    """
+    if torch.compiler.is_compiling() or forward_mode():
+        return _solve(a, b, init, reverse)
+    return LinearScan.apply(a, b, init, reverse)
+
+
+def _project(inp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``F.linear(inp, weight, bias)``; under ``torch.compile`` as ``matmul + bias``: a compiled ``torch.vmap`` over
+    stacked params fails in ``F.linear`` once shapes turn dynamic (torch 2.13: "Cannot call sizes() on tensor with
+    symbolic sizes/strides"), ``matmul`` does not (Inductor fuses the bias add)."""
+    if torch.compiler.is_compiling():
+        return torch.matmul(inp, weight.transpose(-1, -2)) + bias
+    return F.linear(inp, weight, bias)
+
+
+def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
+    """``x [N, T, F]`` -> ``(y [N, T, H], carry, per-step carries)``; see :mod:`.base`."""
+    cell = layout.cell
+    check_cell(cell)
+    mask = None if is_init is None else is_init.unsqueeze(-1)  # [N, T, 1]
+    inp, finals, states = x, [], []
+    for k in range(layout.num_layers):
+        w = cell.layer_weights(params, layout, k)
+        a, b = cell.coefficients(_project(inp, w.weight_ih, w.bias_ih), w)  # [N, T, H] each
+        if mask is not None:  # a reset restarts from reset_state (or zeros): h_t = a_t reset_t + b_t, no h_{t-1}
+            if reset is not None:
+                b = torch.where(mask, torch.addcmul(b, a, reset[0][:, :, k]), b)
+            a = torch.where(mask, 0.0, a)
+        h = linear_scan(a, b, carry[0][:, k])
+        finals.append(h[:, -1])
+        states.append(h)
+        inp = between_layers(h, k, layout, opts.dropout, opts.training)
+    per_step = (torch.stack(states, dim=2),) if opts.segment_states else None
+    return inp, (torch.stack(finals, dim=1),), per_step
