@@ -33,6 +33,7 @@ Run::
 
     python examples/ppo_memory.py           # both policies, 3 seeds each, 1e5 frames per seed
     python examples/ppo_memory.py --quick   # the CI check: shorter, fails unless memory helps
+    python examples/ppo_memory.py --cell rglru --policies recurrent   # another core: gru, min_gru, rglru
 
 Writes ``<out>/summary.json`` (final returns per seed), ``<out>/log_<policy>.json`` (config and
 per-iteration log), ``<out>/log_memoryless.txt`` (the second process's output) and
@@ -62,7 +63,7 @@ from tensordict.nn import TensorDictParams
 from torch import nn
 
 import cartpole
-from rnn_functional import GRUModule, LSTMModule, set_recurrent_mode, stack_params
+from rnn_functional import GRUModule, LSTMModule, MinGRUModule, RGLRUModule, set_recurrent_mode, stack_params
 
 # Our modules read TorchRL's recurrent-mode flag when TorchRL's rnn module is loaded and look it
 # up in sys.modules otherwise; under torch.compile that lookup guards on len(sys.modules), which
@@ -89,7 +90,7 @@ class Config:
     steps_per_env: int = 32  # rollout length per update = truncated-BPTT length
     epochs: int = 20
     minibatches: int = 1  # split along the env dim: a minibatch holds whole rollouts
-    cell: str = "lstm"  # or "gru"
+    cell: str = "lstm"  # or "gru", "min_gru", "rglru" (see CORES)
     shared_core: bool = False  # one recurrent core for actor and critic
     hidden: int = 64
     lr: float = 1e-3  # decays linearly to 0
@@ -107,12 +108,13 @@ class Config:
         return max(1, self.frames // (self.num_envs * self.steps_per_env))
 
 
+CORES = {"lstm": LSTMModule, "gru": GRUModule, "min_gru": MinGRUModule, "rglru": RGLRUModule}  # --cell
 QUICK = dict(frames=30_000, epochs=10, evals=4)
 QUICK_MARGIN = 50  # greedy return: recurrent minus memoryless, asserted by --quick
 
 
 class Agent(nn.Module):
-    """Actor-critic: recurrent cores (``LSTMModule`` or ``GRUModule``) or memoryless ones (an MLP
+    """Actor-critic: recurrent cores (``cfg.cell``'s module of :data:`CORES`) or memoryless ones (an MLP
     layer), then an MLP head each for the action logits and the value.
 
     With ``cfg.shared_core`` actor and critic read the same recurrent core, else each has its
@@ -125,7 +127,7 @@ class Agent(nn.Module):
         h, obs_dim = cfg.hidden, len(OBS_SCALE)
         self.recurrent = cfg.policy == "recurrent"
         if self.recurrent:
-            rnn = {"lstm": LSTMModule, "gru": GRUModule}[cfg.cell]
+            rnn = CORES[cfg.cell]
             make_core = lambda: rnn(input_size=obs_dim, hidden_size=h, in_key="observation", out_key="features")  # noqa: E731
         else:
             make_core = lambda: nn.Sequential(nn.Linear(obs_dim, h), nn.ReLU())  # noqa: E731
@@ -611,6 +613,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--policies", nargs="+", default=["recurrent", "memoryless"],
                         choices=["recurrent", "memoryless"])
     parser.add_argument("--epochs", type=int, help="PPO epochs per update (default 20)")
+    parser.add_argument("--cell", choices=list(CORES), default="lstm",
+                        help="the recurrent policy's cores: LSTMModule (default), GRUModule, MinGRUModule or RGLRUModule")
     parser.add_argument("--out", type=Path, help="output folder (default runs/ppo_memory[_quick])")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (the networks are tiny)")
     parser.add_argument("--sequential", action="store_true",
@@ -621,7 +625,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     out = args.out or ROOT / "runs" / ("ppo_memory_quick" if args.quick else "ppo_memory")
     out.mkdir(parents=True, exist_ok=True)
-    base = Config(seeds=tuple(args.seeds))
+    base = Config(seeds=tuple(args.seeds), cell=args.cell)
     if args.quick:
         base = replace(base, **QUICK)
     if args.frames:
@@ -632,7 +636,7 @@ def main(argv: list[str] | None = None) -> dict:
     side = None
     if not (args.sequential or args.worker) and len(policies) > 1:
         side = policies.pop()  # trained by a second process, its output in <out>/log_<policy>.txt
-        flags = [f"--{k}={getattr(args, k)}" for k in ("frames", "epochs", "threads") if getattr(args, k)]
+        flags = [f"--{k}={getattr(args, k)}" for k in ("frames", "epochs", "threads", "cell") if getattr(args, k)]
         command = [sys.executable, __file__, "--worker", "--policies", side, "--out", str(out),
                    "--seeds", *map(str, args.seeds), *flags, *(["--quick"] if args.quick else [])]
         side_log = open(out / f"log_{side}.txt", "w")
@@ -654,6 +658,7 @@ def main(argv: list[str] | None = None) -> dict:
     wall = _seconds_since_start()
     summary = {
         **{p: {k: run[k] for k in ("seeds", "greedy_return", "sampled_return", "wall_seconds")} for p, run in runs.items()},
+        "cell": base.cell,
         "frames_per_seed": base.iterations * base.num_envs * base.steps_per_env,
         "eval_episodes_per_seed": base.eval_episodes,
         "wall_seconds": round(wall, 1),

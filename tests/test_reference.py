@@ -108,5 +108,5 @@ def test_step_backends_match_reference_step(cell: str, backend: str) -> None:
 
 def test_step_unknown_backend() -> None:
     params = rf.init_gru_params(3, 4)
-    with pytest.raises(ValueError, match=r"backend: expected one of \['auto', 'reference', 'pad', 'triton'\] for a step, got 'scan'"):
+    with pytest.raises(ValueError, match=r"backend: expected one of \['auto', 'reference', 'pad', 'triton', 'parallel'\] for a step, got 'scan'"):
         rf.gru_step(torch.randn(2, 3), None, params, backend="scan")

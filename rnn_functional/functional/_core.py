@@ -405,7 +405,8 @@ _STEP_DOC = """One time step of a multi-layer {title}.
         is_init: bool ``[*B]`` (or ``[*B, 1]``); where True the state is reset to zeros first.
         backend: ``"auto"`` (the fused ``triton`` step on CUDA where it applies, ATen's fused
             cell (``"pad"``) in plain eager mode where the cell has one, else ``"reference"``),
-            ``"reference"``, ``"pad"`` or ``"triton"``. See
+            ``"reference"``, ``"pad"``, ``"triton"`` or ``"parallel"`` (one step of a linear recurrence: the
+            ``reference`` step). See
             :func:`rnn_functional.functional.selection.resolve_step`.
 
     Returns:
@@ -421,8 +422,9 @@ _SEQUENCE_DOC = """A multi-layer {title} over a sequence, with resets.
         is_init: bool ``[*B, T]`` (or ``[*B, T, 1]``); before every step ``t`` where it is True
             the carry is replaced by ``reset_state[..., t, :, :]``, or by zeros.
         reset_state: per-step states to reset to, the state's format with a ``T`` dim after ``*B``.
-        backend: ``"auto"``, ``"reference"``, ``"scan"``, ``"pad"`` or ``"triton"`` (a backend that
-            cannot serve the {title} raises a ``ValueError`` naming those that can).
+        backend: ``"auto"``, ``"reference"``, ``"scan"``, ``"pad"``, ``"triton"`` or ``"parallel"`` (cells
+            linear in their state: minGRU, RG-LRU); a backend that cannot serve the {title} raises a
+            ``ValueError`` naming those that can. ``auto`` runs ``parallel`` wherever it serves.
         dropout: dropout probability on the outputs of every layer but the last.
         training: dropout is applied only when True.
         recompute: ``"none"`` or ``"full"``: recompute activations in backward instead of
