@@ -14,11 +14,14 @@ cumulative products of ``a`` (``torch.cumprod``); a second pass carries the stat
 stable as the sequential loop. Measured against torch's ``associative_scan`` (``combine_mode="generic"``, the
 only one on CPU), see ``docs/linear_recurrences.md``.
 
-Eagerly, the scan is an ``autograd.Function`` (:class:`LinearScan`) whose backward is the same scan run in
-reverse (the adjoint of a linear recurrence is one: ``g_t = dh_t + a_{t+1} g_{t+1}``), itself recorded under
-``create_graph=True``, so every order of derivative is exact. Under ``torch.compile`` and in forward mode the plain
-ops run under autograd (Dynamo cannot ``torch.vmap`` an ``autograd.Function``, nor trace one with a ``jvp``);
-AOTAutograd's backward of the chunked ops is again a chunked reverse scan.
+Eagerly, the scan is an ``autograd.Function`` (:class:`LinearScan`) whose passes write into preallocated buffers and
+whose backward is the same scan run in reverse (the adjoint of a linear recurrence is one: ``g_t = dh_t + a_{t+1}
+g_{t+1}``), itself recorded under ``create_graph=True``, so every order of derivative is exact. Under
+``torch.compile`` and in forward mode the plain ops run under autograd: Dynamo refuses to ``torch.vmap`` the
+Function under a compiled ensemble's autograd ("You tried to vmap over ApplyTemplate"), and to trace one with a
+``jvp``. AOTAutograd's backward of the plain ops is again a chunked scan in reverse. Measured (B=32, T=1024, H=128,
+fp32, fwd+bwd of the scan alone, 1 thread): the Function 37 ms eagerly (46 ms compiled), the plain ops 76 ms
+eagerly and 69 ms compiled.
 """
 
 from __future__ import annotations
@@ -66,26 +69,31 @@ def _solve(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reverse:
     lo = t_len - count * chunk if reverse else 0
     span = slice(lo, lo + count * chunk)
     a_c, b_c = (t[:, span].unflatten(1, (count, chunk)) for t in (a, b))  # views: [N, count, chunk, ...]
+    # each step's slices taken once (unbind): differentiated, their backward is one stack, not a scatter per step
+    a_j, b_j = a_c.unbind(2), b_c.unbind(2)
     order = (lambda k: range(k - 1, -1, -1)) if reverse else range
     steps = order(chunk)
-    h = b_c[:, :, steps[0]]
+    h = b_j[steps[0]]
     for j in steps[1:]:  # (1) the chunks' last values from zero starts
-        h = torch.addcmul(b_c[:, :, j], a_c[:, :, j], h)
+        h = torch.addcmul(b_j[j], a_j[j], h)
     prod = a_c.prod(2)
     state = torch.zeros_like(b[:, 0]) if init is None else init
     starts = [state] * count
+    last, last_a = h.unbind(1), prod.unbind(1)
     for c in order(count):  # (2) the state entering each chunk
         starts[c] = state
-        state = torch.addcmul(h[:, c], prod[:, c], state)
+        state = torch.addcmul(last[c], last_a[c], state)
     h = torch.stack(starts, dim=1)
-    o_c = None if out is None else out[:, span].unflatten(1, (count, chunk))
+    o_j = None if out is None else out[:, span].unflatten(1, (count, chunk)).unbind(2)
     kept = []
     for j in steps:  # (3) every step, from the chunks' entering states
-        h = torch.addcmul(b_c[:, :, j], a_c[:, :, j], h, out=None if out is None else o_c[:, :, j])
+        h = torch.addcmul(b_j[j], a_j[j], h, out=None if out is None else o_j[j])
         kept.append(h)
     tail = []
-    for t in (range(lo - 1, -1, -1) if reverse else range(lo + count * chunk, t_len)):  # the rest, step by step
-        state = torch.addcmul(b[:, t], a[:, t], state, out=None if out is None else out[:, t])
+    rest = slice(0, lo) if reverse else slice(count * chunk, t_len)
+    a_t, b_t, o_t = (None if t is None else t[:, rest].unbind(1) for t in (a, b, out))
+    for t in order(len(a_t)):  # the rest, step by step
+        state = torch.addcmul(b_t[t], a_t[t], state, out=None if out is None else o_t[t])
         tail.append(state)
     if out is not None:
         return out
@@ -155,7 +163,7 @@ def linear_scan(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None = No
 
     ``a, b [N, T, ...]`` (time is dim 1), ``init [N, ...]`` -> ``h [N, T, ...]``.
     """
-    if torch.compiler.is_compiling() or forward_mode():
+    if torch.compiler.is_compiling() or forward_mode():  # see the module docstring
         return _solve(a, b, init, reverse)
     return LinearScan.apply(a, b, init, reverse)
 
