@@ -193,3 +193,24 @@ def test_block_gru_benchmark_section_is_generated(benchmarks_on_path) -> None:
     page = (ROOT / "docs" / "model_based.md").read_text()
     assert bench_block_gru.section(doc) in page, (
         "docs/model_based.md is out of date: run `python benchmarks/bench_block_gru.py --report`")
+
+
+def test_linear_benchmark_section_is_generated(benchmarks_on_path) -> None:
+    """The minGRU/RG-LRU speed table of docs/linear_recurrences.md comes from the committed JSON, every ratio is the
+    measured times' ratio, and every configuration the issue asks for was measured."""
+    results = BENCHMARKS / "results" / "linear_cpu.json"
+    if not results.exists():
+        pytest.skip("no linear-recurrence benchmark committed under benchmarks/results/")
+    import bench_linear
+
+    doc = json.loads(results.read_text())
+    for row in doc["rows"]:
+        assert row["vs_scan"] == round(row["ms"]["scan"] / row["ms"]["parallel"], 2)
+        assert row["vs_nn_gru"] == round(row["ms"]["nn.GRU (no resets)"] / row["ms"]["parallel"], 2)
+        assert all(row["peak_mib"][name] > 0 for name in row["ms"])
+    seen = {(r["cell"], r["shape"], r["mode"], r["threads"]) for r in doc["rows"]}
+    assert seen == {(c, s, m, n) for c in bench_linear.CELLS for s, shape in bench_linear.SHAPES.items()
+                    for m in ("eager", "compiled") for n in (1, 2) if m == "eager" or shape[1] <= bench_linear.COMPILED_MAX_T}
+    page = (ROOT / "docs" / "linear_recurrences.md").read_text()
+    assert bench_linear.section(doc) in page, (
+        "docs/linear_recurrences.md is out of date: run `python benchmarks/bench_linear.py --report`")
