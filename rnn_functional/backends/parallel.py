@@ -7,9 +7,9 @@ reset_t``, then ``a_t = 0``; the initial state enters as the scan's start) and s
 zero coefficient, nothing is re-batched, nothing is read on the host.
 
 :func:`linear_scan` is a chunked scan of plain ops: time is cut into chunks of about ``sqrt(T)`` steps; a first
-pass runs every chunk at once from a zero start (``C`` steps over ``[N, T/C, H]``) and takes the chunks'
-cumulative products of ``a`` (``torch.cumprod``); a second pass carries the state across chunk boundaries
-(``T/C`` steps over ``[N, H]``); one fused ``h_local + prod(a) * carry`` finishes. No step divides by a product of
+pass runs every chunk at once from a zero start (``C`` steps over ``[N, T/C, H]``), keeping each chunk's last value
+and the product of its ``a``; a second pass carries the state across chunk boundaries (``T/C`` steps over
+``[N, H]``); a third runs every chunk again from its entering state, keeping every step. No step divides by a product of
 ``a`` (such products underflow fp32 within a few hundred steps: a division would give inf/NaN), so it is as
 stable as the sequential loop. Measured against torch's ``associative_scan`` (``combine_mode="generic"``, the
 only one on CPU), see ``docs/linear_recurrences.md``.
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ..cells import Carry, Cell, Layout, between_layers
-from .base import SequenceOptions, backends_for, forward_mode
+from .base import SequenceOptions, forward_mode, no_kernel_for
 
 __all__ = ["LinearScan", "check_cell", "linear_scan", "sequence"]
 
@@ -38,11 +38,7 @@ __all__ = ["LinearScan", "check_cell", "linear_scan", "sequence"]
 def check_cell(cell: Cell) -> None:
     """Raise the usual ``ValueError`` for a cell whose update is not linear in its state (the LSTM, the GRU)."""
     if not cell.linear_in_state:
-        raise ValueError(
-            f"backend 'parallel' cannot serve the {cell.title} cell: it solves recurrences linear in the state "
-            f"(h' = a * h + b, a and b from the input alone: minGRU, RG-LRU), and the {cell.title}'s is not. Use one "
-            f"of {backends_for(cell)} (or backend='auto', which picks one that can)."
-        )
+        raise no_kernel_for("parallel", cell)
 
 
 def _chunk_len(t_len: int) -> int:
@@ -131,7 +127,7 @@ class LinearScan(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         a, _, init, reverse = inputs
-        ctx.reverse, ctx.has_init = reverse, init is not None
+        ctx.reverse = reverse
         ctx.save_for_backward(a, output, *((init,) if init is not None else ()))
 
     @staticmethod
@@ -179,8 +175,7 @@ def _project(inp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> tor
 
 def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
     """``x [N, T, F]`` -> ``(y [N, T, H], carry, per-step carries)``; see :mod:`.base`."""
-    cell = layout.cell
-    check_cell(cell)
+    cell = layout.cell  # linear in its state: checked when the route was chosen
     mask = None if is_init is None else is_init.unsqueeze(-1)  # [N, T, 1]
     inp, finals, states = x, [], []
     for k in range(layout.num_layers):

@@ -18,7 +18,7 @@ from tensordict.utils import NestedKey
 from torch import nn
 
 from ..cells import min_gru, rglru
-from ..ensemble import stack_params
+from ..ensemble import _ensemble_init as stacked_init
 from ..functional import min_gru_sequence, min_gru_step, rglru_sequence, rglru_step
 from ._cells import HYPER, ModuleCell, gru_widths
 from .rnn import _RecurrentModule
@@ -27,9 +27,9 @@ __all__ = ["MinGRUModule", "RGLRUModule"]
 
 
 class _LinearRecurrence(nn.Module):
-    """The weight child of a linear-recurrence module; ``init``: the cell's params init function."""
+    """The weight child of a linear-recurrence module; each subclass sets ``init``, the cell's params init function."""
 
-    init = staticmethod(min_gru.init_min_gru_params)
+    init: staticmethod
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True, dropout: float = 0.0,
                  batch_first: bool = True, device: torch.device | str | None = None,
@@ -60,9 +60,10 @@ class RGLRU(_LinearRecurrence):
 
 
 def _ensemble_init(init):
+    """``ModuleCell.ensemble_init`` for ``init`` (the cells have no ``bias`` option: it is always True)."""
     def ensemble_init(num_members: int, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                       generator: torch.Generator | None = None) -> TensorDict:
-        return stack_params([init(input_size, hidden_size, num_layers, generator=generator) for _ in range(num_members)])
+        return stacked_init(init, num_members, input_size, hidden_size, num_layers, generator=generator)
 
     return ensemble_init
 
