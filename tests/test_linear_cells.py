@@ -144,6 +144,40 @@ def test_segment_states_and_batch_dims(cell):
     torch.testing.assert_close(h2[0], h)
 
 
+@pytest.mark.parametrize("cell", list(FUNCS))
+@pytest.mark.parametrize("backend", ["reference", "scan", "parallel"])
+def test_strided_inputs(cell, backend):
+    """Non-contiguous ``x``, state and ``reset_state`` (transposed and sliced views) give the contiguous call's
+    outputs and gradients."""
+    params, x, h0, is_init, reset = make_case(cell, 2, "random", seed=10)
+    p, (x, h0, reset) = _leaves(params, x, h0, reset)
+    xs = x.transpose(0, 1).contiguous().transpose(0, 1)  # [B, T, F] with time-major strides
+    h0s = torch.cat([h0, h0], -1)[..., :H]
+    rs = reset.transpose(0, 1).contiguous().transpose(0, 1)
+    is_init_s = is_init.t().contiguous().t()
+    assert not (xs.is_contiguous() or h0s.is_contiguous() or rs.is_contiguous() or is_init_s.is_contiguous())
+    leaves = [x, h0, reset, *p.values()]
+    y, h = FUNCS[cell][2](xs, h0s, p, is_init=is_init_s, reset_state=rs, backend=backend)
+    y_ref, h_ref = loop(cell, x, h0, p, is_init, reset)
+    torch.testing.assert_close((y, h), (y_ref, h_ref))
+    for got, want in zip(_grads(y, h, leaves), _grads(y_ref, h_ref, leaves)):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("cell", list(FUNCS))
+@pytest.mark.parametrize("backend", ["auto", "reference", "scan", "parallel"])
+@pytest.mark.parametrize("empty", ["batch", "time"])
+def test_empty_batch_or_time_backpropagates_zeros(cell, backend, empty):
+    n, t_len = (0, T) if empty == "batch" else (B, 0)
+    p, (x, h0) = _leaves(FUNCS[cell][0](F_IN, H, 2, dtype=torch.float64),
+                         torch.randn(n, t_len, F_IN, dtype=torch.float64), torch.randn(n, 2, H, dtype=torch.float64))
+    y, h = FUNCS[cell][2](x, h0, p, is_init=torch.zeros(n, t_len, dtype=torch.bool), backend=backend)
+    assert y.shape == (n, t_len, H) and h.shape == (n, 2, H)
+    torch.testing.assert_close(h, h0)
+    grads = torch.autograd.grad(y.sum() + h.sum(), [x, h0, *p.values()])
+    assert all((g == 0).all() for g in (grads[0], *grads[2:])) and (grads[1] == 1).all()
+
+
 # ----------------------------------------------------------------------------- stability over long sequences
 
 

@@ -64,6 +64,27 @@ def test_constructor_errors_and_backends():
     assert m.recurrent_backend == "scan" and m.python_based
 
 
+@pytest.mark.parametrize("cell", list(MODULES))
+@pytest.mark.parametrize("recurrent", [False, True], ids=["step", "recurrent"])
+def test_torch_export_equals_eager_and_leaves_the_module_real(cell, recurrent):
+    """Non-strict ``torch.export`` (it swaps the parameters for fakes while it traces) of a keyword-tensor call: the
+    program equals eager on inputs that differ in ``is_init``, and the module still returns real, equal tensors."""
+    torch.manual_seed(0)
+    m = MODULES[cell][0](3, 5, num_layers=2, in_key="obs", out_key="feat", default_recurrent_mode=recurrent)
+    lead = (4, 6) if recurrent else (4,)
+    g = torch.Generator().manual_seed(1)
+    inputs = {"obs": torch.randn(*lead, 3, generator=g), "recurrent_state": torch.randn(*lead, 2, 5, generator=g),
+              "is_init": torch.rand(*lead, 1, generator=g) < 0.4}
+    flipped = {**inputs, "is_init": ~inputs["is_init"]}
+    before = [m(**kw) for kw in (inputs, flipped)]
+    exported = torch.export.export(m, args=(), kwargs=inputs, strict=False)
+    for kw, want in zip((inputs, flipped), before):
+        for got, again, ref in zip(exported.module()(**kw), m(**kw), want, strict=True):
+            assert type(again) is torch.Tensor
+            torch.testing.assert_close(got, ref)
+            torch.testing.assert_close(again, ref)
+
+
 # ----------------------------------------------------------------------------- a TorchRL pipeline, GRUModule swapped
 
 pytest.importorskip("gymnasium")
