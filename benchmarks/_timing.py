@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import gc
+import json
+import logging
 import os
 import platform
 import random
@@ -36,7 +38,42 @@ __all__ = [
     "peak_memory",
     "environment",
     "write_section",
+    "Budget",
+    "write_json",
 ]
+
+try:  # torch 2.11 sets this logger to DEBUG at import (gone by 2.13): every compiled scan printed its graphs
+    from torch._higher_order_ops import partitioner as _hop_partitioner
+
+    _hop_partitioner.logger.setLevel(logging.WARNING)
+except (ImportError, AttributeError):
+    pass
+
+
+class Budget:
+    """A benchmark's time budget in seconds (``None``: unlimited). A row starts only while time is left, and a
+    row once started runs to its end: give the caller's hard limit a margin of one row."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self.start = time.perf_counter()
+
+    def left(self) -> bool:
+        return self.seconds is None or time.perf_counter() - self.start < self.seconds
+
+    def report(self, done: int, planned: int) -> dict:
+        """What the run covered, for its results: rows done of planned, and whether the budget cut it short."""
+        return {"budget_s": self.seconds, "rows_done": done, "rows_planned": planned, "complete": done == planned}
+
+
+def write_json(path: Path, doc: dict) -> None:
+    """Write ``doc`` to ``path`` whole (a temporary file renamed over it): a run stopped while writing keeps the
+    rows of its previous write."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(path)
+
 
 def sync(device: torch.device) -> None:
     """Wait for queued work on ``device`` (a no-op on CPU)."""

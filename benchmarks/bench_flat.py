@@ -44,7 +44,7 @@ from tensordict import TensorDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rnn_functional, not an installed one
-from _timing import environment, interleaved  # noqa: E402
+from _timing import Budget, environment, interleaved  # noqa: E402
 
 import rnn_functional as rf  # noqa: E402
 
@@ -129,51 +129,60 @@ def case_name(spec: dict) -> str:
 
 # our exact eager paths, forced through the public functions (backend, segment_layout)
 PATHS = {"pad": ("pad", "auto"), "packed": ("pad", "packed"), "segments": ("reference", "aligned"),
-         "scan_segments": ("scan", "aligned"), "reference": ("reference", "rows"), "scan": ("scan", "rows")}
+         "scan_segments": ("scan", "aligned"), "reference": ("reference", "rows"), "scan": ("scan", "rows"),
+         "triton": ("triton", "rows")}
 
 
 def path_name(route) -> str:
     """The name of :data:`PATHS` (or ``pad``'s own layouts) of a route ``rf.sequence_route`` returns."""
+    if route.backend == "triton":
+        return "triton"
     if route.backend == "pad":
         return "packed" if route.segments == "packed" else "pad"
     return {"rows": route.backend, "aligned": "segments" if route.backend == "reference" else "scan_segments"}[route.segments]
 
 
-def contenders(trm, cell: str, batch: tuple, is_init: torch.Tensor, mode: str, ours_only: bool = False) -> dict:
-    """name -> one timed call of each contender; ``ours_only``: ``auto`` and our forced exact paths."""
+def contenders(trm, cell: str, batch: tuple, is_init: torch.Tensor, mode: str, ours_only: bool = False,
+               device: torch.device = torch.device("cpu")) -> dict:
+    """name -> one timed call of each contender; ``ours_only``: ``auto`` and our forced exact paths. On CUDA our
+    ``triton`` path and TorchRL's ``triton`` backend join (``pad`` is cuDNN there)."""
     lstm = cell == "lstm"
     keys = (dict(in_keys=["x", "h", "c"], out_keys=["y", ("next", "h"), ("next", "c")]) if lstm
             else dict(in_keys=["x", "h"], out_keys=["y", ("next", "h")]))
     ours_cls, theirs_cls = (rf.LSTMModule, trm.LSTMModule) if lstm else (rf.GRUModule, trm.GRUModule)
     child = "lstm" if lstm else "gru"
     torch.manual_seed(0)
-    base = theirs_cls(F_IN, HIDDEN, **keys)
-    x = torch.randn(*batch, F_IN)
-    zeros = torch.zeros(*batch, 1, HIDDEN)
+    base = theirs_cls(F_IN, HIDDEN, device=device, **keys)
+    x = torch.randn(*batch, F_IN).to(device)
+    zeros = torch.zeros(*batch, 1, HIDDEN, device=device)
+    is_init = is_init.to(device)
     entries = {"x": x, "h": zeros, "is_init": is_init}
     if lstm:
         entries["c"] = zeros.clone()
-    data = TensorDict(entries, list(batch))
+    data = TensorDict(entries, list(batch), device=device)
 
     ours = ours_cls(**{child: getattr(base, child)}, recurrent_backend="auto", **keys)
     modules = {"ours auto": (ours, None)}
     # Long flat rows (N > 200): the T-step loops over one row and TorchRL's scan (10-100x slower at
     # N=200) would take minutes per case; they are measured at N=200 and on [B, T] only.
     long_flat = len(batch) == 1 and batch[0] > 200
-    for path in ("pad", "packed", "segments", "scan_segments") + (() if long_flat else ("reference", "scan")):
+    cuda = device.type == "cuda"
+    for path in ("pad", "packed", "segments", "scan_segments") + (() if long_flat else ("reference", "scan")) + (
+            ("triton",) if cuda else ()):
         modules[f"ours {path}"] = (ours, path)
     kernel, blocks = None, []
     if not ours_only:
-        for backend in ("pad",) if long_flat else ("pad", "scan"):
+        for backend in ("pad",) + (() if long_flat else ("scan",)) + (("triton",) if cuda else ()):
             modules[f"torchrl {backend}"] = (theirs_cls(**{child: getattr(base, child)}, recurrent_backend=backend, **keys), None)
-        py = theirs_cls(F_IN, HIDDEN, python_based=True, **keys)
+        py = theirs_cls(F_IN, HIDDEN, python_based=True, device=device, **keys)
         getattr(py, child).load_state_dict(getattr(base, child).state_dict())
         modules["torchrl python_based"] = (py, None)
 
         # the floor: the bare unpacked ATen calls (no resets, nothing around them) on the length buckets
         # of the case's segments, as our ``pad`` path runs them (one [S, Lmax] block for full slices)
-        kernel = (torch.nn.LSTM if lstm else torch.nn.GRU)(F_IN, HIDDEN, batch_first=True)
-        blocks = [torch.randn(end - first, steps, F_IN) for first, end, steps in bucket_shapes(cell, is_init, mode != "fwd")]
+        kernel = (torch.nn.LSTM if lstm else torch.nn.GRU)(F_IN, HIDDEN, batch_first=True, device=device)
+        blocks = [torch.randn(end - first, steps, F_IN, device=device)
+                  for first, end, steps in bucket_shapes(cell, is_init.cpu(), mode != "fwd")]
         modules["aten floor"] = (kernel, None)
 
     with torch.no_grad(), trm.set_recurrent_mode(True):  # same outputs before timing
@@ -225,11 +234,11 @@ def _null():
     yield
 
 
-def _plan(cell: str, is_init: torch.Tensor, mode: str = "fwd+bwd", layout: str = "auto"):
-    mask = is_init.squeeze(-1)
+def _plan(cell: str, is_init: torch.Tensor, mode: str = "fwd+bwd", layout: str = "auto", device: str = "cpu"):
+    mask = is_init.squeeze(-1).to(device)
     mask = mask.unsqueeze(0) if mask.ndim == 1 else mask
-    params = (rf.init_lstm_params if cell == "lstm" else rf.init_gru_params)(F_IN, HIDDEN)
-    x = torch.zeros(*mask.shape, F_IN)
+    params = (rf.init_lstm_params if cell == "lstm" else rf.init_gru_params)(F_IN, HIDDEN, device=device)
+    x = torch.zeros(*mask.shape, F_IN, device=device)
     return rf.sequence_route(cell, x, params, is_init=mask, backend="pad" if layout != "auto" else "auto",
                              records_grad=mode != "fwd", segment_layout=layout)
 
@@ -257,9 +266,9 @@ def bucket_shapes(cell: str, is_init: torch.Tensor, records_grad: bool = True) -
                                                                                records_grad)]
 
 
-def auto_path(cell: str, is_init: torch.Tensor, mode: str) -> str:
-    """The exact eager path ``auto`` picks for this case (a name of :data:`PATHS`)."""
-    return path_name(_plan(cell, is_init, mode))
+def auto_path(cell: str, is_init: torch.Tensor, mode: str, device: str = "cpu") -> str:
+    """The exact eager path ``auto`` picks for this case on ``device`` (a name of :data:`PATHS`)."""
+    return path_name(_plan(cell, is_init, mode, device=device))
 
 
 def _quartiles(ratios: list[float]) -> tuple[float, float, float]:
@@ -432,6 +441,9 @@ def main(argv: list[str] | None = None) -> Path:
                          "writes --out (default results/flat_confirm_cpu.json)")
     ap.add_argument("--confirm-table", action="store_true", help="print the confirmation table of --out and exit")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (on CUDA, triton paths join)")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no case after this many seconds (the JSON, rewritten after each, says what ran)")
     args = ap.parse_args(argv)
     args.out = args.out or RESULTS / ("flat_confirm_cpu.json" if args.confirm or args.confirm_table else "flat_cpu.json")
     if args.confirm_table:
@@ -447,9 +459,12 @@ def main(argv: list[str] | None = None) -> Path:
         torch.set_num_threads(args.threads)
     import torchrl.modules as trm
 
-    device = torch.device("cpu")
+    device = torch.device(args.device)
+    budget = Budget(args.budget_s)
     rows = json.loads(args.out.read_text())["rows"] if args.append and args.out.exists() else []
     for spec in (c for c in cases(args.quick) if any(o in case_name(c) for o in args.only.split("|"))):
+        if not budget.left():
+            break
         batch, is_init = make_case(spec, torch.Generator().manual_seed(7))
         stats = segment_stats(is_init)
         for cell in args.cells.split(","):
@@ -463,7 +478,7 @@ def main(argv: list[str] | None = None) -> Path:
                     write(args.out, device, rows)
                     print(confirm_table([row]).splitlines()[-1], flush=True)
                     continue
-                res = interleaved(contenders(trm, cell, batch, is_init, mode), device, repeats=args.repeats,
+                res = interleaved(contenders(trm, cell, batch, is_init, mode, device=device), device, repeats=args.repeats,
                                   max_seconds=4.0, shuffle=True)
                 ms = {n: r["median_s"] * 1e3 for n, r in res.items() if "median_s" in r}
                 ms_min = {n: r["min_s"] * 1e3 for n, r in res.items() if "min_s" in r}
@@ -472,7 +487,7 @@ def main(argv: list[str] | None = None) -> Path:
                 trl_min = {n: t for n, t in ms_min.items() if n.startswith("torchrl")}
                 exact_min = {n: t for n, t in ms_min.items() if n.startswith("ours ") and n != "ours auto"}
                 row = {"case": case_name(spec), **spec, **stats, "cell": cell, "mode": mode,
-                       "auto_path": auto_path(cell, is_init, mode), "ms": ms, "ms_min": ms_min,
+                       "auto_path": auto_path(cell, is_init, mode, args.device), "ms": ms, "ms_min": ms_min,
                        "errors": {n: r["error"] for n, r in res.items() if "error" in r},
                        "torchrl_best": min(trl, key=trl.get), "ours_best": min(exact, key=exact.get),
                        "speedup_auto_vs_torchrl_best": min(trl.values()) / ms["ours auto"],

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import re
 import sys
 from pathlib import Path
@@ -37,7 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import environment, interleaved, sync  # noqa: E402
+from _timing import Budget, environment, interleaved, sync, write_json  # noqa: E402
 
 import rnn_functional as rf  # noqa: E402
 
@@ -158,6 +157,9 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true",
                         help="tiny CPU run through the interpreter (results only with --out)")
     parser.add_argument("--out", type=Path, default=None, help="results JSON (default: results/triton_<device>.json)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="start no configuration after this many seconds (the JSON, rewritten after each, says "
+                             "what ran)")
     args = parser.parse_args()
 
     if args.smoke:
@@ -171,12 +173,18 @@ def main() -> None:
     else:
         device, grid = torch.device("cuda"), dict(GRID)
         if args.quick:
-            grid.update(B=[256], T=[64])
+            grid.update(B=[256], T=[64], H=[256, 64, 512, 128])  # under a budget: TorchRL's H first
 
+    env = environment(device)
+    name = re.sub(r"[^A-Za-z0-9]+", "_", env["device_name"]).strip("_").lower()
+    out = args.out or (None if args.smoke else RESULTS / f"triton_{name}.json")
+    budget = Budget(args.budget_s)
     bandwidth = copy_bandwidth(device)
+    configs = [dict(zip(grid.keys(), values)) for values in itertools.product(*grid.values())]
     rows = []
-    for values in itertools.product(*grid.values()):
-        cfg = dict(zip(grid.keys(), values))
+    for cfg in configs:
+        if not budget.left():
+            break
         for mode in ("fwd", "fwd+bwd"):
             timings = interleaved(contenders(cfg, device, mode == "fwd+bwd"), device, repeats=args.repeats)
             row = {**cfg, "mode": mode, "reset_prob": RESET_PROB, "results": timings}
@@ -188,16 +196,10 @@ def main() -> None:
             rows.append(row)
             _print_row(row)
         sync(device)
-
-    if args.smoke and args.out is None:
-        print("smoke run done (no results written).")
-        return
-    env = environment(device)
-    name = re.sub(r"[^A-Za-z0-9]+", "_", env["device_name"]).strip("_").lower()
-    out = args.out or RESULTS / f"triton_{name}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"environment": env, "copy_bandwidth_Bps": bandwidth, "rows": rows}, indent=1))
-    print(f"wrote {out}")
+        if out is not None:
+            write_json(out, {"environment": env, "copy_bandwidth_Bps": bandwidth, "rows": rows,
+                             "coverage": budget.report(len(rows), 2 * len(configs))})
+    print(f"wrote {out}" if out is not None else "smoke run done (no results written).")
 
 
 def _print_row(row: dict) -> None:

@@ -3,9 +3,13 @@
     bash scripts/gpu_check.sh --out DIR              # on a CUDA machine (see docs/gpu.md)
     bash scripts/gpu_check.sh --dry-run --out DIR    # the same steps on CPU: tiny sizes, TRITON_INTERPRET=1
 
-Each step runs as its own process under ``timeout`` with its budget (the budgets sum to 7.5 minutes, a
-lease's command may run 10); a step that overruns is stopped and recorded as such, and the next one
-starts. Writes into ``DIR`` (at most 8 files, what the device tool brings back): ``gpu_check.json``
+Each step runs as its own process under ``timeout`` with its share of ``--budget-s`` (default 450 s, 7.5
+minutes; a lease's command may run 10); a step that overruns is stopped and recorded as such, and the next one
+starts. The benchmarks start no row past 70% of their share and rewrite their JSON after every row, so an
+overrun loses one row, not the step. Steps: ``tests`` (the GPU-marked tests), ``profile``
+(``benchmarks/gpu_profile.py``: host against kernel time of one ``triton`` call), ``triton``
+(``bench_triton.py --quick``), ``suite`` (``run.py --grid torchrl``: TorchRL's grid, every contender, the
+policy step), ``flat`` (``bench_flat.py --device cuda``: SliceSampler batches). Writes into ``DIR`` (at most 8 files, what the device tool brings back): ``gpu_check.json``
 (the environment: device, driver, torch, triton, CPU, library versions; every step's command, exit
 status, wall time and output tail), ``summary.md`` (the same as a table), and each benchmark step's
 own JSON. The dry run writes the same files on CPU; the test suite runs it
@@ -36,30 +40,53 @@ class Step:
     env: tuple[tuple[str, str], ...] = ()
 
 
-def steps(out: Path, dry_run: bool) -> list[Step]:
-    """The steps in order: tests first (a kernel that fails them makes its timings moot), then benchmarks."""
+# each step's share of the total budget; a benchmark starts no row after 70% of its share (``--budget-s``) and
+# rewrites its JSON after every row, so that the step's hard limit, its share, loses at most the row in flight
+SHARES = {"tests": 0.15, "profile": 0.08, "triton": 0.22, "suite": 0.35, "flat": 0.20}
+ROW_BUDGET = 0.7
+# the flat SliceSampler cases run on a GPU, by value: a real sampler's batch, full and truncated slices, [B, T]
+FLAT_CASES = "SliceSampler N=1024|flat N=1024 slices <=20|flat N=200 slices =8|[32, 64] resets 5%"
+
+
+def steps(out: Path, dry_run: bool, total_s: float) -> list[Step]:
+    """The steps in order: tests first (a kernel that fails them makes its timings moot), then a profile of one
+    call (host against kernel time), then the benchmarks; each within its share of ``total_s``."""
     py = sys.executable
-    pytest = (py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x")
+    budget = {name: int(share * total_s) for name, share in SHARES.items()}
+
+    def rows(name: str) -> tuple[str, str]:
+        return "--budget-s", str(int(ROW_BUDGET * budget[name]))
+
+    # -p no:logging: a failing test's captured torch DEBUG records would bury its message
+    pytest = (py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:logging", "--tb=short", "-rfEs")
     if dry_run:
         interp = (("TRITON_INTERPRET", "1"),)
         return [
-            Step("tests", (*pytest, "tests/backends/test_triton.py", "-k", "matches_reference_fp64"), 120,
+            Step("tests", (*pytest, "tests/backends/test_triton.py", "-k", "matches_reference_fp64"), budget["tests"],
                  env=interp),
-            Step("triton", (py, "benchmarks/bench_triton.py", "--smoke", "--repeats", "1", "--out",
-                            str(out / "triton.json")), 90, "triton.json", interp),
+            Step("profile", (py, "benchmarks/gpu_profile.py", "--smoke", *rows("profile"), "--out",
+                             str(out / "profile.json")), budget["profile"], "profile.json", interp),
+            Step("triton", (py, "benchmarks/bench_triton.py", "--smoke", "--repeats", "1", *rows("triton"), "--out",
+                            str(out / "triton.json")), budget["triton"], "triton.json", interp),
             Step("suite", (py, "benchmarks/run.py", "--grid", "torchrl", "--device", "cpu", "--cells", "gru",
-                           "--B", "4", "--T", "8", "--reset-probs", "0.1", "--policy-B", "2", "--out",
-                           str(out / "suite.json")), 120, "suite.json"),
+                           "--B", "4", "--T", "8", "--reset-probs", "0.1", "--policy-B", "2", *rows("suite"), "--out",
+                           str(out / "suite.json")), budget["suite"], "suite.json"),
+            Step("flat", (py, "benchmarks/bench_flat.py", "--device", "cpu", "--only", "flat N=200 slices =8",
+                          "--cells", "gru", "--modes", "fwd", "--repeats", "2", *rows("flat"), "--out",
+                          str(out / "flat.json")), budget["flat"], "flat.json"),
         ]
     return [
-        Step("tests", (*pytest, "-m", "gpu", "tests", "compile_tests"), 90),  # the GPU-marked tests, compiled kernels
-        Step("triton", (py, "benchmarks/bench_triton.py", "--quick", "--out", str(out / "triton.json")), 120,
-             "triton.json"),
-        # TorchRL's grid (B, T, reset probability), every contender side by side, and the policy step;
-        # split by reset probability so that a budget overrun loses one part, not the grid
-        *(Step(f"suite_p{p}", (py, "benchmarks/run.py", "--grid", "torchrl", "--device", "cuda",
-                               "--reset-probs", p, "--out", str(out / f"suite_p{p}.json")), 80,
-               f"suite_p{p}.json") for p in ("0.0", "0.01", "0.1")),  # 90 + 120 + 3 x 80 s = 7.5 min
+        # the GPU-marked tests: compiled kernels against reference, CUDA graphs, CUDA's sync debug mode
+        Step("tests", (*pytest, "-m", "gpu", "tests", "compile_tests"), budget["tests"]),
+        Step("profile", (py, "benchmarks/gpu_profile.py", *rows("profile"), "--out", str(out / "profile.json")),
+             budget["profile"], "profile.json"),
+        Step("triton", (py, "benchmarks/bench_triton.py", "--quick", *rows("triton"), "--out",
+                        str(out / "triton.json")), budget["triton"], "triton.json"),
+        # TorchRL's grid (B, T, reset probability), every contender side by side, and the policy step
+        Step("suite", (py, "benchmarks/run.py", "--grid", "torchrl", "--device", "cuda", *rows("suite"), "--out",
+                       str(out / "suite.json")), budget["suite"], "suite.json"),
+        Step("flat", (py, "benchmarks/bench_flat.py", "--device", "cuda", "--quick", "--only", FLAT_CASES,
+                      "--repeats", "5", *rows("flat"), "--out", str(out / "flat.json")), budget["flat"], "flat.json"),
     ]
 
 
@@ -88,7 +115,8 @@ def _versions() -> dict:
         found["driver"] = None
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else None
-    return {**found, "cpu": cpu, "cores": os.cpu_count()}
+    settings = {k: v for k, v in os.environ.items() if k.startswith(("TORCH", "PYTORCH", "CUDA", "TRITON", "NVIDIA"))}
+    return {**found, "cpu": cpu, "cores": os.cpu_count(), "env": settings}
 
 
 def run_step(step: Step, out: Path) -> dict:
@@ -104,7 +132,7 @@ def run_step(step: Step, out: Path) -> dict:
     wall = time.perf_counter() - start
     wrote = step.output is not None and (out / step.output).exists()
     return {"name": step.name, "command": " ".join(step.argv), "budget_s": step.budget_s, "rc": rc,
-            "wall_s": round(wall, 1), "wrote": step.output if wrote else None, "tail": text[-3000:]}
+            "wall_s": round(wall, 1), "wrote": step.output if wrote else None, "tail": text[-6000:]}
 
 
 def summary(doc: dict) -> str:
@@ -123,12 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="output folder (created; at most 8 files)")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, TRITON_INTERPRET=1")
+    ap.add_argument("--budget-s", type=float, default=450.0,
+                    help="the whole run's time, shared among the steps (default 450: 7.5 minutes)")
     args = ap.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     results = []
-    for step in steps(out, args.dry_run):
+    for step in steps(out, args.dry_run, args.budget_s):
         results.append(run_step(step, out))
         print(f"[{time.perf_counter() - start:6.1f}s] {step.name}: exit {results[-1]['rc']} in "
               f"{results[-1]['wall_s']} s", flush=True)

@@ -23,7 +23,6 @@ resets with probability ``reset_prob``. The results go to ``benchmarks/results/s
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -35,7 +34,7 @@ from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import environment, interleaved, peak_memory  # noqa: E402
+from _timing import Budget, environment, interleaved, peak_memory, write_json  # noqa: E402
 
 from rnn_functional import available_backends, gru_sequence, lstm_sequence, params_from_module  # noqa: E402
 
@@ -261,37 +260,60 @@ def policy_contenders(cell: str, B: int, F: int, H: int, L: int, device: torch.d
     return c
 
 
-def run_grid(grid: Grid, device: torch.device, log) -> dict:
-    """Sweep ``grid`` and return the results document (see the module docstring)."""
-    seq_rows, policy_rows = [], []
+def _pairs(grid: Grid) -> list[tuple[int, int]]:
+    """The grid's ``(B, T)`` shapes, the middle one first: a run its budget cuts short still has a typical shape."""
+    pairs = [(b, t) for b in grid.B for t in grid.T]
+    middle = (grid.B[len(grid.B) // 2], grid.T[len(grid.T) // 2])
+    return [middle] + [pair for pair in pairs if pair != middle]
+
+
+def run_grid(grid: Grid, device: torch.device, log, save, budget: Budget) -> dict:
+    """Sweep ``grid`` and return the results document (see the module docstring). ``save(doc)`` is called after
+    every row; rows start while ``budget`` has time left. Policy steps first (cheap), then the sequence rows, every
+    cell, mode and reset probability of one shape before the next shape."""
+    doc = {"sequence": [], "policy_step": []}
+    planned = len(grid.cells) * (len(grid.policy_B) + 2 * len(grid.B) * len(grid.T) * len(grid.reset_prob))
+
+    def done() -> None:
+        doc["coverage"] = budget.report(len(doc["sequence"]) + len(doc["policy_step"]), planned)
+        save(doc)
+
     for cell in grid.cells:
-        for B in grid.B:
-            for T in grid.T:
-                for p in grid.reset_prob:
-                    for grad in (False, True):
-                        torch._dynamo.reset()  # a fresh compile cache per config: no recompile limit hit
-                        contenders, check = sequence_contenders(cell, B, T, grid.F, grid.H, grid.L, p, device, grad)
-                        t0 = time.perf_counter()
-                        res = interleaved(contenders, device, warmup=grid.warmup, repeats=grid.repeats,
-                                          max_seconds=grid.max_seconds)
-                        if grad:
-                            for name, fn in contenders.items():
-                                if "error" not in res[name]:
-                                    res[name]["peak_bytes"] = peak_memory(fn, device)
-                        mode = "fwd+bwd" if grad else "fwd"
-                        seq_rows.append({"cell": cell, "B": B, "T": T, "F": grid.F, "H": grid.H, "L": grid.L,
-                                         "reset_prob": p, "mode": mode, "check": check, "results": res})
-                        log(f"{cell} B={B} T={T} p={p} {mode}: {time.perf_counter() - t0:.1f}s  " + "  ".join(
-                            f"{n}={r['median_s'] * 1e3:.2f}ms" if "median_s" in r else f"{n}=ERR"
-                            for n, r in res.items()))
         for B in grid.policy_B:
+            if not budget.left():
+                break
             torch._dynamo.reset()
             contenders = policy_contenders(cell, B, grid.F, grid.H, grid.L, device)
             res = interleaved(contenders, device, warmup=5, repeats=grid.step_repeats, max_seconds=grid.max_seconds)
-            policy_rows.append({"cell": cell, "B": B, "F": grid.F, "H": grid.H, "L": grid.L, "results": res})
+            doc["policy_step"].append({"cell": cell, "B": B, "F": grid.F, "H": grid.H, "L": grid.L, "results": res})
             log(f"{cell} policy step B={B}: " + "  ".join(
                 f"{n}={r['median_s'] * 1e6:.0f}us" if "median_s" in r else f"{n}=ERR" for n, r in res.items()))
-    return {"sequence": seq_rows, "policy_step": policy_rows}
+            done()
+    for B, T in _pairs(grid):
+        for p in grid.reset_prob:
+            for cell in grid.cells:
+                for grad in (False, True):
+                    if not budget.left():
+                        done()
+                        return doc
+                    torch._dynamo.reset()  # a fresh compile cache per config: no recompile limit hit
+                    contenders, check = sequence_contenders(cell, B, T, grid.F, grid.H, grid.L, p, device, grad)
+                    t0 = time.perf_counter()
+                    res = interleaved(contenders, device, warmup=grid.warmup, repeats=grid.repeats,
+                                      max_seconds=grid.max_seconds)
+                    if grad:
+                        for name, fn in contenders.items():
+                            if "error" not in res[name]:
+                                res[name]["peak_bytes"] = peak_memory(fn, device)
+                    mode = "fwd+bwd" if grad else "fwd"
+                    doc["sequence"].append({"cell": cell, "B": B, "T": T, "F": grid.F, "H": grid.H, "L": grid.L,
+                                            "reset_prob": p, "mode": mode, "check": check, "results": res})
+                    log(f"{cell} B={B} T={T} p={p} {mode}: {time.perf_counter() - t0:.1f}s  " + "  ".join(
+                        f"{n}={r['median_s'] * 1e3:.2f}ms" if "median_s" in r else f"{n}=ERR"
+                        for n, r in res.items()))
+                    done()
+    done()
+    return doc
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -307,6 +329,8 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--threads", type=int, default=None,
                     help="torch.set_num_threads (default: torch's); 1 is steadier on a shared CPU")
     ap.add_argument("--out", type=Path, default=None, help="output JSON (default: results/suite_<grid>_<device>.json)")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no row after this many seconds (the JSON, rewritten after every row, says what ran)")
     args = ap.parse_args(argv)
 
     device = torch.device(args.device)
@@ -338,10 +362,11 @@ def main(argv: list[str] | None = None) -> Path:
         "torch.nn (no resets)": "plain nn.LSTM/GRU on the same x ignoring is_init: a floor, not a correct answer",
         "inputs": "F input features; is_init[:, 0] True, later steps reset with probability reset_prob",
     }}
-    doc.update(run_grid(grid, device, log))
-    doc["total_s"] = time.perf_counter() - start
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1))
+
+    def save(rows: dict) -> None:
+        write_json(out, {**doc, **rows, "total_s": time.perf_counter() - start})
+
+    run_grid(grid, device, log, save, Budget(args.budget_s))
     log(f"wrote {out}")
     return out
 

@@ -40,6 +40,23 @@ def test_interleaved_settle_calls_each_contender_once_more_before_each_timed_cal
         assert all(timed[i] == timed[i + 1] for i in range(0, len(timed), 2))
 
 
+def test_a_budget_cut_run_keeps_every_finished_row_and_says_so(benchmarks_on_path, tmp_path) -> None:
+    """``run.py --budget-s``: rows start while the budget lasts, the JSON is rewritten after each and its coverage
+    says how many of the planned rows ran (what a GPU lease's step brings back when its time is short)."""
+    import run
+
+    out = tmp_path / "suite.json"
+    args = ["--grid", "quick", "--device", "cpu", "--cells", "gru", "--B", "2", "--T", "3", "--reset-probs", "0.5",
+            "--policy-B", "2", "--out", str(out)]
+    run.main([*args, "--budget-s", "0"])
+    cut = json.loads(out.read_text())
+    assert cut["coverage"] == {"budget_s": 0.0, "rows_done": 0, "rows_planned": 3, "complete": False}
+    assert cut["sequence"] == [] and cut["policy_step"] == []
+    run.main(args)
+    whole = json.loads(out.read_text())
+    assert whole["coverage"]["complete"] and len(whole["sequence"]) == 2 and len(whole["policy_step"]) == 1
+
+
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_ensemble_gemm_floor_flops_match_its_products(benchmarks_on_path, cell) -> None:
     """``floor_flops`` (the GFLOP/s the report prints) counts exactly the products the floor contender runs."""

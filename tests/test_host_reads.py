@@ -10,6 +10,9 @@ device); none for any call without ``is_init``; none for the step functions. ``p
 
 from __future__ import annotations
 
+import warnings
+from contextlib import contextmanager
+
 import pytest
 import torch
 from tensordict import TensorDict
@@ -140,3 +143,64 @@ def test_every_pad_layout_reads_is_init_once(cell, layout):
         sequence(torch.randn(B, T, F_IN), None, init(F_IN, H), is_init=is_init, backend="pad", segment_layout=layout,
                  return_segment_states=True)
     assert reads.seen == ["numpy"]
+
+
+# ------------------------------------------------------------- on a GPU: CUDA's own count of synchronisations
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@contextmanager
+def _sync_debug(mode: str):
+    """CUDA's sync debug mode (``"warn"`` or ``"error"``) inside the block: it sees every device-to-host
+    synchronisation, whichever method made it."""
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode(mode)
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+
+
+def _cuda_call(cell: str, backend: str, grad: bool):
+    init, step, sequence = CELLS[cell]
+    params = init(F_IN, H, device="cuda")
+    x = torch.randn(B, T, F_IN, device="cuda", requires_grad=grad)
+    is_init = _is_init("interior").cuda()
+
+    def call() -> None:
+        with torch.set_grad_enabled(grad):
+            y, _ = sequence(x, None, params, is_init=is_init, backend=backend)
+            if grad:
+                y.sum().backward()
+            step(x[:, 0].detach(), None, params, is_init=is_init[:, 0])
+
+    call()  # the first call loads (or compiles) the kernels, which may synchronise
+    return call
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("backend", ["triton", "reference", "scan", "auto"])
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_cuda_device_backends_never_synchronise(cell, backend, grad):
+    """On CUDA, ``auto`` runs ``triton``: with interior resets neither it nor the other device backends (nor the step
+    function) wait for the GPU, forward or backward."""
+    call = _cuda_call(cell, backend, grad)
+    with _sync_debug("error"):
+        call()
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_cuda_pad_synchronises_once(cell, grad):
+    """``pad`` (cuDNN) reads ``is_init`` once to lay out its segments: one synchronisation per call."""
+    call = _cuda_call(cell, "pad", grad)
+    with warnings.catch_warnings(record=True) as seen, _sync_debug("warn"):
+        warnings.simplefilter("always")
+        call()
+    syncs = [str(w.message) for w in seen if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1, syncs
