@@ -187,7 +187,9 @@ def contenders(trm, cell: str, batch: tuple, is_init: torch.Tensor, mode: str, o
 
     with torch.no_grad(), trm.set_recurrent_mode(True):  # same outputs before timing
         want = base(data.clone(False))["y"]
-        torch.testing.assert_close(ours(data.clone(False))["y"], want, atol=1e-5, rtol=1e-4)
+        # cuDNN multiplies fp32 in TF32 by default (torch.backends.cudnn.allow_tf32): 3e-5 apart on an H200
+        tol = dict(atol=1e-3, rtol=1e-3) if device.type == "cuda" else dict(atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(ours(data.clone(False))["y"], want, **tol)
 
     sequence = rf.lstm_sequence if lstm else rf.gru_sequence
     params = rf.params_from_module(getattr(ours, child))

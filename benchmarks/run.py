@@ -23,6 +23,7 @@ resets with probability ``reset_prob``. The results go to ``benchmarks/results/s
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -267,10 +268,10 @@ def _pairs(grid: Grid) -> list[tuple[int, int]]:
     return [middle] + [pair for pair in pairs if pair != middle]
 
 
-def run_grid(grid: Grid, device: torch.device, log, save, budget: Budget) -> dict:
+def run_grid(grid: Grid, device: torch.device, log, save, budget: Budget, keep=lambda name: True) -> dict:
     """Sweep ``grid`` and return the results document (see the module docstring). ``save(doc)`` is called after
-    every row; rows start while ``budget`` has time left. Policy steps first (cheap), then the sequence rows, every
-    cell, mode and reset probability of one shape before the next shape."""
+    every row; rows start while ``budget`` has time left; ``keep(name)`` picks the contenders. Policy steps first
+    (cheap), then the sequence rows, every cell, mode and reset probability of one shape before the next shape."""
     doc = {"sequence": [], "policy_step": []}
     planned = len(grid.cells) * (len(grid.policy_B) + 2 * len(grid.B) * len(grid.T) * len(grid.reset_prob))
 
@@ -283,7 +284,7 @@ def run_grid(grid: Grid, device: torch.device, log, save, budget: Budget) -> dic
             if not budget.left():
                 break
             torch._dynamo.reset()
-            contenders = policy_contenders(cell, B, grid.F, grid.H, grid.L, device)
+            contenders = {k: f for k, f in policy_contenders(cell, B, grid.F, grid.H, grid.L, device).items() if keep(k)}
             res = interleaved(contenders, device, warmup=5, repeats=grid.step_repeats, max_seconds=grid.max_seconds)
             doc["policy_step"].append({"cell": cell, "B": B, "F": grid.F, "H": grid.H, "L": grid.L, "results": res})
             log(f"{cell} policy step B={B}: " + "  ".join(
@@ -298,6 +299,7 @@ def run_grid(grid: Grid, device: torch.device, log, save, budget: Budget) -> dic
                         return doc
                     torch._dynamo.reset()  # a fresh compile cache per config: no recompile limit hit
                     contenders, check = sequence_contenders(cell, B, T, grid.F, grid.H, grid.L, p, device, grad)
+                    contenders = {k: f for k, f in contenders.items() if keep(k)}
                     t0 = time.perf_counter()
                     res = interleaved(contenders, device, warmup=grid.warmup, repeats=grid.repeats,
                                       max_seconds=grid.max_seconds)
@@ -329,6 +331,10 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--threads", type=int, default=None,
                     help="torch.set_num_threads (default: torch's); 1 is steadier on a shared CPU")
     ap.add_argument("--out", type=Path, default=None, help="output JSON (default: results/suite_<grid>_<device>.json)")
+    ap.add_argument("--contenders", default=None,
+                    help="a regular expression: time only the contenders whose name it finds (e.g. to measure the "
+                         "compiled ones apart, whose first calls compile)")
+    ap.add_argument("--skip", default=None, help="a regular expression: leave out the contenders whose name it finds")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="start no row after this many seconds (the JSON, rewritten after every row, says what ran)")
     args = ap.parse_args(argv)
@@ -366,7 +372,11 @@ def main(argv: list[str] | None = None) -> Path:
     def save(rows: dict) -> None:
         write_json(out, {**doc, **rows, "total_s": time.perf_counter() - start})
 
-    run_grid(grid, device, log, save, Budget(args.budget_s))
+    def keep(name: str) -> bool:
+        return ((args.contenders is None or re.search(args.contenders, name) is not None)
+                and (args.skip is None or re.search(args.skip, name) is None))
+
+    run_grid(grid, device, log, save, Budget(args.budget_s), keep)
     log(f"wrote {out}")
     return out
 

@@ -96,3 +96,19 @@ def test_pad_without_interior_reset_is_one_kernel_call(monkeypatch) -> None:
     y, _ = run_sequence(problem, "pad")
     assert len(calls) == 1
     torch.testing.assert_close(y, run_sequence(problem, "reference")[0])
+
+
+def test_triton_availability_is_read_once_at_import(monkeypatch) -> None:
+    """Whether ``triton`` can serve a call is decided without looking the package up again: torch 2.11's Dynamo
+    cannot trace importlib's ``find_spec``, and every fullgraph compile of a CUDA call failed on it (H200 lease,
+    docs/gpu.md)."""
+    import importlib.util
+
+    def refuse(name, *args, **kwargs):
+        raise AssertionError(f"find_spec({name!r}) looked up during a call")
+
+    monkeypatch.setattr(importlib.util, "find_spec", refuse)
+    assert rf.available_backends("cpu") and rf.available_backends("cuda")
+    params = rf.init_gru_params(4, 5)
+    rf.gru_sequence(torch.randn(2, 3, 4), None, params)
+    rf.gru_step(torch.randn(2, 4), None, params)

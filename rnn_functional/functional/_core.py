@@ -291,15 +291,6 @@ def _first_step_resets(x, carry: Carry, is_init: torch.Tensor, reset: Carry | No
     return x, carry, None, None
 
 
-def _reads_mask(backend: str, segment_layout: str, cell: Cell) -> bool:
-    """Whether an eager call with ``is_init`` reads it on the host to choose its route: ``pad`` and ``auto`` do (but
-    ``auto`` for a cell linear in its state, which runs ``parallel``), and a forced ``segment_layout``;
-    ``reference``, ``scan``, ``triton`` and ``parallel`` apply every reset on the device."""
-    if segment_layout != "auto":
-        return True
-    return backend == "pad" or (backend == "auto" and not cell.linear_in_state)
-
-
 def _read_mask(is_init: torch.Tensor) -> tuple[np.ndarray, SegmentPlan | None]:
     """``is_init [N, T]`` read on the host (the call's one read) and, with interior resets, the plan of its
     segments (built from that copy: no further read), else ``None``."""
@@ -321,10 +312,11 @@ def execute(c: Canonical, backend: str, opts: SequenceOptions, slice_len: int | 
             num_slices: int | None = None, segment_layout: str = "auto") -> SequenceOut:
     """Run a checked, flattened call (options checked too): pick the route once, run it.
 
-    ``slice_len`` / ``num_slices``: the static layout hint of :mod:`.slices`. Eager ``pad``/``auto`` (and a
-    forced ``segment_layout``) read ``is_init`` on the host once: a call whose resets all lie at ``t = 0``
-    runs reset-free, one with interior resets gets its :func:`~rnn_functional.backends.segments.plan`.
-    ``reference``, ``scan`` and ``triton`` apply every reset on the device and read nothing.
+    ``slice_len`` / ``num_slices``: the static layout hint of :mod:`.slices`. Eager ``pad`` and ``auto`` (but not
+    where ``auto`` runs ``triton`` or ``parallel``), and a forced ``segment_layout``, read ``is_init`` on the host
+    once (:func:`.selection.reads_segments`): a call whose resets all lie at ``t = 0`` runs reset-free, one with
+    interior resets gets its :func:`~rnn_functional.backends.segments.plan`. ``reference``, ``scan``, ``triton`` and
+    ``parallel`` apply every reset on the device and read nothing.
     """
     n, t_len = c.x.shape[:2]
     ctx = call_context()
@@ -339,7 +331,8 @@ def execute(c: Canonical, backend: str, opts: SequenceOptions, slice_len: int | 
     if reshaped:  # whole slices side by side: [N * T / slice_len, slice_len]
         call = slices.split(slice_len, *call)
     plan = None
-    if call[2] is not None and not (empty or ctx.traced) and _reads_mask(backend, segment_layout, c.layout.cell):
+    if call[2] is not None and not (empty or ctx.traced) and selection.reads_segments(
+            backend, c.layout, call[0], opts, ctx, segment_layout):
         host, plan = _read_mask(call[2])
         if plan is None:
             call = _first_step_resets(*call, host)
@@ -372,11 +365,12 @@ def sequence_route(cell: str, x: torch.Tensor, params: Mapping[str, torch.Tensor
     """
     check_options(backend=backend, recompute=recompute, segment_layout=segment_layout)
     c = _canonicalize(CELLS[cell], x, None, params, is_init, None, sequence=True)
+    opts, ctx = SequenceOptions(recompute=recompute), call_context()
     plan = None
-    if c.is_init is not None and c.is_init.numel() and _reads_mask(backend, segment_layout, c.layout.cell):
+    if c.is_init is not None and c.is_init.numel() and selection.reads_segments(
+            backend, c.layout, c.x, opts, ctx, segment_layout):
         plan = _read_mask(c.is_init)[1]
-    return selection.choose(backend, c.layout, c.x, SequenceOptions(recompute=recompute), plan, records_grad,
-                            call_context(), segment_layout)
+    return selection.choose(backend, c.layout, c.x, opts, plan, records_grad, ctx, segment_layout)
 
 
 def run_sequence(cell: Cell, x, state, params, is_init, reset_state, backend: str, opts: SequenceOptions,

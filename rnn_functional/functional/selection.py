@@ -16,7 +16,7 @@ from .options import CallContext, call_context
 
 STEP_BACKENDS = ("auto", "reference", "pad", "triton", "parallel")
 
-__all__ = ["choose", "resolve_step", "STEP_BACKENDS"]
+__all__ = ["choose", "reads_segments", "resolve_step", "STEP_BACKENDS"]
 
 
 def _layouts(backend: str, layout: Layout, plan: SegmentPlan | None) -> tuple[str, ...]:
@@ -66,6 +66,24 @@ def _check_triton(layout: Layout, x: torch.Tensor) -> None:
         )
 
 
+def _auto_runs_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, ctx: CallContext) -> bool:
+    """``auto`` runs ``triton`` on CUDA wherever it serves the call (it compiles whole and vmaps in one launch)."""
+    return x.is_cuda and not ctx.differentiated and triton_backend.serves(layout, x.device, opts)
+
+
+def reads_segments(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, ctx: CallContext,
+                   segment_layout: str = "auto") -> bool:
+    """Whether an eager call with ``is_init`` must read it on the host to choose its route (:func:`choose`'s
+    ``plan``): ``pad`` and ``auto`` do, and a forced ``segment_layout``; but not ``auto`` where it runs ``triton`` or
+    ``parallel`` (a cell linear in its state), nor ``reference``, ``scan``, ``triton`` and ``parallel``, which
+    apply every reset on the device."""
+    if segment_layout != "auto":
+        return True
+    if name == "auto":
+        return not (layout.cell.linear_in_state or _auto_runs_triton(layout, x, opts, ctx))
+    return name == "pad"
+
+
 def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, plan: SegmentPlan | None,
            records_grad: bool, ctx: CallContext, segment_layout: str = "auto") -> Route:
     """The route serving backend ``name`` for this call (options already checked).
@@ -85,7 +103,7 @@ def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, pl
     if name == "auto" and layout.cell.linear_in_state:  # fastest in every context measured (docs/linear_recurrences.md)
         name = "scan" if opts.recompute == "full" and ctx.traced and not ctx.compiling else "parallel"
     if name == "auto":
-        if x.is_cuda and not ctx.differentiated and triton_backend.serves(layout, x.device, opts):
+        if _auto_runs_triton(layout, x, opts, ctx):
             return Route("triton")
         if ctx.compiling:
             return Route("scan")

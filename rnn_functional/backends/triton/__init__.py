@@ -40,18 +40,22 @@ from ..base import SequenceOptions, backends_for, no_kernel_for
 
 __all__ = ["is_available", "check_supported", "serves", "sequence", "step"]
 
+# Read once, at import (triton reads TRITON_INTERPRET at its own import): Dynamo cannot trace importlib's find_spec,
+# and torch 2.11 failed every fullgraph compile of a CUDA call on it (seen on an H200, docs/gpu.md).
+_INSTALLED = importlib.util.find_spec("triton") is not None
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 _DTYPES = (torch.float32, torch.bfloat16, torch.float64)
 _COMPUTE = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float64: "float64"}
 
 
 def is_available(device: torch.device | str | None = None) -> bool:
     """True on CUDA with triton installed, and on CPU when ``TRITON_INTERPRET=1``."""
-    if importlib.util.find_spec("triton") is None:  # the package stays importable without it
+    if not _INSTALLED:  # the package stays importable without it
         return False
     device = torch.device(device) if device is not None else torch.device("cpu")
     if device.type == "cuda":
         return torch.cuda.is_available()
-    return device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+    return device.type == "cpu" and _INTERPRETED
 
 
 def _compute_dtype(layout: Layout, opts: SequenceOptions) -> torch.dtype:
