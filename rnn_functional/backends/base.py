@@ -26,16 +26,22 @@ BACKENDS = ("reference", "scan", "pad", "triton", "parallel")
 RECOMPUTE_MODES = ("none", "full")
 
 
-def forward_mode() -> bool:
+def transforms() -> set | tuple:
+    """The kinds (``TransformType``) of the functorch transforms around the current eager call."""
+    stack = torch._C._functorch.get_interpreter_stack()
+    return {i.key() for i in stack} if stack else ()
+
+
+def forward_mode(kinds: set | tuple | None = None) -> bool:
     """True in eager forward-mode AD: ``torch.func.jvp``/``jacfwd``/``hessian`` (functorch's Jvp transform) or
     inside ``torch.autograd.forward_ad.dual_level()`` (the level ``make_dual`` reads; torch 2.13 has no public
-    accessor). ``torch.compile`` traces neither, so it is False there without reading anything."""
+    accessor). ``torch.compile`` traces neither, so it is False there without reading anything. ``kinds``: the
+    caller's :func:`transforms`, when it read them already."""
     if torch.compiler.is_compiling():
         return False
     if torch.autograd.forward_ad._current_level >= 0:
         return True
-    stack = torch._C._functorch.get_interpreter_stack() or ()
-    return any(i.key() == torch._C._functorch.TransformType.Jvp for i in stack)
+    return torch._C._functorch.TransformType.Jvp in (transforms() if kinds is None else kinds)
 
 
 def replayed_vjp(fn, args: tuple, cotangents: tuple) -> list:

@@ -7,6 +7,7 @@ For layer ``k`` (``G`` gates, ``P`` = proj_size or ``H``, ``F_k`` = input size f
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 
@@ -39,61 +40,72 @@ def init_params(
     return TensorDict(tensors, batch_size=[], device=device)
 
 
+@functools.cache
+def _names(k: int) -> tuple[str, str, str, str, str]:
+    """Layer ``k``'s keys: ``weight_ih``, ``weight_hh``, ``bias_ih``, ``bias_hh``, ``weight_hr`` (formatted once: a
+    policy step reads them on every call)."""
+    return tuple(f"{name}_l{k}" for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr"))
+
+
+@functools.cache
+def _expected(num_gates: int, num_layers: int, bias: bool, proj_size: int, hidden: int,
+              input_size: int) -> tuple[frozenset[str], tuple[tuple[str, tuple[int, ...]], ...]]:
+    """The keys, and each key's shape, of params with this layout."""
+    out = proj_size or hidden
+    want: list[tuple[str, tuple[int, ...]]] = []
+    for k in range(num_layers):
+        ih, hh, bih, bhh, hr = _names(k)
+        want += [(ih, (num_gates * hidden, input_size if k == 0 else out)), (hh, (num_gates * hidden, out))]
+        if bias:
+            want += [(bih, (num_gates * hidden,)), (bhh, (num_gates * hidden,))]
+        if proj_size:
+            want.append((hr, (proj_size, hidden)))
+    return frozenset(key for key, _ in want), tuple(want)
+
+
 def read_layout(cell: Cell, params: Mapping[str, torch.Tensor], num_gates: int, projection: bool) -> Layout:
     """Validate ``torch.nn``-named params of ``cell`` (``projection``: whether ``weight_hr`` may appear)."""
-    keys = set(params.keys())
-    num_layers = count_layers(keys, "weight_ih_l{k}", cell)
+    keys = params.keys()
+    num_layers = 0
+    while _names(num_layers)[0] in keys:
+        num_layers += 1
+    if num_layers == 0:
+        count_layers(keys, "weight_ih_l{k}", cell)  # raises, naming the missing key
     bias = "bias_ih_l0" in keys
     proj = "weight_hr_l0" in keys
     if proj and not projection:
         raise ValueError(
             f"params: 'weight_hr_l0' is an LSTM projection weight; {cell.title} has no proj_size."
         )
-    expected = set()
-    for k in range(num_layers):
-        expected |= {f"weight_ih_l{k}", f"weight_hh_l{k}"}
-        if bias:
-            expected |= {f"bias_ih_l{k}", f"bias_hh_l{k}"}
-        if proj:
-            expected.add(f"weight_hr_l{k}")
-    check_keys(keys, expected, f"a {num_layers}-layer {cell.title} (bias={bias}, proj={proj})")
-
-    w_hh0 = params["weight_hh_l0"]
-    if w_hh0.ndim != 2 or w_hh0.shape[0] % num_gates:
+    w_hh0 = params["weight_hh_l0"] if "weight_hh_l0" in keys else None
+    if w_hh0 is not None and (w_hh0.ndim != 2 or w_hh0.shape[0] % num_gates):
         raise ValueError(
             f"params['weight_hh_l0']: expected shape [{num_gates} * hidden_size, P] for {cell.title}, "
             f"got {tuple(w_hh0.shape)}. Are these params of another cell kind?"
         )
-    hidden = w_hh0.shape[0] // num_gates
+    hidden = 0 if w_hh0 is None else w_hh0.shape[0] // num_gates
     proj_size = params["weight_hr_l0"].shape[0] if proj else 0
-    out = proj_size or hidden
     input_size = params["weight_ih_l0"].shape[-1]
-    want: dict[str, tuple[int, ...]] = {}
-    for k in range(num_layers):
-        want[f"weight_ih_l{k}"] = (num_gates * hidden, input_size if k == 0 else out)
-        want[f"weight_hh_l{k}"] = (num_gates * hidden, out)
-        if bias:
-            want[f"bias_ih_l{k}"] = want[f"bias_hh_l{k}"] = (num_gates * hidden,)
-        if proj:
-            want[f"weight_hr_l{k}"] = (proj_size, hidden)
-    check_shapes(
-        params, want, f"{cell.title} with hidden_size={hidden}, P={out}, input_size={input_size}", "weight_hh_l0"
-    )
-    state_sizes = (out, hidden) if len(cell.state_names) == 2 else (hidden,)
-    return Layout(cell, num_layers, input_size, hidden, state_sizes, w_hh0.dtype, w_hh0.device, bias, proj_size)
+    expected, want = _expected(num_gates, num_layers, bias, proj_size, hidden, input_size)
+    if len(keys) != len(expected) or not all(key in keys for key in expected):
+        check_keys(set(keys), expected, f"a {num_layers}-layer {cell.title} (bias={bias}, proj={proj})")
+    dtype, device = w_hh0.dtype, w_hh0.device
+    for key, shape in want:
+        t = params[key]
+        if t.shape != shape or t.dtype != dtype or t.device != device:
+            out = proj_size or hidden
+            check_shapes(params, dict(want), f"{cell.title} with hidden_size={hidden}, P={out}, input_size={input_size}",
+                         "weight_hh_l0")  # raises, naming the key, the expected and the actual
+    state_sizes = (proj_size or hidden, hidden) if len(cell.state_names) == 2 else (hidden,)
+    return Layout(cell, num_layers, input_size, hidden, state_sizes, dtype, device, bias, proj_size)
 
 
 def layer_weights(params: Mapping[str, torch.Tensor], layout: Layout, k: int, projection: bool) -> LayerWeights:
     """Weights of layer ``k``; ``extra`` is ``(weight_hr,)`` for a cell with ``projection``, else empty."""
+    ih, hh, bih, bhh, hr = _names(k)
     bias = layout.bias
-    extra = (params[f"weight_hr_l{k}"] if layout.proj_size else None,) if projection else ()
-    return LayerWeights(
-        weight_ih=params[f"weight_ih_l{k}"],
-        bias_ih=params[f"bias_ih_l{k}"] if bias else None,
-        weight_hh=params[f"weight_hh_l{k}"],
-        bias_hh=params[f"bias_hh_l{k}"] if bias else None,
-        extra=extra,
-    )
+    extra = (params[hr] if layout.proj_size else None,) if projection else ()
+    return LayerWeights(params[ih], params[bih] if bias else None, params[hh], params[bhh] if bias else None, extra)
 
 
 def flat_weights(cell: Cell, params: Mapping[str, torch.Tensor], layout: Layout) -> list[torch.Tensor]:

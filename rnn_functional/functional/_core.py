@@ -71,10 +71,13 @@ def check_dtype_device(t: torch.Tensor, arg: str, dtype: torch.dtype, device: to
         raise ValueError(f"{arg}: expected dtype {dtype} on {device} (the params'), got {t.dtype} on {t.device}. {fix}")
 
 
-def _check_tensor(t: torch.Tensor, arg: str, shape: tuple, layout: Layout, hint: str) -> None:
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{arg}: expected shape {list(shape)} {hint}, got {list(t.shape)}.")
-    check_dtype_device(t, arg, layout.dtype, layout.device)
+def _check_state(t: torch.Tensor, arg: str, name: str, lead: tuple, size: int, layout: Layout) -> None:
+    """Raise unless ``t`` (entry ``name`` of the ``arg`` state) is ``[*lead, size]`` of the params' dtype and device
+    (the message is built only on error: a policy step checks its state on every call)."""
+    if t.shape != lead + (size,):
+        raise ValueError(f"{arg} ({name}): expected shape {list(lead + (size,))} ([*B, {'T, ' if arg == 'reset_state' else ''}"
+                         f"L, {size}] for this {layout.cell.title}), got {list(t.shape)}.")
+    check_dtype_device(t, f"{arg} ({name})", layout.dtype, layout.device)
 
 
 def _check_mask(is_init, want: tuple, arg: str = "is_init") -> torch.Tensor:
@@ -103,7 +106,7 @@ def _as_tensor_map(params, cell: Cell) -> dict[str, torch.Tensor]:
     return dict(params.items())
 
 
-@dataclass
+@dataclass(slots=True)
 class Canonical:
     """A validated, flattened call (see :mod:`rnn_functional.backends.base`)."""
 
@@ -154,7 +157,7 @@ def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: 
     if state is not None:
         carry = _as_carry(cell, state, "state")
         for nm, t, s in zip(names, carry, sizes):
-            _check_tensor(t, f"state ({nm})", batch_shape + (L, s), layout, f"([*B, L, {s}] for this {cell.title})")
+            _check_state(t, "state", nm, batch_shape + (L,), s, layout)
 
     mask = None if is_init is None else _check_mask(is_init, batch_shape + time)
 
@@ -169,9 +172,7 @@ def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: 
             )
         reset = _as_carry(cell, reset_state, "reset_state")
         for nm, t, s in zip(names, reset, sizes):
-            _check_tensor(
-                t, f"reset_state ({nm})", batch_shape + time + (L, s), layout, f"([*B, T, L, {s}] for this {cell.title})"
-            )
+            _check_state(t, "reset_state", nm, batch_shape + time + (L,), s, layout)
     return flatten(layout, params, x, carry, mask, reset, sequence)
 
 

@@ -13,28 +13,13 @@ from dataclasses import dataclass
 import torch
 
 from ..backends import BACKENDS, LAYOUTS_OF, RECOMPUTE_MODES, SEGMENT_LAYOUTS
-from ..backends.base import forward_mode
+from ..backends.base import forward_mode, transforms
 from ..precision import check_mode
 
 BACKEND_CHOICES = ("auto", *BACKENDS)
 _RECOMPUTE_BACKENDS = ("reference", "scan", "triton")
 
 __all__ = ["BACKEND_CHOICES", "RECOMPUTE_MODES", "CallContext", "call_context", "check_options"]
-
-
-def inside_vmap() -> bool:
-    """True when called under ``torch.vmap`` (at any depth of functorch transforms)."""
-    stack = torch._C._functorch.get_interpreter_stack() or ()
-    return any(i.key() == torch._C._functorch.TransformType.Vmap for i in stack)
-
-
-def inside_grad_transform() -> bool:
-    """True when called under ``torch.func.grad`` / ``vjp`` / ``jvp`` / ``jacrev`` (functorch's autodiff transforms)
-    or inside ``torch.autograd.forward_ad.dual_level()`` (dual tensors: forward-mode AD without functorch)."""
-    if forward_mode():
-        return True
-    stack = torch._C._functorch.get_interpreter_stack() or ()
-    return any(i.key() == torch._C._functorch.TransformType.Grad for i in stack)
 
 
 @dataclass(frozen=True)
@@ -52,10 +37,18 @@ class CallContext:
         return self.compiling or self.vmapped or self.differentiated
 
 
+# every context is one of these: a call builds none (a policy step reads its context on every call)
+_CONTEXTS = {(c, v, d): CallContext(c, v, d) for c in (False, True) for v in (False, True) for d in (False, True)}
+_VMAP, _GRAD = torch._C._functorch.TransformType.Vmap, torch._C._functorch.TransformType.Grad
+
+
 def call_context() -> CallContext:
-    """The context of the current call. ``is_compiling`` is read first: dynamo cannot trace the rest."""
-    compiling = torch.compiler.is_compiling()
-    return CallContext(compiling, not compiling and inside_vmap(), not compiling and inside_grad_transform())
+    """The context of the current call: ``is_compiling`` is read first (Dynamo cannot trace the rest), then
+    functorch's transform stack once, and forward-mode AD (:func:`~rnn_functional.backends.base.forward_mode`)."""
+    if torch.compiler.is_compiling():
+        return _CONTEXTS[True, False, False]
+    kinds = transforms()
+    return _CONTEXTS[False, _VMAP in kinds, _GRAD in kinds or forward_mode(kinds)]
 
 
 def check_options(
