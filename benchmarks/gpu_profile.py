@@ -5,7 +5,8 @@
 
 For a few configurations (LSTM and GRU, B=256, T=64, H in {64, 256}, fp32 with the recurrent matmul in
 ``ieee`` and ``tf32``, and bf16; 3% resets), forward under ``torch.no_grad`` and forward + backward of
-``y.sum()``: the wall time per call (CUDA synchronised, median of interleaved rounds), and one call under
+``y.sum()``, on ``triton`` and, at H=256, on ``pad`` (cuDNN around the resets) and ``torch.nn`` (cuDNN without
+resets, the floor): the wall time per call (CUDA synchronised, median of interleaved rounds), and one call under
 ``torch.profiler`` broken into the device time of each kernel (the largest first) and the host time the
 call spent before its last launch. A wall time far above the summed kernel time means the call is bound by
 the host (Python, dispatch, launches), not by the kernels. Writes one JSON and prints a table.
@@ -25,29 +26,38 @@ from _timing import Budget, environment, interleaved, write_json  # noqa: E402
 
 import rnn_functional as rf  # noqa: E402
 
-CONFIGS = [  # (cell, B, T, H, dtype, matmul precision)
-    ("lstm", 256, 64, 256, "float32", "ieee"), ("lstm", 256, 64, 256, "float32", "tf32"),
-    ("lstm", 256, 64, 64, "float32", "ieee"), ("lstm", 256, 64, 256, "bfloat16", None),
-    ("gru", 256, 64, 256, "float32", "ieee"), ("gru", 256, 64, 256, "float32", "tf32"),
+CONFIGS = [  # (cell, B, T, H, dtype, matmul precision, backend), the comparisons at TorchRL's H first
+    ("lstm", 256, 64, 256, "float32", None, "torch.nn"), ("lstm", 256, 64, 256, "float32", None, "pad"),
+    ("lstm", 256, 64, 256, "float32", "tf32", "triton"), ("lstm", 256, 64, 256, "float32", "ieee", "triton"),
+    ("lstm", 256, 64, 64, "float32", "ieee", "triton"), ("lstm", 256, 64, 256, "bfloat16", None, "triton"),
+    ("gru", 256, 64, 256, "float32", None, "pad"), ("gru", 256, 64, 256, "float32", "tf32", "triton"),
+    ("gru", 256, 64, 256, "float32", "ieee", "triton"),
 ]
-SMOKE = [("lstm", 4, 6, 16, "float32", None), ("gru", 4, 6, 16, "float32", None)]
+SMOKE = [("lstm", 4, 6, 16, "float32", None, "triton"), ("gru", 4, 6, 16, "float32", None, "pad"),
+         ("gru", 4, 6, 16, "float32", None, "torch.nn")]
 
 
-def make_call(cell: str, B: int, T: int, H: int, dtype: str, precision: str | None, device: torch.device,
-              backward: bool):
+def make_call(cell: str, B: int, T: int, H: int, dtype: str, precision: str | None, backend: str,
+              device: torch.device, backward: bool):
     gen = torch.Generator().manual_seed(0)
     init = rf.init_lstm_params if cell == "lstm" else rf.init_gru_params
     params = init(H, H, generator=gen).to(device=device, dtype=getattr(torch, dtype))
     x = torch.randn(B, T, H, generator=gen).to(device=device, dtype=params["weight_ih_l0"].dtype)
     is_init = (torch.rand(B, T, generator=gen) < 0.03).to(device)
     seq = rf.lstm_sequence if cell == "lstm" else rf.gru_sequence
+    floor = (torch.nn.LSTM if cell == "lstm" else torch.nn.GRU)(H, H, batch_first=True).to(device, params["weight_ih_l0"].dtype)
     if backward:
         params.requires_grad_(True)
         x.requires_grad_(True)
 
+    def run():
+        if backend == "torch.nn":
+            return floor(x)[0]
+        return seq(x, None, params, is_init=is_init, backend=backend, matmul_precision=precision)[0]
+
     def call() -> None:
         with torch.enable_grad() if backward else torch.no_grad():
-            y = seq(x, None, params, is_init=is_init, backend="triton", matmul_precision=precision)[0]
+            y = run()
             if backward:
                 y.sum().backward()
 
@@ -86,17 +96,17 @@ def main() -> None:
     budget = Budget(args.budget_s)
     configs = SMOKE if args.smoke else CONFIGS
     rows = []
-    for cell, B, T, H, dtype, precision in configs:
+    for cell, B, T, H, dtype, precision, backend in configs:
         for backward in (False, True):
             if not budget.left():
                 break
-            call = make_call(cell, B, T, H, dtype, precision, device, backward)
+            call = make_call(cell, B, T, H, dtype, precision, backend, device, backward)
             timing = interleaved({"call": call}, device, warmup=3, repeats=5 if args.smoke else 15)["call"]
-            row = {"cell": cell, "B": B, "T": T, "H": H, "dtype": dtype, "matmul_precision": precision,
+            row = {"cell": cell, "B": B, "T": T, "H": H, "dtype": dtype, "matmul_precision": precision, "backend": backend,
                    "mode": "fwd+bwd" if backward else "fwd", "wall_us": timing["median_s"] * 1e6,
                    **breakdown(call, device)}
             rows.append(row)
-            print(f"{cell} B={B} T={T} H={H} {dtype} {precision} {row['mode']}: wall {row['wall_us']:.0f} us, "
+            print(f"{backend} {cell} B={B} T={T} H={H} {dtype} {precision} {row['mode']}: wall {row['wall_us']:.0f} us, "
                   f"kernels {row['kernel_us']:.0f} us, host {row['host_us']:.0f} us, launches {row['launches']}; top: "
                   + ", ".join(f"{k['name'][:40]}={k['us']:.0f}us" for k in row["kernels"][:3]), flush=True)
             write_json(args.out, {"environment": environment(device), "rows": rows,

@@ -145,6 +145,21 @@ def test_every_pad_layout_reads_is_init_once(cell, layout):
     assert reads.seen == ["numpy"]
 
 
+@pytest.mark.parametrize("hint", [{"slice_len": 2}, {"slice_len": 3, "num_slices": 9}])
+@pytest.mark.parametrize("backend", ["pad", "auto", "reference", "scan"])
+def test_a_slice_hint_is_checked_on_the_one_read(backend, hint):
+    """A hinted call (``slice_len``/``num_slices``) checks the hint on the host: on the one read that ``pad``/``auto``
+    make for their plan, and on one read where the backend needs none (no hint check may go unchecked: whole
+    slices run side by side, so a wrong hint would mix trajectories)."""
+    init, _, sequence = CELLS["lstm"]
+    is_init = torch.zeros(B, T, dtype=torch.bool)
+    is_init[:, ::2] = True  # whole slices of 2: a valid hint of both kinds
+    with HostReads() as reads:
+        sequence(torch.randn(B, T, F_IN), None, init(F_IN, H), is_init=is_init, backend=backend,
+                 return_segment_states=True, **hint)
+    assert reads.seen == ["numpy"]
+
+
 # ------------------------------------------------------------- on a GPU: CUDA's own count of synchronisations
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -40,14 +40,17 @@ def init_params(
     return TensorDict(tensors, batch_size=[], device=device)
 
 
-@functools.cache
-def _names(k: int) -> tuple[str, str, str, str, str]:
-    """Layer ``k``'s keys: ``weight_ih``, ``weight_hh``, ``bias_ih``, ``bias_hh``, ``weight_hr`` (formatted once: a
-    policy step reads them on every call)."""
-    return tuple(f"{name}_l{k}" for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr"))
+_KINDS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr")
+# layer k's keys, formatted once (a policy step reads them on every call); a plain tuple, which Dynamo reads as a
+# constant (it warns on, and sees through, a functools cache)
+_NAMES = tuple(tuple(f"{kind}_l{k}" for kind in _KINDS) for k in range(16))
 
 
-@functools.cache
+def _names(k: int) -> tuple[str, ...]:
+    """Layer ``k``'s keys: ``weight_ih``, ``weight_hh``, ``bias_ih``, ``bias_hh``, ``weight_hr``."""
+    return _NAMES[k] if k < len(_NAMES) else tuple(f"{kind}_l{k}" for kind in _KINDS)
+
+
 def _expected(num_gates: int, num_layers: int, bias: bool, proj_size: int, hidden: int,
               input_size: int) -> tuple[frozenset[str], tuple[tuple[str, tuple[int, ...]], ...]]:
     """The keys, and each key's shape, of params with this layout."""
@@ -61,6 +64,9 @@ def _expected(num_gates: int, num_layers: int, bias: bool, proj_size: int, hidde
         if proj_size:
             want.append((hr, (proj_size, hidden)))
     return frozenset(key for key, _ in want), tuple(want)
+
+
+_expected_once = functools.lru_cache(maxsize=256)(_expected)  # eager calls; a traced call builds its constants
 
 
 def read_layout(cell: Cell, params: Mapping[str, torch.Tensor], num_gates: int, projection: bool) -> Layout:
@@ -86,7 +92,8 @@ def read_layout(cell: Cell, params: Mapping[str, torch.Tensor], num_gates: int, 
     hidden = 0 if w_hh0 is None else w_hh0.shape[0] // num_gates
     proj_size = params["weight_hr_l0"].shape[0] if proj else 0
     input_size = params["weight_ih_l0"].shape[-1]
-    expected, want = _expected(num_gates, num_layers, bias, proj_size, hidden, input_size)
+    expected, want = (_expected if torch.compiler.is_compiling() else _expected_once)(
+        num_gates, num_layers, bias, proj_size, hidden, input_size)
     if len(keys) != len(expected) or not all(key in keys for key in expected):
         check_keys(set(keys), expected, f"a {num_layers}-layer {cell.title} (bias={bias}, proj={proj})")
     dtype, device = w_hh0.dtype, w_hh0.device

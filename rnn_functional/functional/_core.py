@@ -292,10 +292,10 @@ def _first_step_resets(x, carry: Carry, is_init: torch.Tensor, reset: Carry | No
     return x, carry, None, None
 
 
-def _read_mask(is_init: torch.Tensor) -> tuple[np.ndarray, SegmentPlan | None]:
-    """``is_init [N, T]`` read on the host (the call's one read) and, with interior resets, the plan of its
-    segments (built from that copy: no further read), else ``None``."""
-    host = is_init.numpy(force=True)
+def _read_mask(is_init: torch.Tensor, host: np.ndarray | None = None) -> tuple[np.ndarray, SegmentPlan | None]:
+    """``is_init [N, T]`` read on the host (the call's one read; ``host`` where the call read it already) and, with
+    interior resets, the plan of its segments (built from that copy: no further read), else ``None``."""
+    host = is_init.numpy(force=True) if host is None else host
     return host, segments.plan(host, is_init.device) if host[:, 1:].any() else None
 
 
@@ -321,8 +321,11 @@ def execute(c: Canonical, backend: str, opts: SequenceOptions, slice_len: int | 
     """
     n, t_len = c.x.shape[:2]
     ctx = call_context()
+    host = None  # is_init read on the host: once per call, for the hint's check and the segment plan alike
     if slice_len is not None or num_slices is not None:
-        slices.check_hint(slice_len, num_slices, t_len, c.is_init, ctx.compiling)
+        if c.is_init is not None and c.is_init.numel() and not ctx.traced:
+            host = c.is_init.numpy(force=True)
+        slices.check_hint(slice_len, num_slices, t_len, c.is_init, ctx.compiling, host)
     empty = n == 0 or t_len == 0
     records_grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (c.x, *c.carry, *(c.reset or ()), *c.params.values())
@@ -331,10 +334,11 @@ def execute(c: Canonical, backend: str, opts: SequenceOptions, slice_len: int | 
     reshaped = slice_len is not None and num_slices is None and not empty
     if reshaped:  # whole slices side by side: [N * T / slice_len, slice_len]
         call = slices.split(slice_len, *call)
+        host = None if host is None else host.reshape(call[2].shape)
     plan = None
     if call[2] is not None and not (empty or ctx.traced) and selection.reads_segments(
             backend, c.layout, call[0], opts, ctx, segment_layout):
-        host, plan = _read_mask(call[2])
+        host, plan = _read_mask(call[2], host)
         if plan is None:
             call = _first_step_resets(*call, host)
     route = selection.choose(backend, c.layout, call[0], opts, plan, records_grad, ctx, segment_layout)

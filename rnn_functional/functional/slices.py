@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from ..backends import segments
@@ -50,8 +51,12 @@ def _check(ok: torch.Tensor, compiling: bool, message: Callable[[], str]) -> Non
         raise ValueError(message())
 
 
-def check_hint(slice_len, num_slices, t_len: int, is_init: torch.Tensor | None, compiling: bool) -> None:
-    """Raise when the hint does not describe a call of ``T = t_len`` steps with resets ``is_init [N, T]``."""
+def check_hint(slice_len, num_slices, t_len: int, is_init: torch.Tensor | None, compiling: bool,
+               host: np.ndarray | None = None) -> None:
+    """Raise when the hint does not describe a call of ``T = t_len`` steps with resets ``is_init [N, T]``.
+
+    ``host``: ``is_init`` already read on the host (a plain eager call reads it once, for this check and the
+    segment plan); else the check runs on the device (an in-graph assert when ``compiling``)."""
     check_value(slice_len)
     check_value(num_slices, "num_slices")
     if slice_len is None:
@@ -61,15 +66,28 @@ def check_hint(slice_len, num_slices, t_len: int, is_init: torch.Tensor | None, 
     if num_slices is not None:
         if is_init.numel() == 0:  # an empty call: no segment
             return
+
+        def too_many(count=None, longest=None) -> str:
+            fix = f". Pass SliceSampler's slice_len and num_slices (its batch_size // slice_len). {_RAGGED}"
+            if count is None:  # compiled: the numbers are in the graph
+                return ("slice_len, num_slices: expected at most num_slices segments (runs between resets) of at most "
+                        "slice_len steps, the batch has more or longer ones" + fix)
+            return (f"slice_len={slice_len}, num_slices={num_slices}: expected at most {num_slices} segments (runs "
+                    f"between resets) of at most {slice_len} steps, got {count} segments, the longest {longest} "
+                    f"steps" + fix)
+
+        if host is not None:
+            starts = host.copy()
+            starts[:, 0] = True
+            first = np.flatnonzero(starts)
+            longest = int(np.diff(first, append=starts.size).max())
+            if len(first) > num_slices or longest > slice_len:
+                raise ValueError(too_many(len(first), longest))
+            return
         seg_of = _segment_index(is_init)
         count, lengths = seg_of[-1] + 1, _lengths(seg_of, num_slices)
-        _check((count <= num_slices) & (lengths <= slice_len).all(), compiling, lambda: (
-            f"slice_len={slice_len}, num_slices={num_slices}: expected at most {num_slices} segments (runs between "
-            f"resets) of at most {slice_len} steps, got {int(count)} segments, the longest "
-            f"{int(_lengths(seg_of, int(count)).max())} steps" if not compiling else
-            "slice_len, num_slices: expected at most num_slices segments (runs between resets) of at most slice_len "
-            "steps, the batch has more or longer ones") + f". Pass SliceSampler's slice_len and num_slices (its "
-            f"batch_size // slice_len). {_RAGGED}")
+        _check((count <= num_slices) & (lengths <= slice_len).all(), compiling, lambda: too_many(
+            *(() if compiling else (int(count), int(_lengths(seg_of, int(count)).max())))))
         return
     if t_len % slice_len:
         raise ValueError(
@@ -77,17 +95,28 @@ def check_hint(slice_len, num_slices, t_len: int, is_init: torch.Tensor | None, 
             f"(whole slices of exactly {slice_len} steps, as SliceSampler(slice_len={slice_len}, strict_length=True) "
             f"returns). For truncated slices (strict_length=False) pass num_slices too. {_RAGGED}"
         )
+
+    def not_whole(row=None, k=None, missing=None, total=None) -> str:
+        if row is None:  # compiled: the numbers may be symbolic (dynamic=True), a graph cannot format them
+            return ("slice_len: is_init must be True at every slice start (every multiple of slice_len along T): the "
+                    f"batch is not whole slices of slice_len steps. {_RAGGED}")
+        return (f"slice_len={slice_len}: is_init must be True at every slice start (every multiple of {slice_len} "
+                f"along T={t_len}), but is_init[{row}, {(k + 1) * slice_len}] is False ({missing} of {total} slice "
+                f"starts are False): the batch is not whole slices of {slice_len} steps. {_RAGGED}")
+
+    if host is not None:
+        starts = host[:, slice_len::slice_len]
+        if not starts.all():
+            row, k = np.argwhere(~starts)[0]
+            raise ValueError(not_whole(int(row), int(k), int((~starts).sum()), starts.size))
+        return
     starts = is_init[:, slice_len::slice_len]
 
     def message() -> str:
-        if compiling:  # the numbers may be symbolic (dynamic=True): a graph cannot format them
-            return ("slice_len: is_init must be True at every slice start (every multiple of slice_len along T): the "
-                    f"batch is not whole slices of slice_len steps. {_RAGGED}")
+        if compiling:
+            return not_whole()
         row, k = (~starts).nonzero()[0].tolist()
-        return (f"slice_len={slice_len}: is_init must be True at every slice start (every multiple of {slice_len} "
-                f"along T={t_len}), but is_init[{row}, {(k + 1) * slice_len}] is False ({int((~starts).sum())} of "
-                f"{starts.numel()} slice starts are False): the batch is not whole slices of {slice_len} steps. "
-                f"{_RAGGED}")
+        return not_whole(row, k, int((~starts).sum()), starts.numel())
 
     if starts.numel():
         _check(starts.all(), compiling, message)
