@@ -149,16 +149,17 @@ def _reporting(fn: Callable[[], None]) -> Callable[[], None]:
     return run
 
 
-def build_contenders(cell: str, e: int, b: int, t: int, h: int, names: list[str]) -> dict[str, Callable[[], None]]:
+def build_contenders(cell: str, e: int, b: int, t: int, h: int, names: list[str],
+                     device: torch.device = torch.device("cpu")) -> dict[str, Callable[[], None]]:
     """name -> zero-argument fwd+bwd call, for the contenders in ``names`` (see module doc)."""
     init = rf.ensemble_init_lstm_params if cell == "lstm" else rf.ensemble_init_gru_params
     seq = rf.lstm_sequence if cell == "lstm" else rf.gru_sequence
     g = torch.Generator().manual_seed(0)
-    stacked = init(e, h, h, generator=g).requires_grad_(True)
+    stacked = init(e, h, h, generator=g).to(device).requires_grad_(True)
     leaves = list(stacked.values())
     members = rf.unstack_params(stacked)
-    x = torch.randn(b, t, h, generator=g)
-    is_init = torch.rand(b, t, generator=g) < 0.05
+    x = torch.randn(b, t, h, generator=g).to(device)
+    is_init = (torch.rand(b, t, generator=g) < 0.05).to(device)
 
     def member_out(p, backend: str = "auto") -> torch.Tensor:
         return seq(x, None, p, is_init=is_init, backend=backend)[0]
@@ -177,9 +178,9 @@ def build_contenders(cell: str, e: int, b: int, t: int, h: int, names: list[str]
 
     def gemm_floor() -> Callable[[], None]:
         gates, n = stacked["weight_hh_l0"].shape[1], b * t
-        inp, h_t = torch.randn(n, h), torch.randn(b, h)
-        d_gates, d_gates_t = torch.randn(n, gates), torch.randn(b, gates)
-        w_ih, w_hh = torch.randn(gates, h), torch.randn(gates, h)
+        inp, h_t = torch.randn(n, h, device=device), torch.randn(b, h, device=device)
+        d_gates, d_gates_t = torch.randn(n, gates, device=device), torch.randn(b, gates, device=device)
+        w_ih, w_hh = torch.randn(gates, h, device=device), torch.randn(gates, h, device=device)
 
         def member() -> None:
             torch.mm(inp, w_ih.t()), torch.mm(d_gates.t(), inp)  # projection, d_W_ih (x needs no gradient)
@@ -272,9 +273,9 @@ def measure(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     if args.malloc == "keep":
         keep_heap()
-    device = torch.device("cpu")
+    device = torch.device(args.device)
     names = args.contenders or SWEEP
-    contenders = build_contenders(args.cell, args.members, args.batch, args.time, args.hidden, names)
+    contenders = build_contenders(args.cell, args.members, args.batch, args.time, args.hidden, names, device)
     results = interleaved(contenders, device, warmup=2, repeats=args.repeats, max_seconds=60.0, settle=True)
     for name, fn in contenders.items():
         if "median_s" in results[name]:
@@ -284,9 +285,9 @@ def measure(args: argparse.Namespace) -> dict:
         results["GEMM floor"]["gflops"] = flops / results["GEMM floor"]["median_s"] / 1e9
     config = {"cell": args.cell, "members": args.members, "batch": args.batch, "time": args.time,
               "hidden": args.hidden, "threads": args.threads, "malloc": args.malloc, "input": args.hidden, "layers": 1,
-              "reset_prob": 0.05, "dtype": "float32"}
+              "reset_prob": 0.05, "dtype": "float32", **({} if device.type == "cpu" else {"device": device.type})}
     row = {"config": config, "environment": environment(device), "results": results,
-           "gemm_peak_gflops": gemm_peak_gflops()}
+           **({"gemm_peak_gflops": gemm_peak_gflops()} if device.type == "cpu" else {})}
     for base in ("eager loop", BASELINE):
         ref = results.get(base, {}).get("median_s")
         if ref:
@@ -448,6 +449,7 @@ def main() -> None:
     ap.add_argument("--contenders", nargs="+", choices=SWEEP + EXTRA, help=f"default: {', '.join(SWEEP)}")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="sweep JSON the row is merged into")
     ap.add_argument("--report", action="store_true", help="no timing: table, plot and docs from --out")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (on CUDA auto runs triton, one launch for the ensemble)")
     args = ap.parse_args()
     if args.report:
         report(args.out)

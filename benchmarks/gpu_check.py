@@ -9,7 +9,8 @@ starts. The benchmarks start no row past 70% of their share and rewrite their JS
 overrun loses one row, not the step. Steps: ``tests`` (the GPU-marked tests), ``profile``
 (``benchmarks/gpu_profile.py``: host against kernel time of one ``triton`` call), ``triton``
 (``bench_triton.py --quick``), ``suite`` and ``suite_compiled`` (``run.py --grid torchrl``: TorchRL's grid and the
-policy step, the eager contenders, then those whose first call compiles), ``flat`` (``bench_flat.py --device cuda``: SliceSampler batches). Writes into ``DIR`` (at most 8 files, what the device tool brings back): ``gpu_check.json``
+policy step, the eager contenders, then those whose first call compiles), ``ensemble`` (``bench_ensemble.py``: E=8
+LSTMs, vmap against a loop), ``flat`` (``bench_flat.py --device cuda``: SliceSampler batches). Writes into ``DIR`` (at most 8 files, what the device tool brings back): ``gpu_check.json``
 (the environment: device, driver, torch, triton, CPU, library versions; every step's command, exit
 status, wall time and output tail), ``summary.md`` (the same as a table), and each benchmark step's
 own JSON. The dry run writes the same files on CPU; the test suite runs it
@@ -42,7 +43,8 @@ class Step:
 
 # each step's share of the total budget; a benchmark starts no row after 70% of its share (``--budget-s``) and
 # rewrites its JSON after every row, so that the step's hard limit, its share, loses at most the row in flight
-SHARES = {"tests": 0.15, "profile": 0.08, "triton": 0.2, "suite": 0.25, "suite_compiled": 0.17, "flat": 0.15}
+SHARES = {"tests": 0.15, "profile": 0.08, "triton": 0.18, "suite": 0.22, "suite_compiled": 0.15, "flat": 0.13,
+          "ensemble": 0.09}
 # the suite's contenders whose first call compiles (Inductor, Triton's JIT): measured apart, after the eager ones
 # (on the first lease, 2026-11-27, one row of them did not finish in 100 s on a fresh H200)
 COMPILED = r"compiled|torchrl/scan|torchrl/triton"
@@ -50,6 +52,7 @@ WITH_FLOOR = COMPILED + r"|torch\.nn"  # the floor (torch.nn) in both parts, to 
 ROW_BUDGET = 0.7
 # the flat SliceSampler cases run on a GPU, by value: a real sampler's batch, full and truncated slices, [B, T]
 FLAT_CASES = "SliceSampler N=1024|flat N=1024 slices <=20|flat N=200 slices =8|[32, 64] resets 5%"
+ENSEMBLE = ("eager loop", "eager vmap", "GEMM floor")  # the compiled ones compile for tens of seconds
 
 
 def steps(out: Path, dry_run: bool, total_s: float) -> list[Step]:
@@ -79,6 +82,9 @@ def steps(out: Path, dry_run: bool, total_s: float) -> list[Step]:
             Step("flat", (py, "benchmarks/bench_flat.py", "--device", "cpu", "--only", "flat N=200 slices =8",
                           "--cells", "gru", "--modes", "fwd", "--repeats", "2", *rows("flat"), "--out",
                           str(out / "flat.json")), budget["flat"], "flat.json"),
+            Step("ensemble", (py, "benchmarks/bench_ensemble.py", "--device", "cpu", "--members", "2", "--batch", "2",
+                              "--time", "4", "--hidden", "8", "--repeats", "1", "--contenders", *ENSEMBLE, "--out",
+                              str(out / "ensemble.json")), budget["ensemble"], "ensemble.json"),
         ]
     return [
         # the GPU-marked tests: compiled kernels against reference, CUDA graphs, CUDA's sync debug mode
@@ -96,6 +102,10 @@ def steps(out: Path, dry_run: bool, total_s: float) -> list[Step]:
              budget["suite_compiled"], "suite_compiled.json"),
         Step("flat", (py, "benchmarks/bench_flat.py", "--device", "cuda", "--quick", "--only", FLAT_CASES,
                       "--repeats", "5", *rows("flat"), "--out", str(out / "flat.json")), budget["flat"], "flat.json"),
+        # an ensemble of E=8 LSTMs trained together (fwd+bwd): vmap (one triton launch) against a loop, and the GEMMs
+        Step("ensemble", (py, "benchmarks/bench_ensemble.py", "--device", "cuda", "--members", "8", "--repeats", "5",
+                          "--contenders", *ENSEMBLE, "--out", str(out / "ensemble.json")), budget["ensemble"],
+             "ensemble.json"),
     ]
 
 

@@ -21,12 +21,12 @@ def test_dry_run_writes_what_a_lease_brings_back(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["flat.json", "gpu_check.json", "profile.json", "suite.json", "suite_compiled.json", "summary.md",
-                     "triton.json"]
+    assert files == ["ensemble.json", "flat.json", "gpu_check.json", "profile.json", "suite.json", "suite_compiled.json",
+                     "summary.md", "triton.json"]
     assert len(files) <= 8 and all(re.fullmatch(r"[A-Za-z0-9._-]+", f) for f in files)  # what the device tool returns
     doc = json.loads((out / "gpu_check.json").read_text())
     assert doc["dry_run"] and doc["ok"]
-    assert [s["name"] for s in doc["steps"]] == ["tests", "profile", "triton", "suite", "suite_compiled", "flat"]
+    assert [s["name"] for s in doc["steps"]] == ["tests", "profile", "triton", "suite", "suite_compiled", "flat", "ensemble"]
     assert all(s["rc"] == 0 and s["wall_s"] <= s["budget_s"] for s in doc["steps"])
     assert doc["environment"]["torch"] and doc["environment"]["cpu"]
     assert json.loads((out / "triton.json").read_text())["rows"]  # the benchmarks' own results
@@ -35,6 +35,7 @@ def test_dry_run_writes_what_a_lease_brings_back(tmp_path):
     compiled = json.loads((out / "suite_compiled.json").read_text())["sequence"][0]["results"]
     assert "ours/scan (compiled)" in compiled and "ours/scan (compiled)" not in suite["sequence"][0]["results"]
     assert json.loads((out / "flat.json").read_text())["rows"]
+    assert "eager vmap" in json.loads((out / "ensemble.json").read_text())["rows"][0]["results"]
     assert json.loads((out / "profile.json").read_text())["rows"][0]["host_us"] > 0
     assert "| tests | 0 |" in (out / "summary.md").read_text()
 

@@ -76,8 +76,8 @@ def step(layout: Layout, params, x: torch.Tensor, carry: Carry) -> tuple[torch.T
     """
     run = aten_kernels(layout).step
     if layout.num_layers == 1:  # views in and out: a policy step's cost is its op count
-        new = run(layout.cell.layer_weights(params, layout, 0), x, tuple(s.squeeze(1) for s in carry))
-        return new[0], tuple(s.unsqueeze(1) for s in new)
+        new = run(layout.cell.layer_weights(params, layout, 0), x, tuple([s.squeeze(1) for s in carry]))
+        return new[0], tuple([s.unsqueeze(1) for s in new])
     new_layers = []
     inp = x
     for k in range(layout.num_layers):

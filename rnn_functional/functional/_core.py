@@ -184,6 +184,8 @@ def flatten(layout: Layout, params: dict[str, torch.Tensor], x: torch.Tensor, ca
         x, is_init, carry, reset = _saveable(x, is_init, carry, reset)
     lead = 2 if sequence else 1
     batch_shape = tuple(x.shape[:-lead])
+    if len(batch_shape) == 1 and carry is not None and (is_init is None or is_init.ndim == lead):
+        return Canonical(layout, params, batch_shape, x, tuple(carry), is_init, reset)  # flat already: a policy step
     n = math.prod(batch_shape)
     time = tuple(x.shape[-2:-1]) if sequence else ()
     L, sizes = layout.num_layers, layout.state_sizes
