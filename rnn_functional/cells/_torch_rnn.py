@@ -94,7 +94,7 @@ def read_layout(cell: Cell, params: Mapping[str, torch.Tensor], num_gates: int, 
     input_size = params["weight_ih_l0"].shape[-1]
     expected, want = (_expected if torch.compiler.is_compiling() else _expected_once)(
         num_gates, num_layers, bias, proj_size, hidden, input_size)
-    if len(keys) != len(expected) or not all(key in keys for key in expected):
+    if keys != expected:  # one comparison in C for a dict's keys; other mappings take the detailed check
         check_keys(set(keys), expected, f"a {num_layers}-layer {cell.title} (bias={bias}, proj={proj})")
     dtype, device = w_hh0.dtype, w_hh0.device
     for key, shape in want:

@@ -267,11 +267,15 @@ def run_validated_step(
     if not torch.compiler.is_compiling() and torch.is_grad_enabled():
         x, is_init, carry, _ = _saveable(x, is_init, carry, None)
     batch_shape = tuple(x.shape[:-1])
-    n = math.prod(batch_shape)
-    flat = tuple(t.reshape(n, *t.shape[-2:]) for t in carry)
-    mask = None if is_init is None else is_init.reshape(n)
+    if len(batch_shape) == 1:  # flat already (a policy step): ``is_init`` [N] or [N, 1] broadcasts as it is
+        flat, mask = tuple(carry), is_init
+    else:
+        n = math.prod(batch_shape)
+        flat = tuple(t.reshape(n, *t.shape[-2:]) for t in carry)
+        mask = None if is_init is None else is_init.reshape(n)
+        x = x.reshape(n, x.shape[-1])
     step = selection.resolve_step("auto", layout, x)
-    x = layout.cell.prepare_input(params, x.reshape(n, x.shape[-1]))
+    x = layout.cell.prepare_input(params, x)
     y, new_carry = step(layout, params, x, apply_reset(flat, mask, None))
     y, *new_carry = restore(batch_shape, (y, *new_carry))
     return y, tuple(new_carry)
