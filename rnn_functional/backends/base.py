@@ -80,6 +80,13 @@ class SequenceOptions:
     matmul_precision: str | None = None  # see rnn_functional.precision (triton)
     segment_states: bool = False  # also return the per-step carries (exact at segment ends)
 
+    def without_segment_states(self) -> SequenceOptions:
+        """These options asking for no per-step carries (built directly: ``dataclasses.replace`` costs a tiny
+        call a few microseconds)."""
+        if not self.segment_states:
+            return self
+        return SequenceOptions(self.dropout, self.training, self.recompute, self.compute_dtype, self.matmul_precision)
+
 
 def backends_for(cell: Cell) -> list[str]:
     """The backends that can run ``cell``: ``reference`` and ``scan`` run any cell (its step and

@@ -34,7 +34,6 @@ only. Under ``torch.compile`` the one layout is :func:`aligned` over a :func:`st
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -238,7 +237,7 @@ def aligned(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: Ca
     first = torch.zeros(p.count, p.max_len, dtype=torch.bool, device=x.device)
     first[torch.arange(p.count, device=x.device), offset] = True
     to_h0 = tuple(s.unsqueeze(1).expand(s.shape[0], p.max_len, *s.shape[1:]) for s in h0)
-    inner = dataclasses.replace(opts, segment_states=False)
+    inner = opts.without_segment_states()
     x_block = _block(x, dest, p.count * p.max_len).view(p.count, p.max_len, -1)
     y_block, seg_final, _ = impl(layout, params, x_block, h0, first, to_h0, inner)
     return _scatter(p, y_block.reshape(-1, y_block.shape[-1]), dest, seg_final, opts)
@@ -441,7 +440,7 @@ def whole_slices(p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_ini
     padded_tail = bool(tail) and pads_tail(layout)
     k = -(-t_len // slice_len) if padded_tail else t_len // slice_len
     whole = k * slice_len
-    inner = dataclasses.replace(opts, segment_states=False)
+    inner = opts.without_segment_states()
     carry = apply_reset(carry, is_init[:, 0], None if reset is None else tuple(r[:, 0] for r in reset))
     x_s = F.pad(x, (0, 0, 0, whole - t_len)) if padded_tail else x[:, :whole]
     x_s = x_s.reshape(n * k, slice_len, x.shape[-1])

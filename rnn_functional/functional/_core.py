@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -353,7 +353,7 @@ def execute(c: Canonical, backend: str, opts: SequenceOptions, slice_len: int | 
         return SequenceOut(y, final, seg if opts.segment_states else None)
     if num_slices is not None and ctx.compiling and route.backend != "parallel":  # the segments in a [num_slices, slice_len] block
         route = Route(route.backend, "aligned", segments.static_plan(c.is_init, slice_len, num_slices))
-    result = route.run(c.layout, c.params, *call, opts if call[2] is not None else replace(opts, segment_states=False))
+    result = route.run(c.layout, c.params, *call, opts if call[2] is not None else opts.without_segment_states())
     y, final, seg = result.y, result.final, None
     if opts.segment_states:
         if call[2] is None:  # no interior reset: the segment states are the final carry at the last step
