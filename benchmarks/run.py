@@ -37,6 +37,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import Budget, environment, interleaved, peak_memory, write_json  # noqa: E402
 
+import rnn_functional as rf  # noqa: E402
 from rnn_functional import available_backends, gru_sequence, lstm_sequence, params_from_module  # noqa: E402
 
 try:
@@ -258,6 +259,16 @@ def policy_contenders(cell: str, B: int, F: int, H: int, L: int, device: torch.d
         c["torchrl/module step (eager)"] = call_module(theirs)
     if L == 1:
         c["torch.nn cell (no TensorDict)"] = bare(False)
+    # the step function on each step backend (auto's step is triton on CUDA, ATen's fused cell on CPU)
+    step_fn = {"lstm": rf.lstm_step, "gru": rf.gru_step}[cell]
+    params, state = params_from_module(ref), tuple(td[k] for k in HIDDEN_KEYS[cell])
+    for backend in ("pad", "triton") if device.type == "cuda" else ("pad",):
+        def function_step(backend=backend):
+            with torch.no_grad():
+                return step_fn(td["x"], state if cell == "lstm" else state[0], params, is_init=td["is_init"],
+                               backend=backend)[0]
+
+        c[f"ours/{cell}_step ({backend})"] = function_step
     return c
 
 

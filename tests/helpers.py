@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import types
+
 import torch
 
 import rnn_functional as rf
@@ -93,3 +96,16 @@ def outputs_and_grads(problem: dict, backend: str, **kwargs) -> tuple[list[torch
     loss = sum((o * torch.randn(o.shape, generator=g, dtype=o.dtype)).sum() for o in outs)
     grads = torch.autograd.grad(loss, problem["leaves"], allow_unused=True, materialize_grads=True)
     return [o.detach() for o in outs], list(grads)
+
+
+def exec_as_module(code: str, filename: str, name: str) -> dict:
+    """Run a docs page's ``code`` as the body of a module ``name`` registered in ``sys.modules`` (torch 2.11's
+    Dynamo imports the module its traced code's globals name, and fails on a bare ``exec`` namespace); returns the
+    module's namespace."""
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    try:
+        exec(compile(code, filename, "exec"), module.__dict__)
+    finally:
+        sys.modules.pop(name, None)
+    return module.__dict__

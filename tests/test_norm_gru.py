@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import exec_as_module
 
 import rnn_functional as rf
 from rnn_functional.backends import SequenceOptions, triton_backend
@@ -280,4 +281,4 @@ def test_model_based_doc_section_runs() -> None:
     section = page.split("## A layer-normalised GRU core")[1].split("\n## ")[0]
     (code,) = re.findall(r"^```python\n(.*?)^```", section, flags=re.MULTILINE | re.DOTALL)
     torch._dynamo.reset()
-    exec(compile(code, "docs/model_based.md[norm GRU]", "exec"), {"__name__": "docs_model_based"})
+    exec_as_module(code, "docs/model_based.md[norm GRU]", "docs_model_based_norm_gru")

@@ -74,12 +74,12 @@ def _solve(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reverse:
         h = torch.addcmul(b_j[j], a_j[j], h)
     prod = a_c.prod(2)
     state = torch.zeros_like(b[:, 0]) if init is None else init
-    starts = [state] * count
+    entering = []  # in the order visited (appended: torch 2.11's Dynamo cannot trace a list's item assignment)
     last, last_a = h.unbind(1), prod.unbind(1)
     for c in order(count):  # (2) the state entering each chunk
-        starts[c] = state
+        entering.append(state)
         state = torch.addcmul(last[c], last_a[c], state)
-    h = torch.stack(starts, dim=1)
+    h = torch.stack(entering[::-1] if reverse else entering, dim=1)
     o_j = None if out is None else out[:, span].unflatten(1, (count, chunk)).unbind(2)
     kept = []
     for j in steps:  # (3) every step, from the chunks' entering states
@@ -165,11 +165,13 @@ def linear_scan(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None = No
 
 
 def _project(inp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """``F.linear(inp, weight, bias)``; under ``torch.compile`` as ``matmul + bias``: a compiled ``torch.vmap`` over
-    stacked params fails in ``F.linear`` once shapes turn dynamic (torch 2.13: "Cannot call sizes() on tensor with
-    symbolic sizes/strides"), ``matmul`` does not (Inductor fuses the bias add)."""
+    """``F.linear(inp, weight, bias)``; under ``torch.compile`` as one 2-D product and a bias add: a compiled
+    ``torch.vmap`` over stacked params fails once shapes turn dynamic in ``F.linear`` (torch 2.13: "Cannot call
+    sizes() on tensor with symbolic sizes/strides") and in a 3-D ``matmul`` (torch 2.11: "Cannot call numel()"),
+    not in a 2-D one (Inductor fuses the bias add)."""
     if torch.compiler.is_compiling():
-        return torch.matmul(inp, weight.transpose(-1, -2)) + bias
+        flat = inp.reshape(-1, inp.shape[-1]) @ weight.transpose(-1, -2)
+        return flat.reshape(*inp.shape[:-1], weight.shape[0]) + bias
     return F.linear(inp, weight, bias)
 
 

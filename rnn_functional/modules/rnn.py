@@ -99,12 +99,12 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
         (``benchmarks/bench_policy_step.py``).
         """
         if len(args) == 1 and not kwargs and isinstance(args[0], TensorDictBase):
-            return self.forward_with_params(args[0], self._weights)
+            return self._forward(args[0], self._weights, self._layout)
         return self._forward_from_tensors(*args, **kwargs)
 
     @dispatch
     def _forward_from_tensors(self, tensordict: TensorDictBase) -> TensorDictBase:
-        return self.forward_with_params(tensordict, self._weights)
+        return self._forward(tensordict, self._weights, self._layout)
 
     def forward_with_params(self, tensordict: TensorDictBase, params) -> TensorDictBase:
         """:meth:`forward` with explicit weights (``torch.nn`` state-dict names) instead of the child's.
@@ -112,12 +112,17 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
         What :class:`~rnn_functional.EnsembleModule` vmaps over stacked members: it never touches the
         ``nn.LSTM``/``nn.GRU`` child, so it traces under ``torch.compile`` without graph breaks.
         """
+        return self._forward(tensordict, params, None)
+
+    def _forward(self, tensordict: TensorDictBase, params, layout) -> TensorDictBase:
+        """``layout``: the layout of the module's own weights, checked when they were bound (``None`` for other
+        params, read and checked per call). Passed in, not found by ``params is self._weights``: torch 2.11's
+        Dynamo cannot trace ``is`` between two dicts (a compiled ensemble failed on it)."""
         cell, recurrent = self._cell, self.recurrent_mode
         # tensordict stores ``in_keys``/``out_keys`` in ``_in_keys``/``_out_keys_apparent``: reading those skips two
         # property lookups through the class hierarchy, 8 guards a compiled call re-checks (bench_policy_step.py)
         in_keys, out_keys = self._in_keys, self._out_keys_apparent
         x, states, is_init = read_inputs(cell, tensordict, in_keys, self._input_size, self._state_shapes, recurrent)
-        layout = self._layout if params is self._weights else None  # checked when the weights were bound
         params, layout = bound_layout(cell, params, layout, x, states, in_keys, self._state_shapes)
         if recurrent:
             first = None if states is None else tuple(s.select(-3, 0) for s in states)  # [*B, T, L, S] at t = 0

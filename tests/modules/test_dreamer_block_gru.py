@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import exec_as_module
 from torch import nn
 
 torchrl = pytest.importorskip("torchrl")
@@ -322,7 +323,7 @@ def test_model_based_doc_section_runs() -> None:
     section = page.split("## DreamerV3's block GRU")[1].split("\n## ")[0]
     (code,) = re.findall(r"^```python\n(.*?)^```", section, flags=re.MULTILINE | re.DOTALL)
     torch._dynamo.reset()
-    exec(compile(code, "docs/model_based.md[block GRU]", "exec"), {"__name__": "docs_model_based"})
+    exec_as_module(code, "docs/model_based.md[block GRU]", "docs_model_based_block_gru")
 
 
 def test_torch_export_of_both_modules() -> None:
