@@ -29,6 +29,15 @@ PACKAGES = ("torch", "tensordict", "torchrl", "triton", "numpy")
 # 2.4 every interpreted launch fails ("only 0-dimensional arrays can be converted to Python scalars").
 # Compiled GPU kernels do not use it.
 EXTRA_CONSTRAINTS = {"2.11.0": ["numpy<2.4"]}
+# failures investigated, and why (the generated page says so beside each)
+KNOWN = {
+    "tests/backends/test_triton_aot.py::test_zero_spills":
+        "triton 3.6's ptxas spills 8-40 B in two bf16 streamed kernels at H=256 that triton 3.9 compiles spill-free "
+        "(the launch settings, ops._STREAMED_LAUNCH, were chosen on 3.9)",
+    "tests/test_world_model_example.py::test_world_model_quick_mode_trains_compiled_and_beats_baseline":
+        "Dynamo 2.11 stops with 'Guard failed on the same frame it was created' on tensordict's tensorclass memo, "
+        "which tensordict fills while Dynamo traces the example's compiled vmap over a TensorDict of params",
+}
 
 
 def _run(argv: list[str], timeout: int, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -85,7 +94,8 @@ def report(rows: list[dict]) -> str:
                      f"{v.get('triton')} | {v.get('numpy')} | {result}: {counts} | {s['wall_s']} s |")
     for row in rows:
         if row["suite"]["failed"]:
-            lines += ["", f"Failing in {row['name']}:", ""] + [f"- `{t}`" for t in row["suite"]["failed"]]
+            lines += ["", f"Failing in {row['name']}:", ""] + [
+                f"- `{t}`" + (f": {KNOWN[t]}" if t in KNOWN else "") for t in row["suite"]["failed"]]
     lines += ["", f"Measured {time.strftime('%Y-%m-%d')} on CPU (`pyproject.toml` declares `torch>=2.11`).", ""]
     return "\n".join(lines)
 

@@ -347,7 +347,11 @@ def test_torch_export_of_both_modules() -> None:
 
 
 def test_default_torch_compile_of_both_modules() -> None:
-    """A plain ``torch.compile(module)`` (no ``fullgraph``), as users write it, equals eager, forward and backward."""
+    """A plain ``torch.compile(module)`` (no ``fullgraph``), as users write it, equals eager, forward and backward.
+
+    fp32 at rtol=1e-4, atol=1e-5, as every fp32 comparison here: Inductor fuses and reorders the norms' and gates'
+    sums (1.8e-5 apart on one gradient under torch 2.11, drawn inputs varying)."""
+    torch.manual_seed(0)
     seq = rf.DreamerV3BlockGRU(3, 8, projection_size=4, num_blocks=2)
     cell = rf.DreamerV3BlockGRUCell(3, 8, projection_size=4, num_blocks=2)
     x = torch.randn(2, 5, 3)
@@ -357,6 +361,7 @@ def test_default_torch_compile_of_both_modules() -> None:
         params = list(module.parameters())
         want = module(*args)
         got = torch.compile(module)(*args)
-        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
         loss = lambda out: sum(o.sum() for o in (out if isinstance(out, tuple) else (out,)))  # noqa: E731
-        torch.testing.assert_close(torch.autograd.grad(loss(got), params), torch.autograd.grad(loss(want), params))
+        torch.testing.assert_close(torch.autograd.grad(loss(got), params), torch.autograd.grad(loss(want), params),
+                                   rtol=1e-4, atol=1e-5)
