@@ -51,7 +51,9 @@ def install(venv: Path, torch_version: str) -> None:
         _run([sys.executable, "-m", "venv", str(venv)], 300).check_returncode()
     pins = [f"torch=={torch_version}", *EXTRA_CONSTRAINTS.get(torch_version, [])]
     (venv / "torch-constraint.txt").write_text("\n".join(pins) + "\n")
-    _run([str(python), "-m", "pip", "install", "-q", f"torch=={torch_version}"], 3600).check_returncode()
+    # the venv's own constraint replaces any machine-wide one (one here capped torch at 2.14.1)
+    _run([str(python), "-m", "pip", "install", "-q", f"torch=={torch_version}"], 3600,
+         {"PIP_CONSTRAINT": str(venv / "torch-constraint.txt")}).check_returncode()
     _run([str(python), "-m", "pip", "install", "-q", f"{ROOT}[test]"], 3600,
          {"PIP_CONSTRAINT": str(venv / "torch-constraint.txt")}).check_returncode()
 
@@ -102,7 +104,7 @@ def report(rows: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--torch", nargs="+", default=["2.11.0", "2.15.0"])
+    ap.add_argument("--torch", nargs="*", default=["2.11.0", "2.15.0"], help="(none: CI's .venv only)")
     ap.add_argument("--venvs", type=Path, default=Path("/tmp/rf_matrix"))
     ap.add_argument("--timeout", type=int, default=1500, help="seconds for one suite run")
     ap.add_argument("--skip-ci-set", action="store_true", help="do not run the suite in .venv again")
