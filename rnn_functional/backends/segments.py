@@ -141,15 +141,20 @@ class SegmentPlan:
         return self.memo["slice_len"]
 
 
-def plan(is_init: np.ndarray, device: torch.device) -> SegmentPlan:
-    """The segments of a call with resets ``is_init [N, T]`` (a bool NumPy array read from the call's mask,
-    ``N, T > 0``); the device tensors are copied to ``device`` (no read back)."""
-    n, t_len = is_init.shape
+def segment_starts(is_init: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(first, lengths)``: every segment's first step (row-major flat index) and step count, of a call with resets
+    ``is_init [N, T]`` (a bool NumPy array, ``N, T > 0``; a row's first step starts a segment)."""
     starts = is_init.copy()
     starts[:, 0] = True
     first = np.flatnonzero(starts)
-    lengths = np.diff(first, append=n * t_len)
-    return SegmentPlan((n, t_len), _to(first, device), _to(lengths, device), lengths, int(lengths.max()))
+    return first, np.diff(first, append=starts.size)
+
+
+def plan(is_init: np.ndarray, device: torch.device) -> SegmentPlan:
+    """The segments of a call with resets ``is_init [N, T]`` (a bool NumPy array read from the call's mask,
+    ``N, T > 0``); the device tensors are copied to ``device`` (no read back)."""
+    first, lengths = segment_starts(is_init)
+    return SegmentPlan(is_init.shape, _to(first, device), _to(lengths, device), lengths, int(lengths.max()))
 
 
 def _to(a: np.ndarray, device: torch.device) -> torch.Tensor:

@@ -51,59 +51,68 @@ def _names(k: int) -> tuple[str, ...]:
     return _NAMES[k] if k < len(_NAMES) else tuple(f"{kind}_l{k}" for kind in _KINDS)
 
 
-def _expected(num_gates: int, num_layers: int, bias: bool, proj_size: int, hidden: int,
-              input_size: int) -> tuple[frozenset[str], tuple[tuple[str, tuple[int, ...]], ...]]:
-    """The keys, and each key's shape, of params with this layout."""
-    out = proj_size or hidden
+def _once(fn):
+    """``fn`` memoised for eager calls (every call validates its params); a traced call runs it, building constants
+    (Dynamo warns on, and sees through, a functools cache)."""
+    cached = functools.lru_cache(maxsize=256)(fn)
+    return lambda *args: fn(*args) if torch.compiler.is_compiling() else cached(*args)
+
+
+@_once
+def _keys(num_layers: int, bias: bool, proj: bool) -> frozenset[str]:
+    """Every key of params with this layout."""
+    kept = (True, True, bias, bias, proj)
+    return frozenset(key for k in range(num_layers) for key, keep in zip(_names(k), kept) if keep)
+
+
+@_once
+def _shapes(num_gates: int, num_layers: int, bias: bool, proj_size: int, hidden: int,
+            input_size: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """Each key of params with this layout, and its shape."""
+    out, gates = proj_size or hidden, num_gates * hidden
     want: list[tuple[str, tuple[int, ...]]] = []
     for k in range(num_layers):
         ih, hh, bih, bhh, hr = _names(k)
-        want += [(ih, (num_gates * hidden, input_size if k == 0 else out)), (hh, (num_gates * hidden, out))]
+        want += [(ih, (gates, input_size if k == 0 else out)), (hh, (gates, out))]
         if bias:
-            want += [(bih, (num_gates * hidden,)), (bhh, (num_gates * hidden,))]
+            want += [(bih, (gates,)), (bhh, (gates,))]
         if proj_size:
             want.append((hr, (proj_size, hidden)))
-    return frozenset(key for key, _ in want), tuple(want)
-
-
-_expected_once = functools.lru_cache(maxsize=256)(_expected)  # eager calls; a traced call builds its constants
+    return tuple(want)
 
 
 def read_layout(cell: Cell, params: Mapping[str, torch.Tensor], num_gates: int, projection: bool) -> Layout:
     """Validate ``torch.nn``-named params of ``cell`` (``projection``: whether ``weight_hr`` may appear)."""
     keys = params.keys()
-    num_layers = 0
-    while _names(num_layers)[0] in keys:
-        num_layers += 1
-    if num_layers == 0:
-        count_layers(keys, "weight_ih_l{k}", cell)  # raises, naming the missing key
+    num_layers = count_layers(keys, "weight_ih_l{k}", cell)
     bias = "bias_ih_l0" in keys
     proj = "weight_hr_l0" in keys
     if proj and not projection:
         raise ValueError(
             f"params: 'weight_hr_l0' is an LSTM projection weight; {cell.title} has no proj_size."
         )
-    w_hh0 = params["weight_hh_l0"] if "weight_hh_l0" in keys else None
-    if w_hh0 is not None and (w_hh0.ndim != 2 or w_hh0.shape[0] % num_gates):
+    expected = _keys(num_layers, bias, proj)
+    if keys != expected:  # one comparison in C for a dict's keys; other mappings take the detailed check
+        check_keys(set(keys), expected, f"a {num_layers}-layer {cell.title} (bias={bias}, proj={proj})")
+
+    w_hh0 = params["weight_hh_l0"]
+    if w_hh0.ndim != 2 or w_hh0.shape[0] % num_gates:
         raise ValueError(
             f"params['weight_hh_l0']: expected shape [{num_gates} * hidden_size, P] for {cell.title}, "
             f"got {tuple(w_hh0.shape)}. Are these params of another cell kind?"
         )
-    hidden = 0 if w_hh0 is None else w_hh0.shape[0] // num_gates
+    hidden = w_hh0.shape[0] // num_gates
     proj_size = params["weight_hr_l0"].shape[0] if proj else 0
+    out = proj_size or hidden
     input_size = params["weight_ih_l0"].shape[-1]
-    expected, want = (_expected if torch.compiler.is_compiling() else _expected_once)(
-        num_gates, num_layers, bias, proj_size, hidden, input_size)
-    if keys != expected:  # one comparison in C for a dict's keys; other mappings take the detailed check
-        check_keys(set(keys), expected, f"a {num_layers}-layer {cell.title} (bias={bias}, proj={proj})")
+    want = _shapes(num_gates, num_layers, bias, proj_size, hidden, input_size)
     dtype, device = w_hh0.dtype, w_hh0.device
     for key, shape in want:
         t = params[key]
         if t.shape != shape or t.dtype != dtype or t.device != device:
-            out = proj_size or hidden
             check_shapes(params, dict(want), f"{cell.title} with hidden_size={hidden}, P={out}, input_size={input_size}",
                          "weight_hh_l0")  # raises, naming the key, the expected and the actual
-    state_sizes = (proj_size or hidden, hidden) if len(cell.state_names) == 2 else (hidden,)
+    state_sizes = (out, hidden) if len(cell.state_names) == 2 else (hidden,)
     return Layout(cell, num_layers, input_size, hidden, state_sizes, dtype, device, bias, proj_size)
 
 

@@ -71,12 +71,12 @@ def check_dtype_device(t: torch.Tensor, arg: str, dtype: torch.dtype, device: to
         raise ValueError(f"{arg}: expected dtype {dtype} on {device} (the params'), got {t.dtype} on {t.device}. {fix}")
 
 
-def _check_state(t: torch.Tensor, arg: str, name: str, lead: tuple, size: int, layout: Layout) -> None:
-    """Raise unless ``t`` (entry ``name`` of the ``arg`` state) is ``[*lead, size]`` of the params' dtype and device
-    (the message is built only on error: a policy step checks its state on every call)."""
+def _check_state(t: torch.Tensor, arg: str, name: str, lead: tuple, size: int, layout: Layout, dims: str) -> None:
+    """Raise unless ``t`` (entry ``name`` of the ``arg`` state) is ``[*lead, size]`` (``dims``: ``lead``'s names) of
+    the params' dtype and device (the message is built only on error: a policy step checks its state every call)."""
     if t.shape != lead + (size,):
-        raise ValueError(f"{arg} ({name}): expected shape {list(lead + (size,))} ([*B, {'T, ' if arg == 'reset_state' else ''}"
-                         f"L, {size}] for this {layout.cell.title}), got {list(t.shape)}.")
+        raise ValueError(f"{arg} ({name}): expected shape {list(lead + (size,))} ([{dims}, {size}] for this "
+                         f"{layout.cell.title}), got {list(t.shape)}.")
     check_dtype_device(t, f"{arg} ({name})", layout.dtype, layout.device)
 
 
@@ -157,7 +157,7 @@ def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: 
     if state is not None:
         carry = _as_carry(cell, state, "state")
         for nm, t, s in zip(names, carry, sizes):
-            _check_state(t, "state", nm, batch_shape + (L,), s, layout)
+            _check_state(t, "state", nm, batch_shape + (L,), s, layout, "*B, L")
 
     mask = None if is_init is None else _check_mask(is_init, batch_shape + time)
 
@@ -172,7 +172,7 @@ def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: 
             )
         reset = _as_carry(cell, reset_state, "reset_state")
         for nm, t, s in zip(names, reset, sizes):
-            _check_state(t, "reset_state", nm, batch_shape + time + (L,), s, layout)
+            _check_state(t, "reset_state", nm, batch_shape + time + (L,), s, layout, "*B, T, L")
     return flatten(layout, params, x, carry, mask, reset, sequence)
 
 

@@ -77,12 +77,9 @@ def check_hint(slice_len, num_slices, t_len: int, is_init: torch.Tensor | None, 
                     f"steps" + fix)
 
         if host is not None:
-            starts = host.copy()
-            starts[:, 0] = True
-            first = np.flatnonzero(starts)
-            longest = int(np.diff(first, append=starts.size).max())
-            if len(first) > num_slices or longest > slice_len:
-                raise ValueError(too_many(len(first), longest))
+            first, lengths = segments.segment_starts(host)
+            if len(first) > num_slices or lengths.max() > slice_len:
+                raise ValueError(too_many(len(first), int(lengths.max())))
             return
         seg_of = _segment_index(is_init)
         count, lengths = seg_of[-1] + 1, _lengths(seg_of, num_slices)
