@@ -8,7 +8,7 @@ H in {64, 128, 256, 512}, fp32 and bf16, reset probability 0.03 per step; forwar
 forward + backward of ``y.sum()``. Contenders, in one process on the same inputs:
 
 * ``ours_triton``: ``lstm_sequence``/``gru_sequence(backend="triton")`` with resets;
-* ``ours_triton_streamed``: the same call with the streamed kernels forced, where the launcher
+* ``ours_triton_streamed``: the same call with the streamed kernels forced (``kernel_variant``), where the launcher
   picks the resident ones (H=64, and H=128 for bf16): the measurement that confirms or moves
   the resident threshold (see "Triton kernels on Hopper and Ampere" in docs/backends.md);
 * ``torchrl_triton`` / ``torchrl_pad``: TorchRL's ``LSTMModule``/``GRUModule`` in recurrent mode
@@ -68,7 +68,7 @@ def contenders(cfg: dict, device: torch.device, backward: bool) -> dict:
     from tensordict import TensorDict
     from torchrl.modules import set_recurrent_mode
 
-    from rnn_functional.backends.triton import kernels
+    from rnn_functional.backends import triton as triton_backend
 
     cell, B, T, H = cfg["cell"], cfg["B"], cfg["T"], cfg["H"]
     F, dtype = H, getattr(torch, cfg["dtype"])
@@ -95,15 +95,11 @@ def contenders(cfg: dict, device: torch.device, backward: bool) -> dict:
             finish(seq(x, state, params, is_init=is_init, backend="triton")[0])
 
     runs = {"ours_triton": ours}
-    if kernels.resident(H, 4 if cell == "lstm" else 3, dtype.itemsize):
+    if triton_backend.variant_for(H, 4 if cell == "lstm" else 3, dtype.itemsize) == "resident":
 
         def ours_streamed():
-            saved = kernels.RESIDENT_BYTES
-            kernels.RESIDENT_BYTES = 0  # the launcher reads it per call
-            try:
+            with triton_backend.kernel_variant("streamed"):
                 ours()
-            finally:
-                kernels.RESIDENT_BYTES = saved
 
         runs["ours_triton_streamed"] = ours_streamed
 

@@ -366,30 +366,37 @@ def test_too_large_for_32bit_indexing_raises(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
-def test_streamed_kernels_match_reference(monkeypatch, cell: str) -> None:
+def test_streamed_kernels_match_reference(cell: str) -> None:
     """The tiled kernels used where the weights do not fit on chip, forced here at H=48 with
     32-wide tiles (two tiles, the second one partly masked)."""
-    from rnn_functional.backends.triton import kernels
-
-    monkeypatch.setattr(kernels, "RESIDENT_BYTES", 0)
-    monkeypatch.setattr(kernels, "TILE", 32)
     problem = make_problem(cell, **SIZES, layers=2, reset_prob=0.35)
-    out, grads = outputs_and_grads(problem, "triton")
+    with tb.kernel_variant("streamed"):
+        out, grads = outputs_and_grads(problem, "triton")
     ref_out, ref_grads = outputs_and_grads(problem, "reference")
     _assert_all_close(out, ref_out)
     _assert_all_close(grads, ref_grads)
 
 
-def test_streamed_bf16_matches_resident(monkeypatch) -> None:
+def test_streamed_bf16_matches_resident() -> None:
     """bf16 params: both variants keep the state in fp32 and round only the outputs, so they agree
     to bf16 rounding (assert_close's bf16 defaults) over T steps."""
-    from rnn_functional.backends.triton import kernels
-
     problem = _cast_problem(make_problem("lstm", **SIZES, layers=2, requires_grad=False), torch.bfloat16)
     resident_out = flat(run_sequence(problem, "triton"))
-    monkeypatch.setattr(kernels, "RESIDENT_BYTES", 0)
-    monkeypatch.setattr(kernels, "TILE", 32)
-    _assert_all_close(flat(run_sequence(problem, "triton")), resident_out)
+    with tb.kernel_variant("streamed"):
+        _assert_all_close(flat(run_sequence(problem, "triton")), resident_out)
+
+
+def test_kernel_variant_forces_the_streamed_kernels() -> None:
+    """``kernel_variant("streamed")`` switches the launcher's choice (the tests above rely on it) and restores it."""
+    assert tb.variant_for(48, 4, 4) == "resident"
+    with tb.kernel_variant("streamed"):
+        assert tb.variant_for(48, 4, 4) == "streamed"
+        with tb.kernel_variant("auto"):
+            assert tb.variant_for(48, 4, 4) == "resident"
+    assert tb.variant_for(48, 4, 4) == "resident" and tb.variant_for(256, 4, 4) == "streamed"
+    with pytest.raises(ValueError, match=r"variant: expected one of \['auto', 'streamed'\], got 'tiled'"):
+        with tb.kernel_variant("tiled"):
+            pass
 
 
 def test_resident_budget() -> None:

@@ -30,7 +30,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..base import replayed_vjp
-from . import kernels
+from . import kernels, variant_for
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # read once: triton.jit reads it at import too
 MAX_ELEMENTS = 2**31  # the kernels index their buffers with 32-bit integers
@@ -87,7 +87,7 @@ def _blocks(H: int, lstm: bool, compute_dtype: str, precision: str, direction: s
 
     Returns ``(tiled, constexprs)``; the resident variant takes ``BLOCK_H``, the streamed ``BLOCK_T``.
     """
-    tiled = not kernels.resident(H, 4 if lstm else 3, _ITEMSIZE[compute_dtype])
+    tiled = variant_for(H, 4 if lstm else 3, _ITEMSIZE[compute_dtype]) == "streamed"
     block_h = max(16, triton.next_power_of_2(H))  # tl.dot needs every dim >= 16
     if tiled:
         operands = "bfloat16" if compute_dtype == "bfloat16" else precision
