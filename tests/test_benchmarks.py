@@ -231,3 +231,23 @@ def test_linear_benchmark_section_is_generated(benchmarks_on_path) -> None:
     page = (ROOT / "docs" / "linear_recurrences.md").read_text()
     assert bench_linear.section(doc) in page, (
         "docs/linear_recurrences.md is out of date: run `python benchmarks/bench_linear.py --report`")
+
+
+def test_linear_floor_section_is_generated(benchmarks_on_path) -> None:
+    """The ceiling table of docs/linear_recurrences.md comes from the committed JSON, and every ratio is the measured
+    times' ratio."""
+    results = BENCHMARKS / "results" / "linear_floor_cpu.json"
+    if not results.exists():
+        pytest.skip("no linear-recurrence floor benchmark committed under benchmarks/results/")
+    import bench_linear_floor
+
+    doc = json.loads(results.read_text())
+    assert {(r["cell"], r["threads"]) for r in doc["rows"]} == {(c, n) for c in bench_linear_floor.CELLS for n in (1, 2)}
+    for row in doc["rows"]:
+        ms = row["ms"]
+        assert row["parallel_vs_scan"] == round(ms["scan"] / ms["parallel"], 2)
+        assert row["ceiling_any"] == round(ms["scan"] / ms["projection"], 2)
+        assert row["ceiling_free_scan"] == round(ms["scan"] / ms["projection + coefficients"], 2)
+    page = (ROOT / "docs" / "linear_recurrences.md").read_text()
+    assert bench_linear_floor.section(doc) in page, (
+        "docs/linear_recurrences.md is out of date: run `python benchmarks/bench_linear_floor.py --report`")
