@@ -30,7 +30,8 @@ import triton.language as tl
 from torch import Tensor
 
 from ..base import replayed_vjp
-from . import kernels, variant_for
+from . import kernels
+from .variant import variant_for
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # read once: triton.jit reads it at import too
 MAX_ELEMENTS = 2**31  # the kernels index their buffers with 32-bit integers
