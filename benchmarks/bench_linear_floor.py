@@ -28,14 +28,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import environment, interleaved, write_section  # noqa: E402
-from bench_linear import CELLS, _inputs  # noqa: E402
+from bench_linear import CELLS, PAGE, ROOT, _inputs  # noqa: E402
 
 from rnn_functional.cells.min_gru import MIN_GRU  # noqa: E402
 from rnn_functional.cells.rglru import RGLRU  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "linear_floor_cpu.json"
-PAGE = ROOT / "docs" / "linear_recurrences.md"
 BEGIN, END = "<!-- BEGIN GENERATED: bench_linear_floor -->", "<!-- END GENERATED: bench_linear_floor -->"
 SHAPE, QUICK_SHAPE = (32, 1024, None), (4, 16, None)
 CELL_OBJECTS = {"min_gru": MIN_GRU, "rglru": RGLRU}
