@@ -64,6 +64,36 @@ def test_eager_scan_matches_reference(cell: str, layers: int, recompute: str) ->
         torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("cell", ["lstm", "gru", "norm_gru", "block_gru"])
+def test_backward_factors_in_several_chunks_match_reference(cell: str) -> None:
+    """The eager backward computes its factors a few steps at a time (``scan_parts.CHUNK_BYTES`` of a state-wide
+    tensor): at N=64, H=64 in fp64 that is 8 steps, so T=21 runs two whole chunks and a partial one. Outputs and
+    every gradient (x strided, the state, reset_state, the params) equal ``reference``."""
+    n, t_len, f, h = 64, 21, 6, 64
+    assert t_len > scan_parts.CHUNK_BYTES // (n * h * 8) * 2  # three chunks, the last one partial
+    g = torch.Generator().manual_seed(7)
+    block_gru = (lambda *a, **k: rf.init_block_gru_params(*a, projection_size=16, num_blocks=4, **k), rf.block_gru_sequence)
+    init, seq = {**CELLS, "block_gru": block_gru}[cell]
+    params = init(f, h, dtype=F64, generator=g).apply(lambda p: p.requires_grad_())
+    widths = (h, h) if cell == "lstm" else (h,)
+    state = [torch.randn(n, 1, w, dtype=F64, generator=g, requires_grad=True) for w in widths]
+    reset = [torch.randn(n, t_len, 1, w, dtype=F64, generator=g, requires_grad=True) for w in widths]
+    x = torch.randn(t_len, n, f, dtype=F64, generator=g).transpose(0, 1).requires_grad_()
+    is_init = torch.rand(n, t_len, generator=g) < 0.1
+    pack = (lambda ts: tuple(ts)) if len(widths) == 2 else (lambda ts: ts[0])
+    leaves = [x, *state, *reset, *params.values()]
+    results = []
+    for backend in ("reference", "scan"):
+        y, final = seq(x, pack(state), params, is_init=is_init, reset_state=pack(reset), backend=backend)
+        final = final if isinstance(final, tuple) else (final,)
+        loss = y.sin().sum() + sum((s**2).sum() for s in final)
+        results.append((y, torch.autograd.grad(loss, leaves)))
+    (y_ref, g_ref), (y_scan, g_scan) = results
+    torch.testing.assert_close(y_scan, y_ref)
+    for a, b in zip(g_scan, g_ref, strict=True):
+        torch.testing.assert_close(a, b)
+
+
 def test_eager_scan_runs_no_scan_operator(monkeypatch) -> None:
     """Eagerly the time loop is plain Python: torch's scan operator (traced and compiled per call) never runs."""
 

@@ -334,11 +334,11 @@ class HandWrittenLayer(torch.autograd.Function):
         pre = tuple(torch.cat([members.expand(c0).unsqueeze(0), s[:-1]]) for c0, s in zip(carry0, states))
         pre = apply_reset(pre, mask_t, tuple(members.time_major(r, 0) for r in reset) or None)
         xs = {"pre": pre, "g": tuple(grad_states)}
-        # what each step's backward reads: one model computes it for all steps at once (elementwise) when compiled;
-        # an ensemble per step, inside the scan (E times a member's buffers, [T, E, N, ·] each, would be
-        # allocated and page-faulted in fresh on every call; see docs/ensembles.md, "Speed")
+        # what each step's backward reads (elementwise): one model computes it a few steps at a time eagerly
+        # (:func:`_factors_by_chunk`) and for all steps at once compiled, where Inductor fuses it; an ensemble per
+        # step, inside the scan (E times a member's buffers, [T, E, N, ·] each, would be allocated and page-faulted
+        # in fresh on every call; see docs/ensembles.md, "Speed")
         factors_per_step = len(saved) > 0 and members.count > 0  # not bool(tuple): Dynamo 2.11 cannot trace it
-        # eagerly, one model reads them a few steps at a time (:func:`_factors_by_chunk`); compiled, Inductor fuses them
         by_chunk = len(saved) > 0 and not members.count and not torch.compiler.is_compiling()
         chunks = _factors_by_chunk(cell, saved, pre, w) if by_chunk else None
         if not saved:
