@@ -339,7 +339,8 @@ def table(doc: dict) -> str:
                                     else "-" for n in ("compiled vmap", BASELINE)))
         if rates:
             floor = res.get("GEMM floor", {})
-            cells.append(f"{floor['gflops']:.0f} / {r['gemm_peak_gflops']:.0f}" if "gflops" in floor else "")
+            cells.append(f"{floor['gflops']:.0f} / {r['gemm_peak_gflops']:.0f}" if "gflops" in floor and "gemm_peak_gflops" in r
+                         else "")
         shape = f"{c['batch']} x {c['time']} x {c['hidden']}"
         threads, malloc = _variant(r)
         head = f"| {c['cell'].upper()} | {shape} | {threads} | {malloc} | {c['members']} | "

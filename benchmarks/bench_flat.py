@@ -172,7 +172,9 @@ def contenders(trm, cell: str, batch: tuple, is_init: torch.Tensor, mode: str, o
         modules[f"ours {path}"] = (ours, path)
     kernel, blocks = None, []
     if not ours_only:
-        for backend in ("pad",) + (() if long_flat else ("scan",)) + (("triton",) if cuda else ()):
+        # TorchRL's eager scan, its slowest backend here, is left out on CUDA: a lease's flat step did not finish
+        # its first case in 58-71 s with it (docs/gpu.md); TorchRL's fused backends (cuDNN, triton) stand there
+        for backend in ("pad",) + (() if long_flat or cuda else ("scan",)) + (("triton",) if cuda else ()):
             modules[f"torchrl {backend}"] = (theirs_cls(**{child: getattr(base, child)}, recurrent_backend=backend, **keys), None)
         py = theirs_cls(F_IN, HIDDEN, python_based=True, device=device, **keys)
         getattr(py, child).load_state_dict(getattr(base, child).state_dict())

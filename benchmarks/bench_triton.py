@@ -192,10 +192,10 @@ def main() -> None:
                     row["hbm_floor_ratio"] = ours / hbm_floor_s(cfg, bandwidth)
             rows.append(row)
             _print_row(row)
-        sync(device)
-        if out is not None:
-            write_json(out, {"environment": env, "copy_bandwidth_Bps": bandwidth, "rows": rows,
-                             "coverage": budget.report(len(rows), 2 * len(configs))})
+            sync(device)
+            if out is not None:  # after every row: a step stopped at its time limit keeps what it measured
+                write_json(out, {"environment": env, "copy_bandwidth_Bps": bandwidth, "rows": rows,
+                                 "coverage": budget.report(len(rows), 2 * len(configs))})
     print(f"wrote {out}" if out is not None else "smoke run done (no results written).")
 
 

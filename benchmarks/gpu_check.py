@@ -55,11 +55,13 @@ FLAT_CASES = "SliceSampler N=1024|flat N=1024 slices <=20|flat N=200 slices =8|[
 ENSEMBLE = ("eager loop", "eager vmap", "GEMM floor")  # the compiled ones compile for tens of seconds
 
 
-def steps(out: Path, dry_run: bool, total_s: float) -> list[Step]:
-    """The steps in order: tests first (a kernel that fails them makes its timings moot), then a profile of one
-    call (host against kernel time), then the benchmarks; each within its share of ``total_s``."""
+def steps(out: Path, dry_run: bool, total_s: float, only: tuple[str, ...] = tuple(SHARES)) -> list[Step]:
+    """The steps named in ``only``, in order: tests first (a kernel that fails them makes its timings moot), then a
+    profile of one call (host against kernel time), then the benchmarks; each within its share of ``total_s``
+    (the shares of ``only`` scaled to fill it)."""
     py = sys.executable
-    budget = {name: int(share * total_s) for name, share in SHARES.items()}
+    scale = total_s / sum(SHARES[name] for name in only)
+    budget = {name: int(share * scale) for name, share in SHARES.items()}
 
     def rows(name: str) -> tuple[str, str]:
         return "--budget-s", str(int(ROW_BUDGET * budget[name]))
@@ -68,7 +70,7 @@ def steps(out: Path, dry_run: bool, total_s: float) -> list[Step]:
     pytest = (py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:logging", "--tb=short", "-rfEs")
     if dry_run:
         interp = (("TRITON_INTERPRET", "1"),)
-        return [
+        return [step for step in [
             Step("tests", (*pytest, "tests/backends/test_triton.py", "-k", "matches_reference_fp64"), budget["tests"],
                  env=interp),
             Step("profile", (py, "benchmarks/gpu_profile.py", "--smoke", *rows("profile"), "--out",
@@ -85,8 +87,8 @@ def steps(out: Path, dry_run: bool, total_s: float) -> list[Step]:
             Step("ensemble", (py, "benchmarks/bench_ensemble.py", "--device", "cpu", "--members", "2", "--batch", "2",
                               "--time", "4", "--hidden", "8", "--repeats", "1", "--contenders", *ENSEMBLE, "--out",
                               str(out / "ensemble.json")), budget["ensemble"], "ensemble.json"),
-        ]
-    return [
+        ] if step.name in only]
+    return [step for step in [
         # the GPU-marked tests: compiled kernels against reference, CUDA graphs, CUDA's sync debug mode
         Step("tests", (*pytest, "-m", "gpu", "tests", "compile_tests"), budget["tests"]),
         Step("profile", (py, "benchmarks/gpu_profile.py", *rows("profile"), "--out", str(out / "profile.json")),
@@ -106,7 +108,7 @@ def steps(out: Path, dry_run: bool, total_s: float) -> list[Step]:
         Step("ensemble", (py, "benchmarks/bench_ensemble.py", "--device", "cuda", "--members", "8", "--repeats", "5",
                           "--contenders", *ENSEMBLE, "--out", str(out / "ensemble.json")), budget["ensemble"],
              "ensemble.json"),
-    ]
+    ] if step.name in only]
 
 
 def _versions() -> dict:
@@ -172,12 +174,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, TRITON_INTERPRET=1")
     ap.add_argument("--budget-s", type=float, default=450.0,
                     help="the whole run's time, shared among the steps (default 450: 7.5 minutes)")
+    ap.add_argument("--steps", default=",".join(SHARES),
+                    help=f"the steps to run, comma-separated (default all: {','.join(SHARES)}); a shorter lease can "
+                         "rerun some, the budget shared among them")
     args = ap.parse_args(argv)
+    only = tuple(args.steps.split(","))
+    unknown = [name for name in only if name not in SHARES]
+    if unknown:
+        ap.error(f"--steps: unknown step(s) {unknown}; expected names from {list(SHARES)}")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     results = []
-    for step in steps(out, args.dry_run, args.budget_s):
+    for step in steps(out, args.dry_run, args.budget_s, only):
         results.append(run_step(step, out))
         print(f"[{time.perf_counter() - start:6.1f}s] {step.name}: exit {results[-1]['rc']} in "
               f"{results[-1]['wall_s']} s", flush=True)

@@ -103,12 +103,16 @@ def main() -> None:
             call = make_call(cell, B, T, H, dtype, precision, backend, device, backward)
             timing = interleaved({"call": call}, device, warmup=3, repeats=5 if args.smoke else 15)["call"]
             row = {"cell": cell, "B": B, "T": T, "H": H, "dtype": dtype, "matmul_precision": precision, "backend": backend,
-                   "mode": "fwd+bwd" if backward else "fwd", "wall_us": timing["median_s"] * 1e6,
-                   **breakdown(call, device)}
+                   "mode": "fwd+bwd" if backward else "fwd"}
             rows.append(row)
-            print(f"{backend} {cell} B={B} T={T} H={H} {dtype} {precision} {row['mode']}: wall {row['wall_us']:.0f} us, "
-                  f"kernels {row['kernel_us']:.0f} us, host {row['host_us']:.0f} us, launches {row['launches']}; top: "
-                  + ", ".join(f"{k['name'][:40]}={k['us']:.0f}us" for k in row["kernels"][:3]), flush=True)
+            if "error" in timing:  # a configuration that cannot run is a row saying why, not the end of the run
+                row["error"] = timing["error"]
+                print(f"{backend} {cell} B={B} T={T} H={H} {dtype} {precision} {row['mode']}: {row['error']}", flush=True)
+            else:
+                row.update(wall_us=timing["median_s"] * 1e6, **breakdown(call, device))
+                print(f"{backend} {cell} B={B} T={T} H={H} {dtype} {precision} {row['mode']}: wall {row['wall_us']:.0f} "
+                      f"us, kernels {row['kernel_us']:.0f} us, host {row['host_us']:.0f} us, launches {row['launches']}; "
+                      "top: " + ", ".join(f"{k['name'][:40]}={k['us']:.0f}us" for k in row["kernels"][:3]), flush=True)
             write_json(args.out, {"environment": environment(device), "rows": rows,
                                   "coverage": budget.report(len(rows), 2 * len(configs))})
 

@@ -153,16 +153,19 @@ def test_mode_context_inside_compiled_code_is_restored(kind):
     torch.testing.assert_close(out["logits"], want_step, **FP32_TOL)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: mode='reduce-overhead' records CUDA graphs")
-def test_policy_step_reduce_overhead_cuda():
-    """mode='reduce-overhead' (CUDA graphs) on the sequential-mode step, fed its own next state: equals eager."""
-    device = torch.device("cuda")
+@pytest.mark.parametrize("device", [
+    "cpu",
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]),
+])
+def test_policy_step_fed_its_own_state_compiles_once(device):
+    """A collector's loop: the compiled sequential-mode step (on CUDA with mode='reduce-overhead', CUDA graphs) fed
+    its own next state under no_grad, with a reset on one step, equals eager and compiles one graph. (Fed state
+    that requires grad, outside no_grad, Dynamo rightly recompiles once: its guards include requires_grad.)"""
     policy = make_policy("lstm", device=device)
-    compiled = torch.compile(policy, mode="reduce-overhead", fullgraph=True)
+    compiled = torch.compile(policy, mode="reduce-overhead" if device == "cuda" else "default", fullgraph=True)
     td = policy_input("lstm", "step", batch=4, device=device)
     eager_td = td.clone()
-    with compile_stats() as stats:
+    with compile_stats() as stats, torch.no_grad():
         for t in range(6):  # warm-up, recording, then replays of the CUDA graph
             got = call_policy(compiled, td, "step")
             want = call_policy(policy, eager_td, "step")

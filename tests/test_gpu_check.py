@@ -69,3 +69,25 @@ def test_carried_wheels_install_without_an_index(tmp_path):
     ran = subprocess.run([sys.executable, "-c", "import rf_stub_pkg; print(rf_stub_pkg.VALUE)"],
                          env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True, timeout=60)
     assert ran.stdout.strip() == "42", ran.stderr
+
+
+def _gpu_check_module():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.pop(0)
+    return gpu_check
+
+
+def test_a_subset_of_steps_shares_the_whole_budget(tmp_path):
+    """``--steps`` reruns some steps on a short lease: only those, in the usual order, their shares scaled to the
+    budget; an unknown name is refused with the names it could be."""
+    gpu_check = _gpu_check_module()
+    chosen = gpu_check.steps(tmp_path, False, 100.0, ("flat", "tests"))
+    assert [s.name for s in chosen] == ["tests", "flat"]
+    assert [s.budget_s for s in chosen] == [53, 46]  # 0.15 and 0.13 of 0.28, of 100 s
+    assert [s.name for s in gpu_check.steps(tmp_path, True, 100.0, ("ensemble",))] == ["ensemble"]
+    done = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--dry-run", "--steps", "tests,bogus", "--out",
+                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "unknown step(s) ['bogus']" in done.stderr and "'suite_compiled'" in done.stderr

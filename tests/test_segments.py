@@ -360,3 +360,29 @@ def test_an_in_place_change_to_is_init_is_seen_by_the_next_call():
         y, _ = rf.lstm_sequence(x, None, params, is_init=is_init)
         torch.testing.assert_close(y, rf.lstm_sequence(x, None, params, is_init=is_init, backend="reference")[0])
         is_init[0, 1] = True
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("cell", ATEN_CELLS)
+def test_cuda_pad_packs_segments_and_matches_reference(cell):
+    """On CUDA ``pad`` runs a call with interior resets as one cuDNN call over its packed segments (the CPU cost
+    table does not apply there), records gradients in cuDNN's training mode, and equals ``reference``."""
+    g = torch.Generator().manual_seed(0)
+    init, sequence = SEQUENCES[cell]
+    params = {k: v.cuda().requires_grad_(True) for k, v in init(3, 4, 2, dtype=torch.float64, generator=g).items()}
+    x = torch.randn(6, 9, 3, generator=g, dtype=torch.float64).cuda().requires_grad_(True)
+    is_init = torch.rand(6, 9, generator=g) < 0.2
+    is_init[:, 0] = True
+    is_init[0, 4] = True  # at least one interior reset
+    is_init = is_init.cuda()
+    assert rf.sequence_route(cell, x, params, is_init=is_init, backend="pad").segments == "packed"
+    results = []
+    for backend in ("reference", "pad"):
+        y, final = sequence(x, None, params, is_init=is_init, backend=backend)
+        outs = [y, *(final if isinstance(final, tuple) else (final,))]
+        loss = sum((o * torch.linspace(-1, 1, o.numel(), dtype=o.dtype, device=o.device).view_as(o)).sum() for o in outs)
+        results.append((outs, torch.autograd.grad(loss, [x, *params.values()])))
+    (want_outs, want_grads), (outs, grads) = results
+    for a, b in zip(outs + list(grads), want_outs + list(want_grads)):
+        torch.testing.assert_close(a, b)

@@ -33,6 +33,14 @@ def to_batch_major(carry: Carry) -> Carry:
     return tuple(s.transpose(0, 1) for s in carry)
 
 
+def kernel_mode(x: torch.Tensor, opts: SequenceOptions) -> tuple[float, bool]:
+    """``(dropout, train)`` for ATen's kernel. cuDNN keeps what its backward needs only in training mode
+    ("cudnn RNN backward can only be called in training mode"), so a call that records gradients runs in it,
+    with dropout only where ``opts.training`` asks for it."""
+    train = bool(opts.training) or (x.is_cuda and torch.is_grad_enabled())
+    return (float(opts.dropout) if opts.training else 0.0), train
+
+
 def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
     """``x [N, T, F]`` -> ``(y [N, T, P], carry, per-step carries)``; see :mod:`.base`.
 
@@ -44,7 +52,7 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
     n, t_len = x.shape[0], x.shape[1]
     if is_init is not None:
         carry = apply_reset(carry, is_init[:, 0], None if reset is None else tuple(r[:, 0] for r in reset))
-    y, hx = run(layout, params, x, to_layer_major(carry), float(opts.dropout), bool(opts.training), None)
+    y, hx = run(layout, params, x, to_layer_major(carry), *kernel_mode(x, opts), None)
     final = to_batch_major(hx)
     per_step = tuple(s.unsqueeze(1).expand(n, t_len, *s.shape[1:]) for s in final) if opts.segment_states else None
     return y, final, per_step
@@ -65,7 +73,7 @@ def packed_sequence(layout: Layout, params, data: torch.Tensor, batch_sizes: tor
         its last step (tuple of ``[S, L, ·]``).
     """
     run = aten_kernels(layout).sequence
-    out, hx = run(layout, params, data, to_layer_major(carry), float(opts.dropout), bool(opts.training), batch_sizes)
+    out, hx = run(layout, params, data, to_layer_major(carry), *kernel_mode(data, opts), batch_sizes)
     return out, to_batch_major(hx)
 
 

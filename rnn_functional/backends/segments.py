@@ -390,7 +390,7 @@ def bucketed(p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, r
         xb = x_rows[row: row + (end - first) * steps].view(end - first, steps, -1)
         row += (end - first) * steps
         hb = tuple(s[first:end] for s in h0)
-        yb, hx = run(layout, params, xb, pad.to_layer_major(hb), 0.0, False, None)
+        yb, hx = run(layout, params, xb, pad.to_layer_major(hb), *pad.kernel_mode(xb, opts), None)
         lb = len_d[first:end]
         h_last = yb.gather(1, (lb - 1).view(-1, 1, 1).expand(-1, 1, yb.shape[-1]))  # [Sb, 1, P]
         others = tuple(s.transpose(0, 1)[:full] for s in hx[1:])  # a prefix of the bucket ends at its last step

@@ -30,9 +30,15 @@ def _layouts(backend: str, layout: Layout, plan: SegmentPlan | None) -> tuple[st
 
 
 def _cheapest(backends: tuple[str, ...], layout: Layout, plan: SegmentPlan | None, records_grad: bool,
-              shape: tuple[int, int], forced: str) -> Route:
+              shape: tuple[int, int], forced: str, cuda: bool = False) -> Route:
     """The route of least estimated cost (:meth:`~rnn_functional.backends.Route.cost`) among ``backends``'
-    layouts of the call, or the one laid out as ``forced`` (``segment_layout``)."""
+    layouts of the call, or the one laid out as ``forced`` (``segment_layout``).
+
+    On CUDA (``cuda``) the cost table, measured on a CPU, does not apply: there cuDNN (``pad``) serves the call in
+    one kernel call, over its segments packed where it has interior resets; each length bucket or step of the
+    other routes is a chain of kernel launches (docs/gpu.md)."""
+    if cuda and "pad" in backends:
+        backends = ("pad",)
     if plan is None:  # no interior reset: each backend's rows, by shape alone
         if len(backends) == 1:  # a named backend (traced calls too: nothing to estimate)
             return Route(backends[0], "rows", None, records_grad)
@@ -41,8 +47,12 @@ def _cheapest(backends: tuple[str, ...], layout: Layout, plan: SegmentPlan | Non
     if len(routes) == 1:
         return routes[0]
     if forced == "auto":
-        view = [r for r in routes if r.segments == "slices"]  # a view of the call: no gather, no padding
-        return view[0] if view else min(routes, key=lambda r: r.cost(layout, shape))
+        preferred = ("slices", "packed") if cuda else ("slices",)  # slices: a view of the call, no gather or padding
+        for segments in preferred:
+            for route in routes:
+                if route.segments == segments:
+                    return route
+        return min(routes, key=lambda r: r.cost(layout, shape))
     for route in routes:
         if route.segments == forced:
             return route
@@ -82,8 +92,13 @@ def _check_triton(layout: Layout, x: torch.Tensor) -> None:
 
 
 def _auto_runs_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, ctx: CallContext) -> bool:
-    """``auto`` runs ``triton`` on CUDA wherever it serves the call (it compiles whole and vmaps in one launch)."""
-    return x.is_cuda and not ctx.differentiated and triton_backend.serves(layout, x.device, opts)
+    """``auto`` runs ``triton`` on CUDA where it serves the call under ``torch.compile`` or ``torch.vmap`` (it compiles
+    whole and vmaps in one launch), but not in plain eager mode where cuDNN (``pad``) serves it: there cuDNN was 1.03-10x
+    faster on an H200 (docs/gpu.md)."""
+    if not x.is_cuda or ctx.differentiated:
+        return False
+    cudnn = not ctx.traced and layout.cell.aten is not None and opts.recompute == "none"
+    return not cudnn and triton_backend.serves(layout, x.device, opts)
 
 
 def reads_segments(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, ctx: CallContext,
@@ -124,13 +139,14 @@ def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, pl
             return Route("scan")
         if not ctx.traced:
             aten = opts.recompute == "none" and layout.cell.aten is not None
-            return _cheapest(("reference", "scan") + ("pad",) * aten, layout, plan, records_grad, shape, "auto")
+            return _cheapest(("reference", "scan") + ("pad",) * aten, layout, plan, records_grad, shape, "auto",
+                             x.is_cuda)
         name = "scan" if opts.recompute == "full" else "reference"  # scan's recompute crosses vmap and grad
     elif name == "pad":
         pad.aten_kernels(layout)  # raises for a cell without ATen kernels, in every context
         if ctx.traced:
             return Route("scan" if ctx.compiling else "reference")
-        return _cheapest(("pad",), layout, plan, records_grad, shape, segment_layout)
+        return _cheapest(("pad",), layout, plan, records_grad, shape, segment_layout, x.is_cuda)
     if name == "triton":
         _check_triton(layout, x)
         triton_backend.check_supported(layout, opts)
@@ -150,15 +166,19 @@ def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, pl
 def resolve_step(name: str, layout: Layout, x: torch.Tensor):
     """The one-step function ``(layout, params, x [N, F], carry) -> (y, carry)`` for ``name``.
 
-    ``auto``: the fused ``triton`` step on CUDA where it serves the params; ATen's fused
-    cells (``pad``) in plain eager mode without projection; else ``reference``.
+    ``auto``: ATen's fused cells (``pad``, cuDNN's on CUDA) in plain eager mode without projection; else the fused
+    ``triton`` step on CUDA where it serves the params (an eager ATen step was 2.5-3.3x faster than it on an H200,
+    docs/gpu.md); else ``reference``.
     ``pad`` is eager-only like its sequence path and runs ``reference`` under
     ``torch.compile`` / ``torch.func`` transforms; it has no projection, so with
     ``proj_size`` it runs ``reference`` too.
     """
     if name == "auto":
-        if x.is_cuda and not call_context().differentiated and triton_backend.serves(layout, x.device):
-            return triton_backend.step
+        if x.is_cuda:
+            ctx = call_context()
+            aten = not ctx.traced and layout.cell.aten is not None and not layout.proj_size
+            if not aten and not ctx.differentiated and triton_backend.serves(layout, x.device):
+                return triton_backend.step
         if torch.compiler.is_compiling() or layout.cell.aten is None:
             return multi_layer_step
         name = "pad"
