@@ -8,11 +8,15 @@ Three workloads, CPU, forward + backward, 5% resets (``is_init``), each at 1 and
   ``auto``). Target: >= 1.5x.
 * ``imagination``: 15 steps of the cell with a small policy MLP in between (the next input from the state),
   ``B = 1024``, the whole rollout compiled, loss = sum of the states, backward through it (``small`` shape's
-  ``F = H = P``, blocks). Also timed: the rollout's matrix products alone (the same GEMMs, nothing elementwise),
-  the floor of any implementation of this math; TorchRL's time over it bounds the speedup anyone could reach.
+  ``F = H = P``, blocks).
+
+Every workload also times its matrix products alone, compiled (the same GEMMs, nothing elementwise; a sequence's
+input products for all steps at once): the floor of any implementation of this math. TorchRL's time over it
+bounds the speedup anyone could reach.
 
 Shapes: ``small`` B=32, T=64, F=H=P=128, 4 blocks; ``torchrl`` B=16, T=64, F=H=P=512, 8 blocks (TorchRL's own
-benchmark shape). Writes ``results/block_gru_cpu.json``; ``--report`` writes the table in ``docs/model_based.md``.
+benchmark shape). Writes ``results/block_gru_cpu.json`` (``--workloads`` replaces those workloads' rows in it and
+keeps the others, with each run's environment); ``--report`` writes the table in ``docs/model_based.md``.
 """
 
 from __future__ import annotations
@@ -80,6 +84,7 @@ def eager_contenders(shape: dict) -> dict:
         "ours auto": _sequence_call(ours, x, is_init, "auto"),
         "ours scan": _sequence_call(ours, x, is_init, "scan"),
         "ours reference": _sequence_call(ours, x, is_init, "reference"),
+        FLOOR: sequence_floor(ours, shape, x),
     }
 
 
@@ -89,7 +94,61 @@ def compiled_contenders(shape: dict) -> dict:
     return {
         "torchrl reference, compiled": _sequence_call(torch.compile(theirs, fullgraph=True), x, is_init),
         "ours auto, compiled": _sequence_call(torch.compile(ours, fullgraph=True), x, is_init),
+        FLOOR: sequence_floor(ours, shape, x),
     }
+
+
+def _product_weights(weights: dict, nb: int) -> dict:
+    """The weights a floor multiplies by, each as one matrix, laid out once per call (F = H = P): the input and
+    hidden linears, their parts of the first dynamics layer (block ``j``'s columns side by side), its own blocks
+    ``[nb, Hb, Hb]`` and the gates ``[nb, Hb, 3 Hb]``."""
+    w0 = weights["dynamic_linears.0.weight"]
+    f = w0.shape[0] * w0.shape[2]
+    hb = f // nb
+
+    def dynamics_part(rows: slice) -> torch.Tensor:  # [nb, P, Hb] -> [P, H]
+        return w0[:, rows].transpose(0, 1).reshape(-1, f)
+
+    return {"input": weights["input_linear.weight"].T, "hidden": weights["hidden_linear.weight"].T,
+            "from_x": dynamics_part(slice(hb, hb + f)), "from_h": dynamics_part(slice(hb + f, None)),
+            "own": w0[:, :hb], "gates": weights["gates.weight"], "nb": nb}
+
+
+def _input_products(w: dict, x: torch.Tensor) -> torch.Tensor:
+    """``x [..., F]``'s matrix products in the cell (input linear, then its part of the first dynamics layer):
+    ``[..., H]``. Nothing elementwise: a floor's part."""
+    return x @ w["input"] @ w["from_x"]
+
+
+def _state_products(w: dict, from_x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """One step's matrix products that depend on the state ``h [B, H]`` (hidden linear, the first dynamics layer's
+    own blocks and hidden part, gates), ``from_x`` the input's (:func:`_input_products`), with nothing elementwise
+    between them but a state update: the step of a floor."""
+    nb, f = w["nb"], h.shape[-1]
+    own = torch.bmm(h.reshape(-1, nb, f // nb).transpose(0, 1), w["own"])  # [nb, B, Hb]
+    z = own.transpose(0, 1).reshape(-1, f) + from_x + h @ w["hidden"] @ w["from_h"]
+    g = torch.bmm(z.reshape(-1, nb, f // nb).transpose(0, 1), w["gates"]).transpose(0, 1).reshape(-1, 3 * f)
+    return 0.5 * (h + g[:, :f])
+
+
+def sequence_products(weights: dict, x: torch.Tensor, nb: int) -> torch.Tensor:
+    """A sequence call's matrix products alone (``x [B, T, F]``, zero initial state): the input's for all ``T`` steps
+    at once (as ours runs them), then each step's on the state; returns the sum of the states."""
+    w = _product_weights(weights, nb)
+    from_x = _input_products(w, x)  # [B, T, H]
+    h = x.new_zeros(x.shape[0], x.shape[-1])
+    total = x.new_zeros(())
+    for t in range(x.shape[1]):
+        h = _state_products(w, from_x[:, t], h)
+        total = total + h.sum()
+    return total
+
+
+def sequence_floor(ours, shape: dict, x: torch.Tensor):
+    """:func:`sequence_products` with ``ours``' weights, compiled, fwd+bwd: the floor of any implementation."""
+    weights, nb = dict(ours.cell.named_parameters()), shape["nb"]
+    floor = torch.compile(sequence_products, fullgraph=True)
+    return lambda: floor(weights, x, nb).backward()
 
 
 def imagination_contenders(shape: dict) -> dict:
@@ -113,22 +172,15 @@ def imagination_contenders(shape: dict) -> dict:
         compiled = torch.compile(run, fullgraph=True)
         return lambda: compiled(h0).backward()
 
+    weights = dict(ours.named_parameters())
+
     def gemms(h):
-        """The rollout's matrix products alone (the policy's, and the cell's: input, hidden, first dynamics layer,
-        gates, as ours splits them), with nothing elementwise between them but a state update: the floor any cell
-        with this math pays, compiled like the others."""
-        weights = dict(ours.named_parameters())
-        w0, gates, hb = weights["dynamic_linears.0.weight"], weights["gates.weight"], f // nb
+        """The rollout's matrix products alone (the policy's and the cell's, :func:`_input_products` and
+        :func:`_state_products`): the floor any cell with this math pays, compiled like the others."""
+        w = _product_weights(weights, nb)
         total = h.new_zeros(())
         for _ in range(ROLLOUT_STEPS):
-            x = policy(h)
-            px, ph = x @ weights["input_linear.weight"].T, h @ weights["hidden_linear.weight"].T
-            own = torch.bmm(h.reshape(-1, nb, hb).transpose(0, 1), w0[:, :hb])  # [nb, B, Hb]
-            shared = (px @ w0[:, hb:hb + f].transpose(1, 2).reshape(f, f).T
-                      + ph @ w0[:, hb + f:].transpose(1, 2).reshape(f, f).T)  # [B, H]
-            z = own.transpose(0, 1).reshape(-1, f) + shared
-            g = torch.bmm(z.reshape(-1, nb, hb).transpose(0, 1), gates).transpose(0, 1).reshape(-1, 3 * f)
-            h = 0.5 * (h + g[:, :f])
+            h = _state_products(w, _input_products(w, policy(h)), h)
             total = total + h.sum()
         return total
 
@@ -180,7 +232,7 @@ def table(doc: dict) -> str:
 
 
 def _floor(row: dict, best: str) -> str:
-    """The floor's cells of a row (timed for the imagination rollout only)."""
+    """The floor's cells of a row (``-`` in a row measured before it was timed)."""
     floor = row["ms"].get(FLOOR)
     return "- | - |" if floor is None else f"{floor} | {round(row['ms'][best] / floor, 2)}x |"
 
@@ -209,6 +261,14 @@ def main() -> None:
         report(args.out)
         return
     doc = run(QUICK if args.quick else SHAPES, args.threads, 2 if args.quick else 7, args.workloads)
+    if args.out.exists() and set(args.workloads) != set(WORKLOADS):  # a partial run: keep the other workloads' rows
+        old = json.loads(args.out.read_text())
+        kept = [r for r in old["rows"] if r["workload"] not in args.workloads]
+        envs = {k: v for k, v in old.items() if k.endswith("_rows_environment")
+                and k.removesuffix("_rows_environment") not in args.workloads}
+        for workload in args.workloads:
+            envs[f"{workload}_rows_environment"] = doc["environment"]
+        doc = {**doc, "environment": old["environment"], "rows": kept + doc["rows"], **envs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
 

@@ -251,3 +251,20 @@ def test_linear_floor_section_is_generated(benchmarks_on_path) -> None:
     page = (ROOT / "docs" / "linear_recurrences.md").read_text()
     assert bench_linear_floor.section(doc) in page, (
         "docs/linear_recurrences.md is out of date: run `python benchmarks/bench_linear_floor.py --report`")
+
+
+def test_block_gru_sequence_floor_runs_the_cells_products(benchmarks_on_path) -> None:
+    """The block GRU's sequence floor multiplies exactly what the cell multiplies (the same FLOPs as our module's
+    forward), only without the elementwise work between the products."""
+    import bench_block_gru
+
+    b, t, f, nb = 3, 5, 8, 2
+    _, ours = bench_block_gru._pair(dict(B=b, T=t, F=f, nb=nb))
+    x = torch.randn(b, t, f)
+    counted = []
+    for run in (lambda: ours(x), lambda: bench_block_gru.sequence_products(dict(ours.cell.named_parameters()), x, nb)):
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            run()
+        counted.append(counter.get_total_flops())
+    per_step = 2 * b * f * f * 2 + 2 * b * f * (f // nb) * 4  # hidden linear and its dynamics part; own block, gates
+    assert counted == [2 * b * t * f * f * 2 + t * per_step] * 2  # + input linear and its dynamics part, every step
