@@ -17,7 +17,7 @@ layer whose inputs are vmapped runs here instead, where no ``scan`` is ever vmap
   forward and hand-written reverse scan, each per-member primitive (projection, the cell's step,
   its step backward, the weight-gradient GEMMs) ``torch.vmap``-ed over the members; it keeps the
   step activations (``recompute="none"``) or recomputes them (``recompute="full"``) as for one
-  model. Where one model works on whole sequences (its input projection, its backward factors), the
+  model. Where one model works on whole sequences (its input projection; its backward factors eagerly), the
   ensemble works step by step, and its scans read their per-step inputs by time index: see
   docs/ensembles.md, "Speed" (E-times-larger whole-sequence buffers, page-faulted in on every call).
   Inductor compiles both scans like those of a single model.

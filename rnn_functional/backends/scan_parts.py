@@ -335,16 +335,17 @@ class HandWrittenLayer(torch.autograd.Function):
         pre = apply_reset(pre, mask_t, tuple(members.time_major(r, 0) for r in reset) or None)
         xs = {"pre": pre, "g": tuple(grad_states)}
         # what each step's backward reads (elementwise): one model computes it a few steps at a time eagerly
-        # (:func:`_factors_by_chunk`) and for all steps at once compiled, where Inductor fuses it; an ensemble per
-        # step, inside the scan (E times a member's buffers, [T, E, N, ·] each, would be allocated and page-faulted
-        # in fresh on every call; see docs/ensembles.md, "Speed")
-        factors_per_step = len(saved) > 0 and members.count > 0  # not bool(tuple): Dynamo 2.11 cannot trace it
+        # (:func:`_factors_by_chunk`); compiled, and for an ensemble, each step inside the scan, fused into its body.
+        # For all steps at once they would be [T, (E,) N, ·] buffers allocated and page-faulted in fresh on every
+        # call (compiled block GRU 1.2-1.3x faster per step; docs/model_based.md, docs/ensembles.md "Speed")
+        # len(saved) > 0, not bool(saved): Dynamo 2.11 cannot trace bool of a tuple
         by_chunk = len(saved) > 0 and not members.count and not torch.compiler.is_compiling()
+        factors_per_step = len(saved) > 0 and not by_chunk
         chunks = _factors_by_chunk(cell, saved, pre, w) if by_chunk else None
         if not saved:
             xs["x"] = x
-        elif not by_chunk:
-            xs["factors"] = saved if factors_per_step else cell.backward_factors(saved, pre, w)
+        elif factors_per_step:
+            xs["factors"] = saved
         if mask_t is not None:
             xs["mask"] = broadcast_mask(mask_t, x)  # [T, N, 1]
 

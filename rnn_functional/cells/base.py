@@ -140,7 +140,7 @@ class Cell(abc.ABC):
     def backward_factors(self, saved: Saved, carry: Carry, w: LayerWeights) -> Saved:
         """What :meth:`step_backward_saved` reads, from a step's ``saved`` activations and the carry before
         it: elementwise only, so it also runs on many steps at once (``[T, N, ·]`` tensors; the reverse scan calls
-        it on chunks of steps eagerly, on the whole sequence compiled). Default: ``saved`` unchanged."""
+        it on chunks of steps eagerly, on each step inside the scan compiled). Default: ``saved`` unchanged."""
         return saved
 
     @abc.abstractmethod

@@ -234,7 +234,7 @@ class BlockGRUCell(Cell):
         return (u * torch.tanh(torch.sigmoid(r) * c) + (1 - u) * h.reshape(n, nb, -1)).reshape(n, -1)
 
     def backward_factors(self, saved: Saved, carry: Carry, w: LayerWeights) -> Saved:
-        """Everything elementwise the step backward reads, for a whole sequence at once: the gates' factor ``K``
+        """Everything elementwise the step backward reads, for one step or many at once: the gates' factor ``K``
         (``d_g = dh' * K``, block-major as ``g``) and ``1 - u``; for the hidden projection and each dynamic layer
         the factors of :func:`_norm_backward` and the output (:meth:`_norm_factors`)."""
         (h,) = carry
