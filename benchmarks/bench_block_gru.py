@@ -268,7 +268,10 @@ def main() -> None:
                 and k.removesuffix("_rows_environment") not in args.workloads}
         for workload in args.workloads:
             envs[f"{workload}_rows_environment"] = doc["environment"]
-        doc = {**doc, "environment": old["environment"], "rows": kept + doc["rows"], **envs}
+        order = [*SHAPES, *QUICK], list(WORKLOADS)  # the rows in the order a whole run writes them
+        rows = sorted(kept + doc["rows"], key=lambda r: (order[0].index(r["shape"]), order[1].index(r["workload"]),
+                                                          r["threads"]))
+        doc = {**doc, "environment": old["environment"], "rows": rows, **envs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
 
