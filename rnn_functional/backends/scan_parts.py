@@ -337,7 +337,7 @@ class HandWrittenLayer(torch.autograd.Function):
         # what each step's backward reads (elementwise): one model computes it a few steps at a time eagerly
         # (:func:`_factors_by_chunk`); compiled, and for an ensemble, each step inside the scan, fused into its body.
         # For all steps at once they would be [T, (E,) N, ·] buffers allocated and page-faulted in fresh on every
-        # call (compiled block GRU 1.2-1.3x faster per step; docs/model_based.md, docs/ensembles.md "Speed")
+        # call (compiled block GRU up to 1.26x faster per step; docs/model_based.md, docs/ensembles.md "Speed")
         # len(saved) > 0, not bool(saved): Dynamo 2.11 cannot trace bool of a tuple
         by_chunk = len(saved) > 0 and not members.count and not torch.compiler.is_compiling()
         factors_per_step = len(saved) > 0 and not by_chunk
