@@ -59,9 +59,14 @@ def steps(out: Path, dry_run: bool, total_s: float, only: tuple[str, ...] = tupl
     """The steps named in ``only``, in order: tests first (a kernel that fails them makes its timings moot), then a
     profile of one call (host against kernel time), then the benchmarks; each within its share of ``total_s``
     (the shares of ``only`` scaled to fill it)."""
-    py = sys.executable
     scale = total_s / sum(SHARES[name] for name in only)
     budget = {name: int(share * scale) for name, share in SHARES.items()}
+    return [step for step in _every_step(out, dry_run, budget) if step.name in only]
+
+
+def _every_step(out: Path, dry_run: bool, budget: dict[str, int]) -> list[Step]:
+    """Every step, on CUDA or as the CPU dry run, each with its time limit from ``budget``."""
+    py = sys.executable
 
     def rows(name: str) -> tuple[str, str]:
         return "--budget-s", str(int(ROW_BUDGET * budget[name]))
@@ -70,7 +75,7 @@ def steps(out: Path, dry_run: bool, total_s: float, only: tuple[str, ...] = tupl
     pytest = (py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:logging", "--tb=short", "-rfEs")
     if dry_run:
         interp = (("TRITON_INTERPRET", "1"),)
-        return [step for step in [
+        return [
             Step("tests", (*pytest, "tests/backends/test_triton.py", "-k", "matches_reference_fp64"), budget["tests"],
                  env=interp),
             Step("profile", (py, "benchmarks/gpu_profile.py", "--smoke", *rows("profile"), "--out",
@@ -87,8 +92,8 @@ def steps(out: Path, dry_run: bool, total_s: float, only: tuple[str, ...] = tupl
             Step("ensemble", (py, "benchmarks/bench_ensemble.py", "--device", "cpu", "--members", "2", "--batch", "2",
                               "--time", "4", "--hidden", "8", "--repeats", "1", "--contenders", *ENSEMBLE, "--out",
                               str(out / "ensemble.json")), budget["ensemble"], "ensemble.json"),
-        ] if step.name in only]
-    return [step for step in [
+        ]
+    return [
         # the GPU-marked tests: compiled kernels against reference, CUDA graphs, CUDA's sync debug mode
         Step("tests", (*pytest, "-m", "gpu", "tests", "compile_tests"), budget["tests"]),
         Step("profile", (py, "benchmarks/gpu_profile.py", *rows("profile"), "--out", str(out / "profile.json")),
@@ -108,7 +113,7 @@ def steps(out: Path, dry_run: bool, total_s: float, only: tuple[str, ...] = tupl
         Step("ensemble", (py, "benchmarks/bench_ensemble.py", "--device", "cuda", "--members", "8", "--repeats", "5",
                           "--contenders", *ENSEMBLE, "--out", str(out / "ensemble.json")), budget["ensemble"],
              "ensemble.json"),
-    ] if step.name in only]
+    ]
 
 
 def _versions() -> dict:

@@ -345,7 +345,7 @@ class HandWrittenLayer(torch.autograd.Function):
         if not saved:
             xs["x"] = x
         elif factors_per_step:
-            xs["factors"] = saved
+            xs["saved"] = saved
         if mask_t is not None:
             xs["mask"] = broadcast_mask(mask_t, x)  # [T, N, 1]
 
@@ -363,7 +363,7 @@ class HandWrittenLayer(torch.autograd.Function):
 
         def back_step(acc, xs_t):
             d_new = tuple(a + b for a, b in zip(acc["d_carry"], xs_t["g"]))
-            inputs = next(chunks) if by_chunk else xs_t["factors" if saved else "x"]
+            inputs = next(chunks) if by_chunk else xs_t["saved" if saved else "x"]
             d_pre, d_gi, d_gh, d_extra = members.map(member_back, inputs, xs_t["pre"], weights, d_new)
             out = {"d_gi": members.rows_by_member(d_gi), **{"d_gh": members.rows_by_member(d) for d in d_gh}}
             m = xs_t.get("mask")

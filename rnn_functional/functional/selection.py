@@ -91,13 +91,18 @@ def _check_triton(layout: Layout, x: torch.Tensor) -> None:
         )
 
 
+def _aten_serves(layout: Layout, opts: SequenceOptions) -> bool:
+    """ATen's fused kernels (``pad``) can run the call eagerly: the cell has them and nothing is recomputed."""
+    return opts.recompute == "none" and layout.cell.aten is not None
+
+
 def _auto_runs_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, ctx: CallContext) -> bool:
     """``auto`` runs ``triton`` on CUDA where it serves the call under ``torch.compile`` or ``torch.vmap`` (it compiles
     whole and vmaps in one launch), but not in plain eager mode where cuDNN (``pad``) serves it: there cuDNN was 1.03-10x
     faster on an H200 (docs/gpu.md)."""
     if not x.is_cuda or ctx.differentiated:
         return False
-    cudnn = not ctx.traced and layout.cell.aten is not None and opts.recompute == "none"
+    cudnn = not ctx.traced and _aten_serves(layout, opts)
     return not cudnn and triton_backend.serves(layout, x.device, opts)
 
 
@@ -138,9 +143,8 @@ def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, pl
         if ctx.compiling:
             return Route("scan")
         if not ctx.traced:
-            aten = opts.recompute == "none" and layout.cell.aten is not None
-            return _cheapest(("reference", "scan") + ("pad",) * aten, layout, plan, records_grad, shape, "auto",
-                             x.is_cuda)
+            return _cheapest(("reference", "scan") + ("pad",) * _aten_serves(layout, opts), layout, plan,
+                             records_grad, shape, "auto", x.is_cuda)
         name = "scan" if opts.recompute == "full" else "reference"  # scan's recompute crosses vmap and grad
     elif name == "pad":
         pad.aten_kernels(layout)  # raises for a cell without ATen kernels, in every context
