@@ -22,6 +22,11 @@ triton = pytest.mark.skipif(not rf.backends.triton_backend.is_available("cpu"),
 SEQUENCE = {"lstm": (rf.init_lstm_params, rf.lstm_sequence, rf.lstm_step, 2),
             "gru": (rf.init_gru_params, rf.gru_sequence, rf.gru_step, 1),
             "norm_gru": (rf.init_norm_gru_params, rf.norm_gru_sequence, rf.norm_gru_step, 1)}
+# the cells' other sequence functions: linear recurrences (``parallel``) and the block GRU (no ``pad``)
+OTHER_SEQUENCE = {"min_gru": (rf.init_min_gru_params, rf.min_gru_sequence, rf.min_gru_step, 1),
+                  "rglru": (rf.init_rglru_params, rf.rglru_sequence, rf.rglru_step, 1),
+                  "block_gru": (lambda f, h, **k: rf.init_block_gru_params(f, h, projection_size=3, num_blocks=2, **k),
+                                rf.block_gru_sequence, rf.block_gru_step, 1)}
 # (backend, recompute) pairs that accept a call with autograd; pad has no recompute and no layer-norm GRU kernel
 SEQUENCE_PATHS = [("reference", "none"), ("reference", "full"), ("scan", "none"), ("scan", "full"), ("pad", "none"),
                   ("auto", "none"), ("auto", "full")]
@@ -29,7 +34,7 @@ SEQUENCE_PATHS = [("reference", "none"), ("reference", "full"), ("scan", "none")
 
 def _problem(cell: str, seed: int = 0):
     """``(call, inputs)``: ``call(*inputs)`` runs a sequence with resets and returns ``(y, *final state)``."""
-    init, _, _, parts = SEQUENCE[cell]
+    init, _, _, parts = {**SEQUENCE, **OTHER_SEQUENCE}[cell]
     g = torch.Generator().manual_seed(seed)
     params = init(F_IN, H, dtype=torch.float64, generator=g)
     names = list(params.keys())
@@ -43,7 +48,7 @@ def _problem(cell: str, seed: int = 0):
     def call(backend: str, recompute: str):
         def fn(x, *rest):
             st, rs, ps = rest[:parts], rest[parts : 2 * parts], rest[2 * parts :]
-            y, final = SEQUENCE[cell][1](x, pack(st), TensorDict(dict(zip(names, ps)), []), is_init=is_init,
+            y, final = {**SEQUENCE, **OTHER_SEQUENCE}[cell][1](x, pack(st), TensorDict(dict(zip(names, ps)), []), is_init=is_init,
                                          reset_state=pack(rs), backend=backend, recompute=recompute)
             return (y, *(final if parts == 2 else (final,)))
         return fn
@@ -87,6 +92,19 @@ def test_sequence_forward_mode_is_exact(cell, backend, recompute):
                                sum((g * v).sum() for g, v in zip(grads, tangents)))
     for got, want in zip(out, want_out):
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("cell", [*SEQUENCE, *OTHER_SEQUENCE])
+@pytest.mark.parametrize("backend,recompute", [("reference", "none"), ("scan", "none"), ("scan", "full"),
+                                               ("pad", "none"), ("parallel", "none"), ("auto", "none")])
+def test_batched_backward_is_exact(cell, backend, recompute):
+    """A batched backward (``torch.autograd.grad(..., is_grads_batched=True)``, as ``jacobian(vectorize=True)`` and
+    ``gradcheck(check_batched_grad=True)`` run it) equals one backward per cotangent: torch's legacy vmap runs
+    the backends' hand-written backwards, where ``flatten``/``unflatten`` and ``out=`` writes have no batching rule."""
+    if backend not in rf.available_backends(cell=cell):
+        pytest.skip(f"{backend} does not serve {cell}")
+    call, inputs = _problem(cell, seed=2)
+    assert gradcheck(call(backend, recompute), inputs, check_batched_grad=True, check_undefined_grad=False)
 
 
 def test_reference_full_refuses_torch_func_clearly():

@@ -65,12 +65,13 @@ def test_eager_scan_matches_reference(cell: str, layers: int, recompute: str) ->
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru", "norm_gru", "block_gru"])
-def test_backward_factors_in_several_chunks_match_reference(cell: str) -> None:
-    """The eager backward computes its factors a few steps at a time (``scan_parts.CHUNK_BYTES`` of a state-wide
-    tensor): at N=64, H=64 in fp64 that is 8 steps, so T=21 runs two whole chunks and a partial one. Outputs and
-    every gradient (x strided, the state, reset_state, the params) equal ``reference``."""
+def test_backward_in_several_spans_matches_reference(cell: str) -> None:
+    """The eager backward runs a few steps at a time (spans of ``scan_parts.CHUNK_BYTES`` of a state-wide tensor,
+    factors computed and weight gradients reduced per span): at N=64, H=64 in fp64 that is 8 steps, so T=21 runs two
+    whole spans and a partial one. Outputs and every gradient (x strided, the state, reset_state, the params) equal
+    ``reference``."""
     n, t_len, f, h = 64, 21, 6, 64
-    assert t_len > scan_parts.CHUNK_BYTES // (n * h * 8) * 2  # three chunks, the last one partial
+    assert t_len > scan_parts.CHUNK_BYTES // (n * h * 8) * 2  # three spans, the last one partial
     g = torch.Generator().manual_seed(7)
     block_gru = (lambda *a, **k: rf.init_block_gru_params(*a, projection_size=16, num_blocks=4, **k), rf.block_gru_sequence)
     init, seq = {**CELLS, "block_gru": block_gru}[cell]

@@ -47,6 +47,12 @@ def _chunk_len(t_len: int) -> int:
     return 1 << (t_len.bit_length() // 2)
 
 
+def _chunks(t: torch.Tensor, count: int) -> torch.Tensor:
+    """``t [N, count * chunk, ...]`` as ``[N, count, chunk, ...]``, a view (``reshape``, not ``unflatten``: torch's
+    legacy batched backward, ``is_grads_batched=True``, has no batching rule for ``unflatten``)."""
+    return t.reshape(t.shape[0], count, -1, *t.shape[2:])
+
+
 def _solve(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reverse: bool,
            out: torch.Tensor | None = None) -> torch.Tensor:
     """The chunked scan (see the module docstring); shapes as :func:`linear_scan`. ``out``: a ``[N, T, ...]`` buffer
@@ -64,7 +70,7 @@ def _solve(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reverse:
     count = t_len // chunk
     lo = t_len - count * chunk if reverse else 0
     span = slice(lo, lo + count * chunk)
-    a_c, b_c = (t[:, span].unflatten(1, (count, chunk)) for t in (a, b))  # views: [N, count, chunk, ...]
+    a_c, b_c = (_chunks(t[:, span], count) for t in (a, b))  # views: [N, count, chunk, ...]
     # each step's slices taken once (unbind): differentiated, their backward is one stack, not a scatter per step
     a_j, b_j = a_c.unbind(2), b_c.unbind(2)
     order = (lambda k: range(k - 1, -1, -1)) if reverse else range
@@ -80,7 +86,7 @@ def _solve(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reverse:
         entering.append(state)
         state = torch.addcmul(last[c], last_a[c], state)
     h = torch.stack(entering[::-1] if reverse else entering, dim=1)
-    o_j = None if out is None else out[:, span].unflatten(1, (count, chunk)).unbind(2)
+    o_j = None if out is None else _chunks(out[:, span], count).unbind(2)
     kept = []
     for j in steps:  # (3) every step, from the chunks' entering states
         h = torch.addcmul(b_j[j], a_j[j], h, out=None if out is None else o_j[j])
@@ -96,7 +102,8 @@ def _solve(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reverse:
     if reverse:
         kept.reverse()
         tail.reverse()
-    main = torch.stack(kept, dim=2).flatten(1, 2)
+    main = torch.stack(kept, dim=2)
+    main = main.reshape(main.shape[0], -1, *main.shape[3:])  # [N, count * chunk, ...]
     if not tail:
         return main
     tail = torch.stack(tail, dim=1)
@@ -111,8 +118,10 @@ def _before(h: torch.Tensor, reverse: bool, init: torch.Tensor | None) -> torch.
 
 
 def _wrapped(*tensors: torch.Tensor) -> bool:
-    """True for ``torch.func`` tensors (vmapped, grad-tracking): ``out=`` and in-place writes have no batching rule."""
-    return any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
+    """True for ``torch.func`` tensors (vmapped, grad-tracking) and the legacy batched tensors of a batched backward
+    (``is_grads_batched=True``): ``out=`` and in-place writes have no batching rule."""
+    functorch = torch._C._functorch
+    return any(functorch.is_functorch_wrapped_tensor(t) or functorch.is_legacy_batchedtensor(t) for t in tensors)
 
 
 class LinearScan(torch.autograd.Function):

@@ -34,8 +34,9 @@ def _sum_rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def _outer_sum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``sum_{t, n} a[t, n]^T b[t, n]``: ``[T, N, G], [T, N, K] -> [G, K]`` (one GEMM)."""
-    return a.flatten(0, 1).transpose(0, 1) @ b.flatten(0, 1)
+    """``sum_{t, n} a[t, n]^T b[t, n]``: ``[T, N, G], [T, N, K] -> [G, K]`` (one GEMM; ``reshape``, not ``flatten``,
+    which torch's legacy batched backward, ``is_grads_batched=True``, cannot batch)."""
+    return a.reshape(-1, a.shape[-1]).transpose(0, 1) @ b.reshape(-1, b.shape[-1])
 
 
 @dataclass(frozen=True)
@@ -324,47 +325,37 @@ class HandWrittenLayer(torch.autograd.Function):
         n, n_w, cell, members = ctx.n_carry, ctx.n_weights, ctx.cell, ctx.members
         inp, mask, *rest = ctx.saved_tensors
         carry0, weights, outputs = rest[:n], tuple(rest[n : n + n_w]), rest[n + n_w : len(rest) - ctx.n_reset]
-        reset = tuple(rest[len(rest) - ctx.n_reset :])
+        reset = tuple(members.time_major(r, 0) for r in rest[len(rest) - ctx.n_reset :])
         states, saved, grad_states = outputs[:n], tuple(outputs[n:]), grad_outputs[:n]
         w = LayerWeights.from_tensors(weights)
         extra = any(t is not None for t in w.extra)
         mask_t = members.time_major(mask, 0)
         x = members.time_major(inp, 1)  # [T, (e,) N, F]
-        # the carry each step starts from: the state after the previous step (carry0 at step 0), reset where mask
-        pre = tuple(torch.cat([members.expand(c0).unsqueeze(0), s[:-1]]) for c0, s in zip(carry0, states))
-        pre = apply_reset(pre, mask_t, tuple(members.time_major(r, 0) for r in reset) or None)
-        xs = {"pre": pre, "g": tuple(grad_states)}
-        # what each step's backward reads (elementwise): one model computes it a few steps at a time eagerly
-        # (:func:`_factors_by_chunk`); compiled, and for an ensemble, each step inside the scan, fused into its body.
-        # For all steps at once they would be [T, (E,) N, ·] buffers allocated and page-faulted in fresh on every
-        # call (compiled block GRU up to 1.26x faster per step; docs/model_based.md, docs/ensembles.md "Speed")
-        # len(saved) > 0, not bool(saved): Dynamo 2.11 cannot trace bool of a tuple
-        by_chunk = len(saved) > 0 and not members.count and not torch.compiler.is_compiling()
-        factors_per_step = len(saved) > 0 and not by_chunk
-        chunks = _factors_by_chunk(cell, saved, pre, w) if by_chunk else None
-        if not saved:
-            xs["x"] = x
-        elif factors_per_step:
-            xs["saved"] = saved
-        if mask_t is not None:
-            xs["mask"] = broadcast_mask(mask_t, x)  # [T, N, 1]
-
+        # Eagerly, one model runs the reverse scan a few steps at a time (a span, :func:`_spans`): each span's
+        # elementwise factors are computed at once before it and its per-step cotangents reduced into the weight
+        # gradients after it, in buffers that stay in cache and come back from the heap on the next call, where
+        # [T, N, .] ones were page-faulted in afresh every call (block GRU: docs/model_based.md). Compiled, and for
+        # an ensemble, one span, each step's factors computed inside the scan's body, fused into it.
+        eager = not members.count and not torch.compiler.is_compiling()
+        steps = states[0].shape[0]
+        spans = _spans(steps, states[0][0]) if eager else ((0, steps),)
+        # what each step reads: its factors (eager), what they are computed from (compiled), or its input (no saved)
+        key = "x" if len(saved) == 0 else "factors" if eager else "saved"  # len: Dynamo 2.11 cannot trace bool(tuple)
         own = contiguous_copy if members.count else (lambda t: t)  # the carry's layout as vmap leaves it: scan needs init's
 
         def member_back(inputs, pre_t, wts, d_new):
             wl = LayerWeights.from_tensors(wts)
-            if saved:
-                factors = cell.backward_factors(inputs, pre_t, wl) if factors_per_step else inputs
-                grads = cell.step_backward_saved(factors, pre_t, wl, d_new)
-            else:
+            if key == "x":
                 grads = cell.step_backward(F.linear(inputs, wl.weight_ih, wl.bias_ih), pre_t, wl, d_new)
+            else:
+                factors = cell.backward_factors(inputs, pre_t, wl) if key == "saved" else inputs
+                grads = cell.step_backward_saved(factors, pre_t, wl, d_new)
             d_gh = () if grads.d_gh is None else (grads.d_gh,)  # none: equal to d_gi (vmap returns tensors only)
             return tuple(grads.d_carry), grads.d_gi, d_gh, tuple(d for d in grads.d_extra if d is not None)
 
         def back_step(acc, xs_t):
             d_new = tuple(a + b for a, b in zip(acc["d_carry"], xs_t["g"]))
-            inputs = next(chunks) if by_chunk else xs_t["saved" if saved else "x"]
-            d_pre, d_gi, d_gh, d_extra = members.map(member_back, inputs, xs_t["pre"], weights, d_new)
+            d_pre, d_gi, d_gh, d_extra = members.map(member_back, xs_t[key], xs_t["pre"], weights, d_new)
             out = {"d_gi": members.rows_by_member(d_gi), **{"d_gh": members.rows_by_member(d) for d in d_gh}}
             m = xs_t.get("mask")
             if m is not None:  # where the carry was reset, its cotangent goes to reset_state (or nowhere)
@@ -375,45 +366,81 @@ class HandWrittenLayer(torch.autograd.Function):
                 out["d_extra"] = tuple(map(contiguous_copy, d_extra)) if torch.compiler.is_compiling() else d_extra
             return {"d_carry": tuple(own(d) for d in d_pre)}, out
 
-        init = {"d_carry": tuple(torch.zeros_like(s[0]) for s in states)}
-        reads = (inp, mask, *pre, *grad_states, *reset, *saved, *(wt for wt in weights if wt is not None))
-        # Reversed time: the outputs come back with index 0 = step T - 1 (under compile the scan then
-        # needs no ``reverse``, whose flips of its outputs would copy the [T, N, G*H] gate cotangents);
-        # the weight gradients are sums over time, indifferent to the order.
-        acc, outs = time_loop(back_step, init, xs, reads, reverse=True, members=members)
-        d_gi = members.from_rows_by_member(outs["d_gi"])  # [T, (E,) N, G*H], reversed time
-        d_gh = members.from_rows_by_member(outs["d_gh"]) if "d_gh" in outs else d_gi
-        d_extra = iter(members.map_time_major(cell.reduce_extra_grads, *outs["d_extra"]) if extra else ())
-        seq = members.map_time_major
-        d_weights = (
-            seq(_outer_sum, d_gi, x.flip(0)),
-            seq(_sum_rows, d_gi) if w.bias_ih is not None else None,
-            seq(_outer_sum, d_gh, pre[0].flip(0)) if w.weight_hh is not None else None,  # none: linear in the state
-            seq(_sum_rows, d_gh) if w.bias_hh is not None else None,
-            *(None if t is None else next(d_extra) for t in w.extra),
-        )
-        d_weights = tuple(None if d is None else members.like(d, t) for d, t in zip(d_weights, weights))
-        d_reset = tuple(members.like(members.from_time_major(d.flip(0), 0), r) for d, r in zip(outs.get("d_reset", ()), reset))
-        d_x = members.map(torch.matmul, members.members_first(d_gi), w.weight_ih)  # [(E,) T, N, F], reversed time
-        d_inp = members.like(members.from_time_major(members.members_first(d_x).flip(0), 1), inp)
+        acc = {"d_carry": tuple(torch.zeros_like(s[0]) for s in states)}
+        totals, parts = None, []
+        for start, end in reversed(spans):
+            pre = _carries_before(carry0, states, start, end, members)
+            pre = apply_reset(pre, None if mask_t is None else mask_t[start:end], tuple(r[start:end] for r in reset) or None)
+            xs = {"pre": pre, "g": tuple(g[start:end] for g in grad_states)}
+            if key == "x":
+                xs["x"] = x[start:end]
+            else:
+                span_saved = tuple(s[start:end] for s in saved)
+                xs[key] = cell.backward_factors(span_saved, pre, w) if key == "factors" else span_saved
+            if mask_t is not None:
+                xs["mask"] = broadcast_mask(mask_t[start:end], x)  # [C, N, 1]
+            reads = (inp, mask, *pre, *grad_states, *reset, *saved, *(wt for wt in weights if wt is not None))
+            # Reversed time: the outputs come back with index 0 = step end - 1 (under compile the scan then needs
+            # no ``reverse``, whose flips of its outputs would copy the [T, N, G*H] gate cotangents).
+            acc, outs = time_loop(back_step, acc, xs, reads, reverse=True, members=members)
+            weight_grads, part = _span_grads(cell, w, members, outs, x[start:end], pre[0])
+            totals = weight_grads if totals is None else [None if a is None else a + b for a, b in zip(totals, weight_grads)]
+            parts.append(part)
+        (d_x, *d_reset) = (_in_time_order([p[i] for p in parts], dim + bool(members.count))
+                           for i, dim in enumerate((1, *(0 for _ in reset))))
+        d_weights = tuple(None if d is None else members.like(d, t) for d, t in zip(totals, weights))
+        d_reset = tuple(members.like(d, r) for d, r in zip(d_reset, rest[len(rest) - ctx.n_reset :]))
         d_carry0 = tuple(members.like(d, c) for d, c in zip(acc["d_carry"], carry0))
-        return (None, None, None, None, None, d_inp, None, *d_carry0, *d_reset, *d_weights)
+        return (None, None, None, None, None, members.like(d_x, inp), None, *d_carry0, *d_reset, *d_weights)
 
 
 CHUNK_BYTES = 256 * 1024
+SPAN_ROWS = 512
 
 
-def _factors_by_chunk(cell: Cell, saved: tuple, pre: tuple, w: LayerWeights):
-    """Every step's :meth:`~rnn_functional.cells.Cell.backward_factors`, last step first, computed for a few steps at
-    a time: as many as keep a state-wide tensor within ``CHUNK_BYTES``, so that the dozens of elementwise ops of a
-    chunk work in the core's cache, where whole-sequence ones stream every intermediate through memory (the block
-    GRU's eager fwd+bwd: 1.15-1.3x faster, docs/model_based.md)."""
-    steps, row = pre[0].shape[0], pre[0][0].numel() * pre[0].element_size()
-    size = max(1, CHUNK_BYTES // max(1, row))
-    for end in range(steps, 0, -size):
-        start = max(0, end - size)
-        factors = cell.backward_factors(tuple(s[start:end] for s in saved), tuple(p[start:end] for p in pre), w)
-        yield from reversed(list(zip(*(f.unbind(0) for f in factors))))
+def _spans(steps: int, state_step: torch.Tensor) -> tuple[tuple[int, int], ...]:
+    """``(start, end)`` spans of ``steps`` in time order, the last maybe shorter. Each holds as many steps as keep a
+    state-wide tensor (one step: ``state_step [N, S]``) within ``CHUNK_BYTES``, so that the dozens of elementwise ops
+    of a span work in the core's cache, and at least ``SPAN_ROWS`` rows (steps times ``N``) for the weight-gradient
+    products: spans of 256 rows ran the eager GRU at ``N = 256, H = 256`` 10% slower than the whole sequence at once
+    (512 rows: 0-4%). Longer spans make longer buffers, which glibc maps and page-faults in afresh on every call: the
+    block GRU at ``N = 32, H = 128`` page-faulted 3,500 times per call in spans of 32 steps, 100-700 in spans of 16."""
+    row_bytes = state_step.numel() * state_step.element_size()
+    size = max(1, CHUNK_BYTES // max(1, row_bytes), -(-SPAN_ROWS // max(1, state_step.shape[0])))
+    return tuple((start, min(start + size, steps)) for start in range(0, steps, size))
+
+
+def _carries_before(carry0: Carry, states: Carry, start: int, end: int, members: Members) -> Carry:
+    """The carry each step of ``start:end`` starts from, before its reset: the state after the previous step
+    (``carry0`` at step 0); ``[end - start, (E,) N, S]`` each (a view of ``states`` from the second span on)."""
+    if start:
+        return tuple(s[start - 1 : end - 1] for s in states)
+    return tuple(torch.cat([members.expand(c0).unsqueeze(0), s[: end - 1]]) for c0, s in zip(carry0, states))
+
+
+def _span_grads(cell: Cell, w: LayerWeights, members: Members, outs: dict, x: torch.Tensor, pre_h: torch.Tensor):
+    """One span's share of the gradients from its reversed-time outputs (``outs``), its input ``x [C, (e,) N, F]`` and
+    the carry's first tensor before each step ``pre_h``: ``(weight gradients, (d_x [(E,) N, C, F], *d_reset))``;
+    the weight gradients are sums over time, which spans add up."""
+    d_gi = members.from_rows_by_member(outs["d_gi"])  # [C, (E,) N, G*H], reversed time
+    d_gh = members.from_rows_by_member(outs["d_gh"]) if "d_gh" in outs else d_gi
+    d_extra = iter(members.map_time_major(cell.reduce_extra_grads, *outs["d_extra"]) if "d_extra" in outs else ())
+    seq = members.map_time_major
+    weight_grads = [
+        seq(_outer_sum, d_gi, x.flip(0)),
+        seq(_sum_rows, d_gi) if w.bias_ih is not None else None,
+        seq(_outer_sum, d_gh, pre_h.flip(0)) if w.weight_hh is not None else None,  # none: linear in the state
+        seq(_sum_rows, d_gh) if w.bias_hh is not None else None,
+        *(None if t is None else next(d_extra) for t in w.extra),
+    ]
+    d_x = members.map(torch.matmul, members.members_first(d_gi), w.weight_ih)  # [(E,) C, N, F], reversed time
+    d_x = members.from_time_major(members.members_first(d_x).flip(0), 1)
+    return weight_grads, (d_x, *(members.from_time_major(d.flip(0), 0) for d in outs.get("d_reset", ())))
+
+
+def _in_time_order(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """The spans' pieces (last span first) joined along their time ``dim``."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts[::-1], dim=dim)
 
 
 def _replayed_backward(ctx, grad_states: tuple) -> tuple:

@@ -296,8 +296,8 @@ class BlockGRUCell(Cell):
         grads = [_sum_rows(d_norm_h), _block_outer(h, d_pre0_blocks), _rows(d_pre0).T @ _rows(ph), _sum_rows(d_norm0)]
         for j in range(0, len(deeper), 3):
             z_in, d_pre, d_norm = deeper[j : j + 3]
-            grads += [_block_outer(z_in, d_pre), _sum_rows(d_pre).flatten(), _sum_rows(d_norm)]
-        return (*grads, _block_outer(z_last, d_g), _sum_rows(d_g).flatten())
+            grads += [_block_outer(z_in, d_pre), _sum_rows(d_pre).reshape(-1), _sum_rows(d_norm)]
+        return (*grads, _block_outer(z_last, d_g), _sum_rows(d_g).reshape(-1))
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
