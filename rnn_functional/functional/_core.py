@@ -415,7 +415,8 @@ _STEP_DOC = """One time step of a multi-layer {title}.
             :func:`rnn_functional.functional.selection.resolve_step`.
 
     Returns:
-        ``(y [*B, {out}], state)``: the top layer's output and the new state.
+        ``(y [*B, {out}], state)``: the top layer's output and the new state. As ``torch.nn.LSTMCell``'s
+        ``h``, ``y`` may share memory with the state (the top layer's ``h``); the modules return a copy.
     """
 
 _SEQUENCE_DOC = """A multi-layer {title} over a sequence, with resets.

@@ -165,7 +165,10 @@ def run_step(
     backend: str | None,
     layout: Layout | None = None,
 ) -> tuple[Tensor, States]:
-    """``(y [*B, P], states [*B, L, S])``: one step, zero states where ``is_init``.
+    """``(y [*B, P], states [*B, L, S])``: one step, zero states where ``is_init``; ``y`` shares no memory with the
+    states (the core's step returns the top layer's ``h`` as both, as ``nn.LSTMCell`` does; TorchRL's module returns
+    two tensors, and an in-place op on ``y``, e.g. ``nn.ReLU(inplace=True)`` next in a policy, must not rewrite the
+    state carried to the next step).
 
     ``layout``: the params' layout when the caller checked them (the module's own weights, checked
     when bound) and ``read_inputs`` checked the rest: the step then skips the core's validation
@@ -177,9 +180,10 @@ def run_step(
     """
     if not (training and dropout > 0):
         if layout is not None and states is not None and x.numel() > 0:
-            return run_validated_step(layout, params, x, states, is_init)
+            y, new = run_validated_step(layout, params, x, states, is_init)
+            return y.clone(), new
         y, state = cell.step(x, cell.pack(states), params, is_init=is_init)
-        return y, cell.unpack(state)
+        return y.clone(), cell.unpack(state)
     if is_init is not None and is_init.shape == x.shape[:-1]:
         is_init = is_init.unsqueeze(-1)  # [*B] -> [*B, T=1]
     y, state = cell.sequence(

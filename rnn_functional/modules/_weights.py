@@ -3,10 +3,10 @@
 The child (``module.lstm`` / ``module.gru``, TorchRL's names) owns the parameters, so state
 dicts, ``named_parameters``, ``TensorDict.from_module`` and ``module.lstm(x)`` behave as in
 TorchRL. The forward never touches the child: ``torch.compile`` graph-breaks on any access
-to an ``nn.LSTM``/``nn.GRU`` object. It reads the child's ``_parameters`` dict through a
-reference kept on the parent instead. That dict is the object every parameter swap writes
-into (``TensorDict.to_module``, ``torch.func.functional_call``, ``.to()``, ``load_state_dict``),
-and ``deepcopy``/pickling copy it once, shared by the copy's child and the copy's reference.
+to an ``nn.LSTM``/``nn.GRU`` object. It reads the child's ``_parameters`` dict (and its ``dropout``, from its
+attribute dict) through references kept on the parent instead. That dict is the object every parameter swap writes
+into (``TensorDict.to_module``, ``torch.func.functional_call``, ``.to()``, ``load_state_dict``);
+a ``deepcopy`` or an unpickled copy re-binds the references to its own child.
 
 The reference is held by a :class:`LiveParams` object, not as a bare dict attribute: ``torch.export``
 snapshots every plain module attribute with a pytree copy while the parameters are fake tensors and
@@ -22,6 +22,7 @@ from typing import ClassVar
 
 import torch
 from torch import nn
+from torch.nn.utils import prune
 
 from ._cells import ModuleCell
 
@@ -29,12 +30,18 @@ __all__ = ["LiveParams", "RNNChild", "build_rnn"]
 
 
 class LiveParams:
-    """A reference to a module's parameter dict (the same object, never a copy) that pytree leaves alone."""
+    """References to a child module's parameter dict and attribute dict (the same objects, never copies) that pytree
+    leaves alone."""
 
-    __slots__ = ("params",)
+    __slots__ = ("params", "attrs")
 
-    def __init__(self, params: dict) -> None:
-        self.params = params
+    def __init__(self, module: nn.Module) -> None:
+        self.params, self.attrs = module._parameters, module.__dict__
+
+    def __reduce__(self):
+        """Copied or pickled empty: the owner re-binds it to its own child (``RNNChild.__setstate__``); the child's
+        attribute dict holds weak references, which do not pickle."""
+        return object.__new__, (LiveParams,)
 
 
 class RNNChild:
@@ -54,11 +61,10 @@ class RNNChild:
             self._bind_rnn(value)
 
     def _bind_rnn(self, rnn: nn.RNNBase) -> None:
-        self._live = LiveParams(rnn._parameters)
-        self._layout = self._cell.core.read_layout(rnn._parameters)  # checked once, read by the step and the sequence
+        self._live = LiveParams(rnn)
+        self._layout = self._cell.core.read_layout(self._weights)  # checked once, read by the step and the sequence
         self._input_size = int(rnn.input_size)
         self._num_layers = int(rnn.num_layers)
-        self._dropout = float(rnn.dropout)
         self._state_shapes = tuple((self._num_layers, width) for width in self._cell.state_widths(rnn))
 
     def __setstate__(self, state: dict) -> None:
@@ -74,8 +80,29 @@ class RNNChild:
 
     @property
     def _weights(self) -> dict:
-        """The child's parameter dict, by name (``torch.nn`` state-dict names)."""
-        return self._live.params
+        """The child's weights by name (``torch.nn`` state-dict names): its parameter dict, or, where the child
+        computes some of them, a dict with those as it computes them: parametrized ones
+        (``torch.nn.utils.parametrizations.weight_norm``, ``spectral_norm``, ``parametrize``) through their
+        ``ParametrizationList`` (a module Dynamo traces), pruned ones (``torch.nn.utils.prune``, whose pre-hook
+        the child would run) as ``orig * mask``."""
+        params, attrs = self._live.params, self._live.attrs
+        parametrized, hooks = attrs["_modules"].get("parametrizations"), attrs["_forward_pre_hooks"]
+        if parametrized is None and not hooks:
+            return params
+        weights = dict(params)
+        for name, weight in (parametrized or {}).items():
+            weights[name] = weight()
+        for hook in hooks.values():
+            if isinstance(hook, prune.BasePruningMethod):
+                name = hook._tensor_name
+                weights[name] = weights.pop(name + "_orig") * attrs["_buffers"][name + "_mask"]
+        return weights
+
+    @property
+    def _dropout(self) -> float:
+        """The child's ``dropout`` as it is at this call: ``module.lstm.dropout = p`` after construction takes effect,
+        as in TorchRL (read through the child's attribute dict, which Dynamo traces, guarding on its value)."""
+        return float(self._live.attrs["dropout"])
 
     @property
     def _rnn(self) -> nn.RNNBase:

@@ -141,3 +141,51 @@ def test_parameter_routes_leave_the_module_right(cell, route):
     module = _module(cell)
     _call(module, cell)  # a call before the route
     _check(route(module, cell), cell)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_child_dropout_set_after_construction_takes_effect(compiled):
+    """``module.lstm.dropout = p`` after construction changes what a training call drops, as with TorchRL's module
+    (which calls its child); compiled, Dynamo guards on the value and recompiles."""
+    torch.manual_seed(0)
+    module = rf.LSTMModule(input_size=F_IN, hidden_size=H, num_layers=2, dropout=0.5, in_keys=["x", "h", "c"],
+                           out_keys=["y", ("next", "h"), ("next", "c")]).train()
+    data = TensorDict({"x": torch.randn(B, 6, F_IN), "is_init": torch.zeros(B, 6, 1, dtype=torch.bool)}, [B, 6])
+    run = torch.compile(module, backend="eager") if compiled else module
+    with rf.set_recurrent_mode(True):
+        assert not torch.equal(run(data.clone())["y"], run(data.clone())["y"])  # p = 0.5: two calls differ
+        module.lstm.dropout = 0.0
+        got = run(data.clone())["y"]
+        want = module.eval()(data.clone())["y"]
+    torch.testing.assert_close(got, want)
+
+
+def _weight_norm(child) -> list[torch.Tensor]:
+    torch.nn.utils.parametrizations.weight_norm(child, "weight_hh_l0")
+    return list(child.parametrizations.weight_hh_l0.parameters())
+
+
+def _prune(child) -> list[torch.Tensor]:
+    torch.nn.utils.prune.l1_unstructured(child, "weight_ih_l0", amount=0.5)
+    return [child.weight_ih_l0_orig]
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("how", [_weight_norm, _prune], ids=["weight_norm", "prune"])
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_weights_the_child_computes_are_used_as_it_computes_them(cell, how, compiled):
+    """A parametrized (``weight_norm``) or pruned weight of the child (TorchRL's module runs both, calling its child):
+    recurrent mode without resets equals the child's own forward, outputs and the gradients of the tensors behind
+    the weight; the compiled module has no graph break (the parametrization is traced, the child is not)."""
+    module = _module(cell).double()
+    child = getattr(module, cell)
+    leaves = how(child)
+    x = torch.randn(B, 5, F_IN, dtype=torch.float64)
+    data = TensorDict({"x": x, "is_init": torch.zeros(B, 5, 1, dtype=torch.bool)}, [B, 5])
+    run = torch.compile(module, backend="eager", fullgraph=True) if compiled else module
+    with rf.set_recurrent_mode(True):
+        got = run(data)["y"]
+    want = child(x)[0]
+    torch.testing.assert_close(got, want)
+    for a, b in zip(torch.autograd.grad(got.sum(), leaves), torch.autograd.grad(want.sum(), leaves), strict=True):
+        torch.testing.assert_close(a, b)

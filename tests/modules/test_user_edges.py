@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 from tensordict import TensorDict
+from tensordict.nn import TensorDictModule, TensorDictSequential
 
 import rnn_functional as rf
 from module_helpers import make_module, make_td
@@ -102,3 +103,25 @@ def test_lstm_net_on_an_empty_sequence(backend):
     assert [tuple(o.shape) for o in out] == [(2, 0, 4)] + [(2, 0, 1, 5)] * 4
     sum(o.sum() for o in out).backward()
     assert x.grad.shape == (2, 0, 3)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_step_output_shares_no_memory_with_the_next_state(cell, layers, grad):
+    """An in-place op on the step's output (``nn.ReLU(inplace=True)`` next in a policy) leaves the state carried to
+    the next step as it was, as with TorchRL's module: the core's step returns the top layer's ``h`` as ``y`` and in
+    the state, the module a copy."""
+    module = make_module(cell, layers=layers)
+    td = make_td(cell, (3,), layers=layers)
+    with torch.set_grad_enabled(grad):
+        out = module(td.clone())
+        keys = [("next", k) for k in ["h", "c"][: len(module.out_keys) - 1]]
+        states = [out[k].detach().clone() for k in keys]
+        y_ptr = out["y"].untyped_storage().data_ptr()
+        assert all(out[k].untyped_storage().data_ptr() != y_ptr for k in keys)
+        policy = TensorDictSequential(module, TensorDictModule(torch.nn.ReLU(inplace=True), ["y"], ["z"]))
+        out = policy(td.clone())
+    assert (out["z"] >= 0).all() and out["y"].data_ptr() == out["z"].data_ptr()  # the ReLU ran in place on y
+    for k, want in zip(keys, states):
+        torch.testing.assert_close(out[k], want)
