@@ -333,7 +333,7 @@ class HandWrittenLayer(torch.autograd.Function):
         x = members.time_major(inp, 1)  # [T, (e,) N, F]
         # Eagerly, one model runs the reverse scan a few steps at a time (a span, :func:`_spans`): each span's
         # elementwise factors are computed at once before it and its per-step cotangents reduced into the weight
-        # gradients after it, in buffers that stay in cache and come back from the heap on the next call, where
+        # gradients after it, in buffers that stay in cache and come back from the heap for the next span, where
         # [T, N, .] ones were page-faulted in afresh every call (block GRU: docs/model_based.md). Compiled, and for
         # an ensemble, one span, each step's factors computed inside the scan's body, fused into it.
         eager = not members.count and not torch.compiler.is_compiling()
@@ -386,8 +386,9 @@ class HandWrittenLayer(torch.autograd.Function):
             weight_grads, part = _span_grads(cell, w, members, outs, x[start:end], pre[0])
             totals = weight_grads if totals is None else [None if a is None else a + b for a, b in zip(totals, weight_grads)]
             parts.append(part)
-        (d_x, *d_reset) = (_in_time_order([p[i] for p in parts], dim + bool(members.count))
-                           for i, dim in enumerate((1, *(0 for _ in reset))))
+        time_dim = int(bool(members.count))  # of reset_state per member (x: after N)
+        d_x = _in_time_order([p[0] for p in parts], 1 + time_dim)
+        d_reset = tuple(_in_time_order([p[i] for p in parts], time_dim) for i in range(1, 1 + len(reset)))
         d_weights = tuple(None if d is None else members.like(d, t) for d, t in zip(totals, weights))
         d_reset = tuple(members.like(d, r) for d, r in zip(d_reset, rest[len(rest) - ctx.n_reset :]))
         d_carry0 = tuple(members.like(d, c) for d, c in zip(acc["d_carry"], carry0))
