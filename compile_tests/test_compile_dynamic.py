@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import rnn_functional as rf
 from compile_helpers import (
     FAST,
     FP32_TOL,
@@ -62,6 +63,28 @@ def test_sequence_recompiles_at_most_once_across_shapes_and_never_for_resets(cel
         for is_init in _reset_patterns(batch, time):
             torch.testing.assert_close(compiled(x, is_init), fn(x, is_init), **FP32_TOL)
     assert resets.graphs == 0, resets
+
+
+@pytest.mark.parametrize("cell", ["min_gru", "rglru"])
+def test_linear_cells_on_scan_recompile_at_most_once_across_lengths(cell):
+    """What docs/compile.md recommends for lengths that vary from call to call with these cells: ``parallel``
+    (what ``auto`` runs) unrolls its chunked scan by ``T``'s value and compiles one graph per length; ``scan``'s
+    graph serves every length."""
+    init, seq = {"min_gru": (rf.init_min_gru_params, rf.min_gru_sequence),
+                 "rglru": (rf.init_rglru_params, rf.rglru_sequence)}[cell]
+    params = init(3, 4, generator=torch.Generator().manual_seed(0))
+
+    def fn(x, is_init):
+        return seq(x, None, params, is_init=is_init, backend="scan")
+
+    compiled = torch.compile(fn, fullgraph=True, backend=FAST)
+    with compile_stats() as shapes:
+        for time in (5, 7, 9, 11, 13, 17):
+            x = torch.randn(2, time, 3)
+            is_init = reset_mask(2, time)
+            for got, want in zip(compiled(x, is_init), fn(x, is_init), strict=True):
+                torch.testing.assert_close(got, want, **FP32_TOL)
+    assert shapes.breaks == 0 and shapes.graphs <= 2, shapes
 
 
 def test_sequence_mark_dynamic_compiles_once():
