@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -64,10 +64,25 @@ def _from_carry(cell: Cell, carry: Carry):
     return carry[0] if len(cell.state_names) == 1 else tuple(carry)
 
 
-def check_dtype_device(t: torch.Tensor, arg: str, dtype: torch.dtype, device: torch.device,
+def autocast_dtype(layout: Layout) -> torch.dtype | None:
+    """The dtype a call runs in under an active ``torch.autocast`` of its device: autocast's, for the cells
+    ``torch.nn`` has (LSTM, GRU; their ATen ops are on autocast's lower-precision list, so ``nn.LSTM`` and TorchRL's
+    modules return autocast's dtype) with params autocast casts (floating, not fp64). ``None`` otherwise: the
+    call runs in the params' dtype (the block GRU's, as TorchRL's, whose norms autocast keeps in fp32)."""
+    kind = layout.device.type
+    if layout.cell.aten is None or not torch.is_autocast_enabled(kind) or not layout.dtype.is_floating_point \
+            or layout.dtype == torch.float64:
+        return None
+    dtype = torch.get_autocast_dtype(kind)
+    return None if dtype == layout.dtype else dtype
+
+
+def check_dtype_device(t: torch.Tensor, arg: str, layout: Layout,
                        fix: str = "Convert it with .to(dtype=..., device=...) or convert the params.") -> None:
-    """Raise unless ``t`` has the params' ``dtype`` and ``device`` (``arg`` names it, ``fix`` says what to do)."""
-    if t.dtype != dtype or t.device != device:
+    """Raise unless ``t`` has the params' dtype (or the one the call runs in under ``torch.autocast``,
+    :func:`autocast_dtype`) and device (``arg`` names it, ``fix`` says what to do)."""
+    dtype, device = layout.dtype, layout.device
+    if (t.dtype != dtype and t.dtype != autocast_dtype(layout)) or t.device != device:
         raise ValueError(f"{arg}: expected dtype {dtype} on {device} (the params'), got {t.dtype} on {t.device}. {fix}")
 
 
@@ -77,7 +92,7 @@ def _check_state(t: torch.Tensor, arg: str, name: str, lead: tuple, size: int, l
     if t.shape != lead + (size,):
         raise ValueError(f"{arg} ({name}): expected shape {list(lead + (size,))} ([{dims}, {size}] for this "
                          f"{layout.cell.title}), got {list(t.shape)}.")
-    check_dtype_device(t, f"{arg} ({name})", layout.dtype, layout.device)
+    check_dtype_device(t, f"{arg} ({name})", layout)
 
 
 def _check_mask(is_init, want: tuple, arg: str = "is_init") -> torch.Tensor:
@@ -146,8 +161,7 @@ def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: 
             f"x: expected shape {dims} with F={layout.input_size} (the params' input size), "
             f"got {list(x.shape)}." + (" For a single step use the *_step function." if sequence and x.ndim == 1 else "")
         )
-    check_dtype_device(x, "x", layout.dtype, layout.device,
-                       "Convert it with x.to(dtype=..., device=...) or convert the params.")
+    check_dtype_device(x, "x", layout, "Convert it with x.to(dtype=..., device=...) or convert the params.")
     batch_shape = tuple(x.shape[:-lead])
     time = tuple(x.shape[-2:-1]) if sequence else ()
     L = layout.num_layers
@@ -182,6 +196,9 @@ def flatten(layout: Layout, params: dict[str, torch.Tensor], x: torch.Tensor, ca
     dims ``*B`` flattened into ``N``; ``carry`` ``None`` for zeros."""
     if not torch.compiler.is_compiling() and torch.is_grad_enabled():
         x, is_init, carry, reset = _saveable(x, is_init, carry, reset)
+    dtype = autocast_dtype(layout)
+    if dtype is not None:
+        layout, params, x, carry, reset = in_dtype(dtype, layout, params, x, carry, reset)
     lead = 2 if sequence else 1
     batch_shape = tuple(x.shape[:-lead])
     if len(batch_shape) == 1 and carry is not None and (is_init is None or is_init.ndim == lead):
@@ -197,6 +214,15 @@ def flatten(layout: Layout, params: dict[str, torch.Tensor], x: torch.Tensor, ca
     if reset is not None:
         reset = tuple(_flat(t, (n,) + time + (L, s)) for t, s in zip(reset, sizes))
     return Canonical(layout, params, batch_shape, _flat(x, (n,) + tuple(x.shape[len(batch_shape):])), carry, mask, reset)
+
+
+def in_dtype(dtype: torch.dtype, layout: Layout, params: Mapping[str, torch.Tensor], x: torch.Tensor,
+             carry: Carry | None, reset: Carry | None = None):
+    """The call cast to ``dtype`` (:func:`autocast_dtype`), as autocast casts an op's arguments: autograd records
+    the casts, so gradients reach the params and inputs in their own dtypes."""
+    cast = (lambda ts: None if ts is None else tuple(t.to(dtype) for t in ts))  # noqa: E731
+    return (replace(layout, dtype=dtype), {k: v.to(dtype) for k, v in params.items()}, x.to(dtype), cast(carry),
+            cast(reset))
 
 
 def _saveable(x: torch.Tensor, is_init, carry: Carry | None, reset: Carry | None):
@@ -266,6 +292,9 @@ def run_validated_step(
     """
     if not torch.compiler.is_compiling() and torch.is_grad_enabled():
         x, is_init, carry, _ = _saveable(x, is_init, carry, None)
+    dtype = autocast_dtype(layout)
+    if dtype is not None:
+        layout, params, x, carry, _ = in_dtype(dtype, layout, params, x, carry)
     batch_shape = tuple(x.shape[:-1])
     if len(batch_shape) == 1:  # flat already (a policy step): ``is_init`` [N] or [N, 1] broadcasts as it is
         flat, mask = tuple(carry), is_init

@@ -121,7 +121,7 @@ def bound_layout(cell: ModuleCell, params, layout: Layout | None, x: Tensor, sta
             f"{[list(s) for s in state_shapes]}. Load weights of the module's sizes (or build the module for these)."
         )
     for key, t in zip(in_keys, (x, *(states or ()))):
-        check_dtype_device(t, f"{owner}: key {key!r}", layout.dtype, layout.device,
+        check_dtype_device(t, f"{owner}: key {key!r}", layout,
                            "Convert the TensorDict (td.to(...)) or the module (module.to(...)).")
     return params, layout
 

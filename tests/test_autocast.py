@@ -1,0 +1,108 @@
+"""Under ``torch.autocast`` the LSTM and GRU run in autocast's dtype, as ``torch.nn.LSTM``/``GRU`` and TorchRL's
+modules do: a mixed-precision policy (a ``Linear`` handing the recurrent module autocast's dtype) runs, eagerly and
+compiled, in both modes. The call equals the same call made outside autocast with its params and inputs cast to that
+dtype (autograd records the casts: gradients reach the fp32 params in fp32). Cells ``torch.nn`` does not have keep
+the params' dtype (the block GRU, as TorchRL's)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModule, TensorDictSequential
+
+import rnn_functional as rf
+
+BF16 = torch.bfloat16
+N, T, F_IN, H = 3, 6, 4, 5
+CELLS = {"lstm": (rf.init_lstm_params, rf.lstm_sequence, rf.lstm_step, 2),
+         "gru": (rf.init_gru_params, rf.gru_sequence, rf.gru_step, 1)}
+
+
+def _problem(cell: str):
+    init, _, _, parts = CELLS[cell]
+    g = torch.Generator().manual_seed(0)
+    params = init(F_IN, H, 2, generator=g).apply(lambda p: p.requires_grad_())
+    x = torch.randn(N, T, F_IN, generator=g, requires_grad=True)
+    state = [torch.randn(N, 2, H, generator=g, requires_grad=True) for _ in range(parts)]
+    is_init = torch.rand(N, T, generator=g) < 0.3
+    is_init[0, 3] = True  # an interior reset
+    return params, x, state, is_init, (tuple if parts == 2 else (lambda s: s[0]))
+
+
+def _outputs(y, final) -> list[torch.Tensor]:
+    return [y, *(final if isinstance(final, tuple) else (final,))]
+
+
+@pytest.mark.parametrize("backend", rf.available_backends(cell="gru"))
+@pytest.mark.parametrize("cell", list(CELLS))
+def test_sequence_runs_in_autocast_dtype(cell, backend):
+    params, x, state, is_init, pack = _problem(cell)
+    seq = CELLS[cell][1]
+    leaves = [x, *state, *params.values()]
+    with torch.autocast("cpu", dtype=BF16):
+        got = _outputs(*seq(x, pack(state), params, is_init=is_init, backend=backend))
+    want = _outputs(*seq(x.to(BF16), pack([s.to(BF16) for s in state]), params.apply(lambda p: p.to(BF16)),
+                         is_init=is_init, backend=backend))
+    assert all(t.dtype == BF16 for t in got)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
+    loss = lambda outs: sum((o.float() ** 2).sum() for o in outs)  # noqa: E731
+    grads = torch.autograd.grad(loss(got), leaves)
+    assert all(g.dtype == torch.float32 for g in grads)  # the fp32 leaves' own dtype
+    for a, b in zip(grads, torch.autograd.grad(loss(want), leaves), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("cell", list(CELLS))
+def test_step_runs_in_autocast_dtype(cell):
+    params, x, state, is_init, pack = _problem(cell)
+    step = CELLS[cell][2]
+    with torch.autocast("cpu", dtype=BF16):
+        got = _outputs(*step(x[:, 0], pack(state), params, is_init=is_init[:, 0]))
+    want = _outputs(*step(x[:, 0].to(BF16), pack([s.to(BF16) for s in state]), params.apply(lambda p: p.to(BF16)),
+                          is_init=is_init[:, 0]))
+    assert all(t.dtype == BF16 for t in got)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def _policy(cell: str):
+    """A mixed-precision policy: under autocast the Linear hands the recurrent module bf16 features."""
+    torch.manual_seed(0)
+    cls = rf.LSTMModule if cell == "lstm" else rf.GRUModule
+    keys = ["h", "c"] if cell == "lstm" else ["h"]
+    rnn = cls(input_size=H, hidden_size=H, in_keys=["emb", *keys], out_keys=["y", *(("next", k) for k in keys)])
+    return TensorDictSequential(TensorDictModule(torch.nn.Linear(F_IN, H), ["x"], ["emb"]), rnn), rnn, keys
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("recurrent", [False, True], ids=["step", "recurrent"])
+@pytest.mark.parametrize("cell", list(CELLS))
+def test_mixed_precision_policy(cell, recurrent, compiled):
+    """The policy under autocast equals its recurrent module called outside autocast on the bf16 features with its
+    weights cast to bf16. Compiled (aot_eager), ``auto`` runs ``scan`` where the eager module runs ATen's kernels:
+    the two round differently in bf16 (about 2^-8 per op, over 6 steps), hence 1e-2 there."""
+    policy, rnn, keys = _policy(cell)
+    batch = (N, T) if recurrent else (N,)
+    g = torch.Generator().manual_seed(1)
+    data = TensorDict({"x": torch.randn(*batch, F_IN, generator=g),
+                       "is_init": torch.rand(*batch, 1, generator=g) < 0.3,
+                       **{k: torch.randn(*batch, 1, H, generator=g) for k in keys}}, batch)
+    run = torch.compile(policy, backend="aot_eager") if compiled else policy
+    with rf.set_recurrent_mode(recurrent):
+        with torch.autocast("cpu", dtype=BF16):
+            out = run(data.clone())
+        cast = rnn.to(BF16)  # the same module in bf16, outside autocast, on the features autocast made
+        want = cast(out.select("emb", "is_init", *keys).apply(lambda t: t.to(BF16) if t.is_floating_point() else t))
+    for key in ["y", *(("next", k) for k in keys)]:
+        assert out[key].dtype == BF16, key
+        torch.testing.assert_close(out[key], want[key], **({"atol": 1e-2, "rtol": 1e-2} if compiled else {}))
+
+
+def test_block_gru_keeps_the_params_dtype_as_torchrl():
+    """TorchRL's block GRU (RMS norms autocast keeps in fp32) returns fp32 under autocast; so does ours."""
+    cell = rf.DreamerV3BlockGRUCell(F_IN, 8, projection_size=4, num_blocks=2)
+    with torch.autocast("cpu", dtype=BF16):
+        h = cell(torch.randn(N, F_IN), torch.randn(N, 8))
+    assert h.dtype == torch.float32
