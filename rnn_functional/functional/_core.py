@@ -196,9 +196,7 @@ def flatten(layout: Layout, params: dict[str, torch.Tensor], x: torch.Tensor, ca
     dims ``*B`` flattened into ``N``; ``carry`` ``None`` for zeros."""
     if not torch.compiler.is_compiling() and torch.is_grad_enabled():
         x, is_init, carry, reset = _saveable(x, is_init, carry, reset)
-    dtype = autocast_dtype(layout)
-    if dtype is not None:
-        layout, params, x, carry, reset = in_dtype(dtype, layout, params, x, carry, reset)
+    layout, params, x, carry, reset = in_autocast_dtype(layout, params, x, carry, reset)
     lead = 2 if sequence else 1
     batch_shape = tuple(x.shape[:-lead])
     if len(batch_shape) == 1 and carry is not None and (is_init is None or is_init.ndim == lead):
@@ -216,10 +214,13 @@ def flatten(layout: Layout, params: dict[str, torch.Tensor], x: torch.Tensor, ca
     return Canonical(layout, params, batch_shape, _flat(x, (n,) + tuple(x.shape[len(batch_shape):])), carry, mask, reset)
 
 
-def in_dtype(dtype: torch.dtype, layout: Layout, params: Mapping[str, torch.Tensor], x: torch.Tensor,
-             carry: Carry | None, reset: Carry | None = None):
-    """The call cast to ``dtype`` (:func:`autocast_dtype`), as autocast casts an op's arguments: autograd records
-    the casts, so gradients reach the params and inputs in their own dtypes."""
+def in_autocast_dtype(layout: Layout, params: Mapping[str, torch.Tensor], x: torch.Tensor, carry: Carry | None,
+                      reset: Carry | None):
+    """The call as it is, or under ``torch.autocast`` cast to :func:`autocast_dtype` as autocast casts an op's
+    arguments: autograd records the casts, so gradients reach the params and inputs in their own dtypes."""
+    dtype = autocast_dtype(layout)
+    if dtype is None:
+        return layout, params, x, carry, reset
     cast = (lambda ts: None if ts is None else tuple(t.to(dtype) for t in ts))  # noqa: E731
     return (replace(layout, dtype=dtype), {k: v.to(dtype) for k, v in params.items()}, x.to(dtype), cast(carry),
             cast(reset))
@@ -292,9 +293,7 @@ def run_validated_step(
     """
     if not torch.compiler.is_compiling() and torch.is_grad_enabled():
         x, is_init, carry, _ = _saveable(x, is_init, carry, None)
-    dtype = autocast_dtype(layout)
-    if dtype is not None:
-        layout, params, x, carry, _ = in_dtype(dtype, layout, params, x, carry)
+    layout, params, x, carry, _ = in_autocast_dtype(layout, params, x, carry, None)
     batch_shape = tuple(x.shape[:-1])
     if len(batch_shape) == 1:  # flat already (a policy step): ``is_init`` [N] or [N, 1] broadcasts as it is
         flat, mask = tuple(carry), is_init

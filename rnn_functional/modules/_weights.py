@@ -30,13 +30,17 @@ __all__ = ["LiveParams", "RNNChild", "build_rnn"]
 
 
 class LiveParams:
-    """References to a child module's parameter dict and attribute dict (the same objects, never copies) that pytree
-    leaves alone."""
+    """A reference to a child module's attribute dict (the same object, never a copy) that pytree leaves alone."""
 
-    __slots__ = ("params", "attrs")
+    __slots__ = ("attrs",)
 
     def __init__(self, module: nn.Module) -> None:
-        self.params, self.attrs = module._parameters, module.__dict__
+        self.attrs = module.__dict__
+
+    @property
+    def params(self) -> dict:
+        """The child's parameter dict, the object every parameter swap writes into."""
+        return self.attrs["_parameters"]
 
     def __reduce__(self):
         """Copied or pickled empty: the owner re-binds it to its own child (``RNNChild.__setstate__``); the child's
