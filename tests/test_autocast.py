@@ -106,3 +106,29 @@ def test_block_gru_keeps_the_params_dtype_as_torchrl():
     with torch.autocast("cpu", dtype=BF16):
         h = cell(torch.randn(N, F_IN), torch.randn(N, 8))
     assert h.dtype == torch.float32
+
+
+LINEAR = {"min_gru": (rf.init_min_gru_params, rf.min_gru_sequence), "rglru": (rf.init_rglru_params, rf.rglru_sequence)}
+
+
+@pytest.mark.parametrize("cell", list(LINEAR))
+def test_linear_cells_keep_the_params_dtype_on_every_backend(cell):
+    """minGRU and RG-LRU (no ``torch.nn`` counterpart) project in autocast's dtype and run their recurrence in the
+    params' dtype, on every backend alike: outputs fp32, equal to ``reference`` up to bf16 rounding (the projection's
+    products differ by an ulp of bf16, 2^-8, between a per-step and a whole-sequence GEMM; hence 2e-2)."""
+    init, seq = LINEAR[cell]
+    g = torch.Generator().manual_seed(0)
+    params = init(F_IN, H, 2, generator=g).apply(lambda p: p.requires_grad_())
+    x = torch.randn(N, T, F_IN, generator=g, requires_grad=True)
+    state = torch.randn(N, 2, H, generator=g, requires_grad=True)
+    is_init = torch.rand(N, T, generator=g) < 0.3
+    leaves = [x, state, *params.values()]
+    results = {}
+    for backend in rf.available_backends(cell=cell):
+        with torch.autocast("cpu", dtype=BF16):
+            y, final = seq(x, state, params, is_init=is_init, backend=backend)
+        assert y.dtype == final.dtype == torch.float32, backend
+        results[backend] = [y, final, *torch.autograd.grad((y ** 2).sum() + (final ** 2).sum(), leaves)]
+    for backend, got in results.items():
+        for a, b in zip(got, results["reference"], strict=True):
+            torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2, msg=lambda m: f"{backend}: {m}")

@@ -191,7 +191,9 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
     inp, finals, states = x, [], []
     for k in range(layout.num_layers):
         w = cell.layer_weights(params, layout, k)
-        a, b = cell.coefficients(_project(inp, w.weight_ih, w.bias_ih), w)  # [N, T, H] each
+        # in the state's dtype: under torch.autocast the projection is autocast's, the recurrence the params' (as
+        # on reference and scan, whose addcmul with the state promotes)
+        a, b = (c.to(carry[0].dtype) for c in cell.coefficients(_project(inp, w.weight_ih, w.bias_ih), w))
         if mask is not None:  # a reset restarts from reset_state (or zeros): h_t = a_t reset_t + b_t, no h_{t-1}
             if reset is not None:
                 b = torch.where(mask, torch.addcmul(b, a, reset[0][:, :, k]), b)
