@@ -43,6 +43,15 @@ class _LinearRecurrence(nn.Module):
         for key, value in type(self).init(input_size, hidden_size, num_layers, dtype=dtype, device=device).items():
             self.register_parameter(key, nn.Parameter(value))
 
+    def reset_parameters(self) -> None:
+        """Draw every parameter afresh, in place, as the constructor did (``torch.nn.GRU.reset_parameters``'s role)."""
+        weight = self.weight_l0
+        fresh = type(self).init(self.input_size, self.hidden_size, self.num_layers, dtype=weight.dtype,
+                                device=weight.device)
+        with torch.no_grad():
+            for key, value in fresh.items():
+                self.get_parameter(key).copy_(value)
+
     def extra_repr(self) -> str:
         return f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}, dropout={self.dropout}"
 

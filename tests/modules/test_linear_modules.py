@@ -51,6 +51,27 @@ def test_conventions_of_gru_module(cell):
     torch.testing.assert_close(step["next", "recurrent_state"], h1)
 
 
+@pytest.mark.parametrize("cell", list(MODULES))
+def test_reset_parameters_redraws_in_place_as_the_constructor(cell):
+    """``child.reset_parameters()`` (``nn.GRU``'s method, which init loops call) draws what the constructor draws from
+    the same seed, into the same tensors (an optimizer holding them stays valid), keeping their dtype."""
+    module_class, _, child = MODULES[cell]
+    torch.manual_seed(0)
+    m = module_class(3, 5, num_layers=2, in_key="obs", out_key="feat")
+    before = {k: p.detach().clone() for k, p in m.named_parameters()}
+    ids = {k: id(p) for k, p in m.named_parameters()}
+    torch.manual_seed(1)
+    getattr(m, child).reset_parameters()
+    torch.manual_seed(1)
+    fresh = module_class(3, 5, num_layers=2, in_key="obs", out_key="feat")
+    for key, p in m.named_parameters():
+        assert id(p) == ids[key] and not torch.equal(p, before[key]), key
+        torch.testing.assert_close(p, fresh.get_parameter(key), rtol=0, atol=0)
+    m.double()
+    getattr(m, child).reset_parameters()
+    assert all(p.dtype == torch.float64 for p in m.parameters())
+
+
 def test_constructor_errors_and_backends():
     with pytest.raises(ValueError, match="bias=False is not offered"):
         rf.MinGRUModule(3, 5, bias=False, in_key="x", out_key="y")
