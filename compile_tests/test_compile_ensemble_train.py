@@ -182,12 +182,12 @@ def test_compiled_vmap_one_member_and_recompute_full(members: int, recompute: st
 
 # ----------------------------------------------------------------------------- EnsembleModule
 
-HIDDEN = {"lstm": ["recurrent_state_h", "recurrent_state_c"], "gru": ["recurrent_state"]}
+HIDDEN = {"lstm": ["recurrent_state_h", "recurrent_state_c"], "gru": ["recurrent_state"], "min_gru": ["recurrent_state"]}
+CLASSES = {"lstm": rf.LSTMModule, "gru": rf.GRUModule, "min_gru": rf.MinGRUModule}
 
 
-def _module(cell: str) -> rf.LSTMModule | rf.GRUModule:
-    cls = rf.LSTMModule if cell == "lstm" else rf.GRUModule
-    return cls(F_IN, H, 2, in_key="obs", out_key="feat").to(torch.float64)
+def _module(cell: str) -> torch.nn.Module:
+    return CLASSES[cell](F_IN, H, 2, in_key="obs", out_key="feat").to(torch.float64)
 
 
 def _recurrent_td(cell: str) -> TensorDict:
@@ -206,11 +206,11 @@ def _module_loss(out: TensorDict, cell: str) -> torch.Tensor:
     return (out["feat"] * ct).sum() + sum(out["next", k].square().sum() for k in HIDDEN[cell])
 
 
-def test_ensemble_module_compiled_fwd_bwd_equals_loop():
+@pytest.mark.parametrize("cell", ["lstm", "min_gru"])
+def test_ensemble_module_compiled_fwd_bwd_equals_loop(cell):
     """``torch.compile(EnsembleModule, fullgraph=True)`` in recurrent mode, forward and backward, equals
     a loop of plain modules holding each member's params; zero graph breaks. (LSTM: the two-tensor
-    state; the functional cases above cover every cell.)"""
-    cell = "lstm"
+    state; minGRU: the ``parallel`` backend under vmap; the functional cases above cover every cell.)"""
     ens = rf.EnsembleModule(_module(cell), E, generator=torch.Generator().manual_seed(0))
     td = _recurrent_td(cell)
     params = list(ens.parameters())

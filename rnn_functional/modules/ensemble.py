@@ -1,4 +1,5 @@
-"""``EnsembleModule``: E independent copies of an ``LSTMModule`` / ``GRUModule`` run by ``torch.vmap``.
+"""``EnsembleModule``: E independent copies of a recurrent module (``LSTMModule``, ``GRUModule``, ``MinGRUModule``,
+``RGLRUModule``) run by ``torch.vmap``.
 
 The members' parameters live stacked (leading dim ``E``) as plain parameters of the child
 ``members`` (``ens.params`` views them as a TensorDict); a call vmaps the wrapped module's
@@ -14,9 +15,13 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
+from .linear_rnn import MinGRUModule, RGLRUModule
 from .rnn import GRUModule, LSTMModule
 
 __all__ = ["EnsembleModule"]
+
+_MEMBER_CLASSES = (LSTMModule, GRUModule, MinGRUModule, RGLRUModule)
+Member = LSTMModule | GRUModule | MinGRUModule | RGLRUModule
 
 _RANDOMNESS = ("error", "same", "different")
 
@@ -25,7 +30,8 @@ class EnsembleModule(TensorDictModuleBase):
     """An ensemble of ``num_members`` independently initialised copies of ``module``.
 
     Args:
-        module: an :class:`~rnn_functional.LSTMModule` or :class:`~rnn_functional.GRUModule`; it
+        module: an :class:`~rnn_functional.LSTMModule`, :class:`~rnn_functional.GRUModule`,
+            :class:`~rnn_functional.MinGRUModule` or :class:`~rnn_functional.RGLRUModule`; it
             gives the architecture, keys and options. Its parameter values are not used and it is
             left unchanged (the ensemble keeps a copy holding ``meta`` tensors); the members are
             freshly initialised.
@@ -43,7 +49,7 @@ class EnsembleModule(TensorDictModuleBase):
 
     def __init__(
         self,
-        module: LSTMModule | GRUModule,
+        module: Member,
         num_members: int,
         *,
         shared_input: bool = True,
@@ -51,15 +57,16 @@ class EnsembleModule(TensorDictModuleBase):
         generator: torch.Generator | None = None,
     ) -> None:
         super().__init__()
-        if not isinstance(module, (LSTMModule, GRUModule)):
+        if not isinstance(module, _MEMBER_CLASSES):
             raise TypeError(
-                f"module: expected an rnn_functional LSTMModule or GRUModule, got {type(module).__name__}."
+                f"module: expected an rnn_functional LSTMModule, GRUModule, MinGRUModule or RGLRUModule, got "
+                f"{type(module).__name__}."
             )
         if randomness not in _RANDOMNESS:
             raise ValueError(f"randomness: expected one of {list(_RANDOMNESS)}, got {randomness!r}.")
         cell = module._cell
         members = cell.ensemble_init(num_members, **cell.shape_hyper(module._rnn), generator=generator)
-        name = cell.child_attr  # TorchRL's child name: "lstm" / "gru"
+        name = cell.child_attr  # TorchRL's child name: "lstm" / "gru" (ours: "min_gru" / "rglru")
         template = TensorDict.from_module(module)
         first = next(iter(template[name].values()))
         members = members.to(dtype=first.dtype, device=first.device)
@@ -81,14 +88,14 @@ class EnsembleModule(TensorDictModuleBase):
         self.out_keys = list(module.out_keys)
 
     @property
-    def module(self) -> LSTMModule | GRUModule:
+    def module(self) -> Member:
         """The ensemble's copy of the wrapped module (its parameters are on ``meta``; the members' are in ``params``)."""
         return self._template
 
     @property
     def params(self) -> TensorDict:
         """The members' parameters stacked in the wrapped module's layout: a TensorDict ``[E]``
-        ``{"lstm" | "gru": {"weight_ih_l0": [E, ...], ...}}`` whose leaves are this module's
+        ``{"lstm" | "gru" | ...: {"weight_ih_l0": [E, ...], ...}}`` whose leaves are this module's
         parameters (``ens.params[e].to_module(single_module)`` runs member ``e`` in a plain module)."""
         return TensorDict({self._name: dict(self.members._parameters)}, batch_size=[self.num_members])
 
@@ -112,7 +119,7 @@ class EnsembleModule(TensorDictModuleBase):
             self.members.register_parameter(key, param)
 
     def member_params(self) -> TensorDictBase:
-        """The stacked members' recurrent params (``batch_size [E]``, ``torch.nn.LSTM``/``GRU`` names)."""
+        """The stacked members' recurrent params (``batch_size [E]``, the functional API's names)."""
         return self.params[self._name]
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:

@@ -1,4 +1,4 @@
-"""``EnsembleModule``: a vmapped LSTMModule/GRUModule over stacked params equals a loop of
+"""``EnsembleModule``: a vmapped LSTMModule/GRUModule/MinGRUModule/RGLRUModule over stacked params equals a loop of
 single modules (outputs and gradients, fp64 ``assert_close`` defaults); ensemble dim first,
 TorchRL keys unchanged, shared inputs read without copies."""
 
@@ -11,12 +11,13 @@ from tensordict import TensorDict
 import rnn_functional as rf
 
 E, B, T, F, H, L = 3, 2, 5, 4, 5, 2
-HIDDEN = {"lstm": ["recurrent_state_h", "recurrent_state_c"], "gru": ["recurrent_state"]}
+HIDDEN = {"lstm": ["recurrent_state_h", "recurrent_state_c"], "gru": ["recurrent_state"], "min_gru": ["recurrent_state"],
+          "rglru": ["recurrent_state"]}
+CLASSES = {"lstm": rf.LSTMModule, "gru": rf.GRUModule, "min_gru": rf.MinGRUModule, "rglru": rf.RGLRUModule}
 
 
-def _module(cell: str) -> rf.LSTMModule | rf.GRUModule:
-    cls = rf.LSTMModule if cell == "lstm" else rf.GRUModule
-    return cls(F, H, L, in_key="obs", out_key="feat").to(torch.float64)
+def _module(cell: str) -> torch.nn.Module:
+    return CLASSES[cell](F, H, L, in_key="obs", out_key="feat").to(torch.float64)
 
 
 def _recurrent_td(cell: str, lead: tuple[int, ...] = ()) -> TensorDict:
@@ -50,7 +51,7 @@ def _check_equal(got: TensorDict, expected: TensorDict, ens: rf.EnsembleModule, 
     torch.testing.assert_close(g_got, g_exp)
 
 
-@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("cell", list(CLASSES))
 def test_recurrent_mode_shared_input_equals_loop(cell: str) -> None:
     ens = rf.EnsembleModule(_module(cell), E, generator=torch.Generator().manual_seed(0))
     td = _recurrent_td(cell)
@@ -68,7 +69,7 @@ def test_recurrent_mode_shared_input_equals_loop(cell: str) -> None:
     assert got["obs"].data_ptr() == td["obs"].data_ptr() and got["obs"].stride(0) == 0
 
 
-@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("cell", list(CLASSES))
 def test_sequential_steps_with_per_member_state_equal_loop(cell: str) -> None:
     """Step 1 from a shared input; step 2 feeds each member its own next state (shared_input=False)."""
     ens = rf.EnsembleModule(_module(cell), E, generator=torch.Generator().manual_seed(0))
@@ -123,7 +124,7 @@ def test_dropout_members_draw_their_own_masks() -> None:
 
 
 def test_errors_name_the_fix() -> None:
-    with pytest.raises(TypeError, match="LSTMModule or GRUModule"):
+    with pytest.raises(TypeError, match="LSTMModule, GRUModule, MinGRUModule or RGLRUModule, got Linear"):
         rf.EnsembleModule(torch.nn.Linear(2, 2), E)
     with pytest.raises(ValueError, match="randomness: expected one of"):
         rf.EnsembleModule(_module("gru"), E, randomness="sometimes")
@@ -142,7 +143,7 @@ def _step_td(cell: str) -> TensorDict:
 
 
 @pytest.mark.parametrize("mode", ["step", "sequence"])
-@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("cell", ["lstm", "gru", "min_gru"])
 def test_compiled_ensemble_equals_eager_without_graph_breaks(cell, mode):
     """``torch.compile(EnsembleModule, fullgraph=True)``: the members' weights reach the core without
     touching the ``nn.LSTM``/``GRU`` child (Dynamo refuses to wrap it). Outputs equal eager in both
