@@ -69,8 +69,9 @@ def _solve(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reverse:
     chunk = _chunk_len(t_len)
     count = t_len // chunk
     lo = t_len - count * chunk if reverse else 0
-    span = slice(lo, lo + count * chunk)
-    a_c, b_c = (_chunks(t[:, span], count) for t in (a, b))  # views: [N, count, chunk, ...]
+    # views [N, count, chunk, ...]; narrow, not t[:, lo:hi]: a slice over all of T is an alias, which torch's legacy
+    # batched backward (is_grads_batched=True) cannot batch
+    a_c, b_c = (_chunks(t.narrow(1, lo, count * chunk), count) for t in (a, b))
     # each step's slices taken once (unbind): differentiated, their backward is one stack, not a scatter per step
     a_j, b_j = a_c.unbind(2), b_c.unbind(2)
     order = (lambda k: range(k - 1, -1, -1)) if reverse else range
@@ -86,7 +87,7 @@ def _solve(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reverse:
         entering.append(state)
         state = torch.addcmul(last[c], last_a[c], state)
     h = torch.stack(entering[::-1] if reverse else entering, dim=1)
-    o_j = None if out is None else _chunks(out[:, span], count).unbind(2)
+    o_j = None if out is None else _chunks(out.narrow(1, lo, count * chunk), count).unbind(2)
     kept = []
     for j in steps:  # (3) every step, from the chunks' entering states
         h = torch.addcmul(b_j[j], a_j[j], h, out=None if out is None else o_j[j])
