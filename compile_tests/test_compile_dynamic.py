@@ -87,6 +87,30 @@ def test_linear_cells_on_scan_recompile_at_most_once_across_lengths(cell):
     assert shapes.breaks == 0 and shapes.graphs <= 2, shapes
 
 
+DYNAMIC_CELLS = {"rglru": (lambda: rf.init_rglru_params(3, 4), rf.rglru_sequence),
+                 "min_gru": (lambda: rf.init_min_gru_params(3, 4), rf.min_gru_sequence),
+                 "norm_gru": (lambda: rf.init_norm_gru_params(3, 4), rf.norm_gru_sequence),
+                 "block_gru": (lambda: rf.init_block_gru_params(3, 8, projection_size=4, num_blocks=2),
+                               rf.block_gru_sequence)}
+
+
+@pytest.mark.parametrize("cell", [*list(DYNAMIC_CELLS)[:3], pytest.param("block_gru", marks=pytest.mark.xfail(
+    strict=True, reason="dynamic=True makes the norm's eps a SymFloat, which torch's scan refuses as an input"))])
+def test_dynamic_true_trains_on_scan(cell):
+    """``torch.compile(..., dynamic=True)`` (docs/compile.md's way to avoid the shape recompile) over a training call
+    on ``scan``: outputs and input gradients equal eager ``reference``. RG-LRU failed inside Dynamo ("lift_tracked_freevar
+    _to_input should not be called on root SubgraphTracer") while its gate scale was a float global (now an int)."""
+    init, seq = DYNAMIC_CELLS[cell]
+    torch.manual_seed(0)
+    params = init()
+    compiled = torch.compile(lambda x: seq(x, None, params, backend="scan"), dynamic=True, backend=FAST)
+    x = torch.randn(2, 5, 3, requires_grad=True)
+    got, want = compiled(x), seq(x, None, params, backend="reference")
+    for a, b in zip([*got, *torch.autograd.grad(got[0].sum(), x)], [*want, *torch.autograd.grad(want[0].sum(), x)],
+                    strict=True):
+        torch.testing.assert_close(a, b, **FP32_TOL)
+
+
 def test_sequence_mark_dynamic_compiles_once():
     """B and T marked dynamic before the first call: a single graph serves every size."""
     params = make_params("lstm", 1, 2, torch.float32)

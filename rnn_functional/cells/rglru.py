@@ -17,7 +17,8 @@ from .base import Carry, LayerWeights, Saved, StepGrads
 
 __all__ = ["RGLRU", "init_rglru_params"]
 
-C = 8.0  # the gate's exponent scale (Griffin's c)
+C = 8  # the gate's exponent scale (Griffin's c); an int: under torch.compile(dynamic=True) Dynamo makes a float global a
+# graph input, which a scan body fails to lift ("lift_tracked_freevar_to_input should not be called on root SubgraphTracer")
 
 
 def _parts(gi: torch.Tensor, log_lambda: torch.Tensor):
