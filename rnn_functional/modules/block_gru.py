@@ -16,7 +16,7 @@ from torch import nn
 
 from ..backends import SequenceOptions
 from ..cells.block_gru import init_block_gru_params
-from ..functional._core import execute, flatten, run_validated_step
+from ..functional._core import execute, flatten, run_step, run_validated_step
 from ..functional.block_gru import configured_cell
 
 __all__ = ["DreamerV3BlockGRU", "DreamerV3BlockGRUCell"]
@@ -44,6 +44,9 @@ class _Weights(nn.Module):
 
 
 def _activation_name(activation_class) -> str:
+    if not callable(activation_class):  # TorchRL calls it: a TypeError there too
+        raise TypeError(f"activation_class: expected nn.SiLU, nn.Tanh or nn.ReLU (class or instance), got "
+                        f"{activation_class!r}, which is not callable.")
     cls = activation_class if isinstance(activation_class, type) else type(activation_class)
     if cls not in _ACTIVATION_NAMES:
         raise ValueError(
@@ -81,7 +84,7 @@ class DreamerV3BlockGRUCell(nn.Module):
             raise ValueError(f"hidden_size must be divisible by num_blocks, got {hidden_size} and {num_blocks}.")
         if num_layers < 1:
             raise ValueError(f"num_layers must be positive, got {num_layers}.")
-        self._activation_name = _activation_name(activation_class)
+        _activation_name(activation_class)  # refused here, as TorchRL's constructor does
         self.activation = activation_class() if isinstance(activation_class, type) else activation_class
         self.input_size, self.hidden_size, self.projection_size = input_size, hidden_size, projection_size
         self.num_blocks, self.num_layers, self.norm_eps, self.update_bias = num_blocks, num_layers, norm_eps, update_bias
@@ -98,8 +101,9 @@ class DreamerV3BlockGRUCell(nn.Module):
         self.gates = _Weights(p["gates.weight"], p["gates.bias"])
 
     def functional_cell(self):
-        """The functional core's cell for this module's activation, ``norm_eps`` and ``update_bias``."""
-        return configured_cell(self._activation_name, self.norm_eps, self.update_bias)
+        """The functional core's cell for this module's activation, ``norm_eps`` and ``update_bias``, as they are at
+        this call (TorchRL's forward reads ``self.activation``: assigning another one takes effect)."""
+        return configured_cell(_activation_name(self.activation), self.norm_eps, self.update_bias)
 
     def params(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The parameters as the functional API takes them (TorchRL's names), in ``dtype``: TorchRL runs the
@@ -119,9 +123,11 @@ class DreamerV3BlockGRUCell(nn.Module):
             return self(input.unsqueeze(0), None if hidden is None else hidden.unsqueeze(0)).squeeze(0)
         dtype = input.dtype if hidden is None else torch.promote_types(input.dtype, hidden.dtype)
         params = self.params(dtype)
-        layout = self.functional_cell().read_layout(params)
+        cell = self.functional_cell()
         h = input.new_zeros((*batch, 1, self.hidden_size), dtype=dtype) if hidden is None else hidden.to(dtype).unsqueeze(-2)
-        _, (h,) = run_validated_step(layout, params, input.to(dtype), (h,), None)
+        if 0 in batch:  # no rows for the validated step: the public step returns the empty result, as TorchRL's
+            return run_step(cell, input.to(dtype), h, params, None, "auto")[1].squeeze(-2)
+        _, (h,) = run_validated_step(cell.read_layout(params), params, input.to(dtype), (h,), None)
         return h.squeeze(-2)
 
 

@@ -173,8 +173,8 @@ class LSTMNet(RNNChild, nn.Module):
                 f"LSTMNet: input must be [F] or [B, F] (one step) or [B, T, F] (a sequence), got shape "
                 f"{list(input.shape)}."
             )
-        if (hidden0_in is None) != (hidden1_in is None):
-            raise ValueError(
+        if (hidden0_in is None) != (hidden1_in is None):  # TorchRL's class for this mistake
+            raise RuntimeError(
                 f"LSTMNet: pass both hidden0_in and hidden1_in or neither; got hidden0_in "
                 f"{type(hidden0_in).__name__} and hidden1_in {type(hidden1_in).__name__}."
             )

@@ -190,6 +190,8 @@ CONSTRUCTOR_MISTAKES = {
     "num_blocks_0": dict(hidden_size=8, num_blocks=0),
     "num_layers_0": dict(hidden_size=8, num_blocks=2, num_layers=0),
     "parametric_activation": dict(hidden_size=8, num_blocks=2, activation_class=nn.PReLU),
+    "activation_name": dict(hidden_size=8, num_blocks=2, activation_class="silu"),
+    "activation_number": dict(hidden_size=8, num_blocks=2, activation_class=3),
 }
 
 
@@ -245,6 +247,33 @@ def test_unsupported_activation_names_the_supported_ones() -> None:
             assert "SiLU" in msg and "Tanh" in msg and "ReLU" in msg, msg
     for good in (nn.SiLU, nn.Tanh(), nn.ReLU):  # classes and instances
         rf.DreamerV3BlockGRU(F_IN, H, **_kwargs(act=good))
+
+
+def test_assigned_activation_takes_effect_as_in_torchrl() -> None:
+    """TorchRL's forward calls ``self.activation``: assigning another one after construction changes the outputs.
+    Ours reads it per call too (it ran the constructor's before)."""
+    ours, theirs = make_pair(1, nn.SiLU, "auto")
+    x, h0, is_init = make_inputs()
+    for module in (ours, theirs):
+        module.cell.activation = nn.Tanh()
+    for got, want in zip(ours(x, h0, is_init), theirs(x, h0, is_init), strict=True):
+        torch.testing.assert_close(got, want)
+    fresh, _ = make_pair(1, nn.Tanh, "auto")
+    fresh.load_state_dict(ours.state_dict())
+    torch.testing.assert_close(ours(x, h0, is_init)[0], fresh(x, h0, is_init)[0])
+    ours.cell.activation = nn.GELU()
+    with pytest.raises(ValueError, match="SiLU, nn.Tanh, nn.ReLU"):
+        ours(x, h0, is_init)
+
+
+@pytest.mark.parametrize("batch", [(0,), (2, 0)])
+@pytest.mark.parametrize("given", [False, True], ids=["hidden_none", "hidden_given"])
+def test_cell_on_an_empty_batch_returns_an_empty_hidden_as_torchrl(batch, given) -> None:
+    ours, theirs = make_pair(1, nn.SiLU, "auto")
+    x = torch.randn(*batch, F_IN, dtype=torch.float64)
+    hidden = torch.zeros(*batch, H, dtype=torch.float64) if given else None
+    got, want = ours.cell(x, hidden), theirs.cell(x, hidden)
+    assert got.shape == want.shape == (*batch, H) and got.dtype == want.dtype
 
 
 # ----------------------------------------------------------------------------- compile and vmap

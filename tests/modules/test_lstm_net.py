@@ -123,7 +123,7 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="lstm_backend"):
         LSTMNet(OUT, good_lstm, good_mlp, lstm_backend="cudnn")
     net = LSTMNet(OUT, good_lstm, good_mlp)
-    with pytest.raises(ValueError, match="both hidden0_in and hidden1_in or neither"):
+    with pytest.raises(RuntimeError, match="both hidden0_in and hidden1_in or neither"):  # TorchRL's class
         net(torch.zeros(B, T, F), torch.zeros(B, T, 1, H))
     with pytest.raises(ValueError, match=rf"hidden1_in must have shape \[{B}, {T}, 1, {H}\]"):
         net(torch.zeros(B, T, F), torch.zeros(B, T, 1, H), torch.zeros(B, 1, H))
