@@ -11,11 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+import rnn_functional as rf
 import rnn_functional.functional.selection as backends_mod
 from compile_helpers import (
     FAST,
     FP32_TOL,
     LAYOUTS,
+    SEQUENCE,
     STEP,
     as_parts,
     as_state,
@@ -57,6 +59,29 @@ def test_sequence_auto_fullgraph_fwd_bwd_fp64(layout, resets):
 def test_sequence_named_backend_fullgraph_fwd_bwd_fp64(layout, backend):
     """backend='scan', and 'pad' (routed to scan under compile), with reset_state: one graph, equal to reference."""
     _check_sequence(layout, "state", backend, FAST, torch.float64, {})
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_sequence_fullgraph_with_tied_biases(cell):
+    """One tensor under two params keys (a shared bias): Dynamo refuses an ``autograd.Function`` given a tensor
+    twice ("duplicate tensor input"), so ``scan`` hands its layer distinct views; outputs and the shared leaf's
+    gradient (the sum over both keys) equal eager ``reference`` in fp64."""
+    init = {"lstm": rf.init_lstm_params, "gru": rf.init_gru_params}[cell]
+    g = torch.Generator().manual_seed(0)
+    params = {k: v.requires_grad_() for k, v in init(3, 4, dtype=torch.float64, generator=g).items()}
+    params["bias_hh_l0"] = params["bias_ih_l0"]
+    x = torch.randn(2, 5, 3, dtype=torch.float64, generator=g)
+    is_init = torch.rand(2, 5, generator=g) < 0.3
+
+    def loss(backend):
+        y, state = SEQUENCE[cell](x, None, params, is_init=is_init, backend=backend)
+        return y.sin().sum() + sum(t.sum() for t in as_parts(cell, state))
+
+    leaves = [params[k] for k in params if k != "bias_hh_l0"]
+    want = loss("reference")
+    got = torch.compile(loss, fullgraph=True, backend=FAST)("scan")
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got, leaves), torch.autograd.grad(want, leaves))
 
 
 # Inductor's default in-place buffer reuse miscompiles the backward of torch's scan autograd on

@@ -56,6 +56,15 @@ def _own_cotangent(t: torch.Tensor) -> torch.Tensor:
     return t * 1
 
 
+def _distinct(values: tuple) -> tuple:
+    """``values`` with each repeated tensor (tied params: one bias under two keys) replaced by a view of it: Dynamo
+    refuses an ``autograd.Function`` given one tensor twice ("duplicate tensor input"); the gradients still sum."""
+    out = []
+    for v in values:
+        out.append(v.view_as(v) if isinstance(v, torch.Tensor) and any(v is u for u in out) else v)
+    return tuple(out)
+
+
 def _needs_grad(*values) -> bool:
     """True when autograd will record this layer (tensors, or a LayerWeights, among ``values``)."""
     if not torch.is_grad_enabled():
@@ -81,6 +90,8 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
             states = ensemble_scan.layer_states(cell, recompute, *layer_inputs)
             final, ys = tuple(s[-1] for s in states), (states if opts.segment_states else states[0])
         elif _needs_grad(inp, *layer_carry, *(reset_k or ()), w) and not forward_mode():
+            if torch.compiler.is_compiling():
+                layer_inputs = _distinct(layer_inputs)
             states = HandWrittenLayer.apply(cell, recompute, 0, *layer_inputs)[: len(layer_carry)]
             final, ys = tuple(s[-1] for s in states), (states if opts.segment_states else states[0])
         else:
