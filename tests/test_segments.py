@@ -278,6 +278,16 @@ def test_buckets_refuse_more_than_one_layer():
         rf.lstm_sequence(torch.zeros(1, 3, 3), None, params, is_init=is_init, backend="pad", segment_layout="buckets")
 
 
+@pytest.mark.parametrize("forced", ["buckets", "slices"])
+def test_a_forced_layout_is_refused_where_one_other_serves(forced):
+    """Two layers and ragged resets: only 'packed' serves the call on 'pad'; a forced layout that cannot is an error
+    (it was silently replaced by the one route left), as where two others serve."""
+    is_init = torch.tensor([[True, True, False, False, True, False], [False, True, False, False, False, False]])
+    with pytest.raises(ValueError, match=rf"segment_layout='{forced}' cannot serve this call.*\['packed'\]"):
+        rf.gru_sequence(torch.zeros(2, 6, 3), None, rf.init_gru_params(3, 4, 2), is_init=is_init, backend="pad",
+                        segment_layout=forced)
+
+
 @pytest.mark.parametrize(("backend", "layout"), [("auto", "packed"), ("reference", "packed"), ("pad", "aligned"),
                                                  ("triton", "aligned"), ("pad", "sideways")])
 def test_segment_layout_names_its_backend(backend, layout):

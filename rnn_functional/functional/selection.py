@@ -44,7 +44,7 @@ def _cheapest(backends: tuple[str, ...], layout: Layout, plan: SegmentPlan | Non
             return Route(backends[0], "rows", None, records_grad)
         return _cheapest_rows(backends, layout, records_grad, shape, torch.get_num_threads())
     routes = [Route(b, s, plan, records_grad) for b in backends for s in _layouts(b, layout, plan)]
-    if len(routes) == 1:
+    if len(routes) == 1 and forced in ("auto", routes[0].segments):
         return routes[0]
     if forced == "auto":
         preferred = ("slices", "packed") if cuda else ("slices",)  # slices: a view of the call, no gather or padding
