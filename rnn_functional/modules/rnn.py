@@ -125,7 +125,8 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
         x, states, is_init = read_inputs(cell, tensordict, in_keys, self._input_size, self._state_shapes, recurrent)
         params, layout = bound_layout(cell, params, layout, x, states, in_keys, self._state_shapes)
         if recurrent:
-            first = None if states is None else tuple(s.select(-3, 0) for s in states)  # [*B, T, L, S] at t = 0
+            # [*B, T, L, S] at t = 0; none for an empty time dim (empty outputs, as the functional sequence returns)
+            first = None if states is None or states[0].shape[-3] == 0 else tuple(s.select(-3, 0) for s in states)
             y, out_states = run_sequence(
                 x, first, states, params, layout, is_init,
                 backend=self._sequence_backend(),

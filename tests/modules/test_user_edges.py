@@ -125,3 +125,19 @@ def test_step_output_shares_no_memory_with_the_next_state(cell, layers, grad):
     assert (out["z"] >= 0).all() and out["y"].data_ptr() == out["z"].data_ptr()  # the ReLU ran in place on y
     for k, want in zip(keys, states):
         torch.testing.assert_close(out[k], want)
+
+
+@pytest.mark.parametrize("module_class", [rf.LSTMModule, rf.GRUModule, rf.MinGRUModule, rf.RGLRUModule])
+@pytest.mark.parametrize("batch", [(3, 0), (0,)], ids=["empty_time", "empty_flat"])
+def test_recurrent_mode_on_an_empty_time_dim_with_stored_states(module_class, batch):
+    """A batch with no steps that carries its stored states (a replay-buffer sample filtered to nothing) returns
+    empty outputs, as it does without the state keys (it raised an IndexError from ``select``; TorchRL's does too)."""
+    m = module_class(input_size=3, hidden_size=4, num_layers=2, in_key="obs", out_key="feat")
+    hidden = m.in_keys[1:-1]
+    td = TensorDict({"obs": torch.randn(*batch, 3), "is_init": torch.zeros(*batch, 1, dtype=torch.bool),
+                     **{k: torch.zeros(*batch, 2, 4) for k in hidden}}, list(batch))
+    with rf.set_recurrent_mode(True):
+        out = m(td)
+    assert out["feat"].shape == (*batch, 4)
+    for key in hidden:
+        assert out["next", key].shape == (*batch, 2, 4)
