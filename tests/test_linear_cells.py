@@ -279,6 +279,31 @@ def test_second_order_and_forward_mode_are_exact(cell, backend):
     assert log_lambda is None or log_lambda.shape == (H,)
 
 
+@pytest.mark.parametrize("backend", ["parallel", "scan", "reference"])
+def test_rglru_gradients_stay_finite_where_the_decay_rounds_to_one(backend):
+    """A saturated recurrence gate (``r = sigmoid(-1000) = 0`` in fp64) or an underflowing ``softplus(-Λ)`` makes
+    ``a = 1`` and ``sqrt(1 - a^2) = 0``, whose derivative is infinite: every gradient came back NaN (inf * 0), on
+    every backend. The true gradients there are 0 (see ``rglru._parts``): first and second order against finite
+    differences, with both channels saturated among normal ones."""
+    g = torch.Generator().manual_seed(0)
+    params = rf.init_rglru_params(2, H, dtype=torch.float64, generator=g)
+    with torch.no_grad():
+        params["bias_l0"][H] = -1000.0  # channel 0's recurrence gate r: saturated at 0
+        params["log_lambda_l0"][1] = 800.0  # channel 1: softplus(-800) underflows to 0
+    x = torch.randn(2, 4, 2, dtype=torch.float64, generator=g)
+
+    def f(x, w, b, log_lambda):
+        p = {"weight_l0": w, "bias_l0": b, "log_lambda_l0": log_lambda}
+        y, h = rf.rglru_sequence(x, None, p, backend=backend)
+        return y.sin().sum() + h.sum()
+
+    keys = ("weight_l0", "bias_l0", "log_lambda_l0")
+    args = tuple(t.detach().clone().requires_grad_() for t in (x, *(params[k] for k in keys)))
+    grads = torch.autograd.grad(f(*args), args)
+    assert all(gr.isfinite().all() for gr in grads)
+    assert torch.autograd.gradcheck(f, args) and torch.autograd.gradgradcheck(f, args)
+
+
 def test_linear_scan_is_exact_to_second_order_in_both_directions():
     """The parallel backend's primitive, ``h_t = a_t h_{t-1} + b_t`` (or from the end), at lengths that leave a
     partial chunk, with and without a start."""

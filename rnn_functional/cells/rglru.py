@@ -22,11 +22,18 @@ C = 8  # the gate's exponent scale (Griffin's c); an int: under torch.compile(dy
 
 
 def _parts(gi: torch.Tensor, log_lambda: torch.Tensor):
-    """``(u, r, i, log_a, a, m = sqrt(1 - a^2))`` from ``gi [..., 3H]``."""
+    """``(u, r, i, log_a, a, m = sqrt(1 - a^2))`` from ``gi [..., 3H]``.
+
+    Where ``a`` rounds to 1 (a saturated gate, ``r = 0``; or ``softplus(-Λ)`` underflowing), ``m = 0`` and sqrt's
+    derivative there is infinite, while the true gradient of every input is 0 (``dm/dr ~ 1/sqrt(r)`` times ``r``'s
+    own factor ``r (1 - r)``): autograd's inf * 0 made every gradient NaN. ``m`` is taken through ``where`` on both
+    sides, so its derivatives there are 0, to every order."""
     u, r, i = gi.chunk(3, dim=-1)
     r, i = torch.sigmoid(r), torch.sigmoid(i)
     log_a = -C * r * F.softplus(-log_lambda)
-    return u, r, i, log_a, torch.exp(log_a), torch.sqrt(-torch.expm1(2 * log_a))
+    v = -torch.expm1(2 * log_a)
+    pos = v > 0
+    return u, r, i, log_a, torch.exp(log_a), torch.where(pos, torch.sqrt(torch.where(pos, v, 1.0)), 0.0)
 
 
 class RGLRUCell(LinearRecurrentCell):
@@ -50,7 +57,8 @@ class RGLRUCell(LinearRecurrentCell):
         u, r, i, _, a, m = _parts(gi, log_lambda)
         d_m = g * i * u
         # d log_a: through a (a h, da/dlog_a = a) and through m (dm/dlog_a = -a^2 / m)
-        d_log_a = a * (g * h - d_m * a / m)
+        pos = m > 0  # 1/m where m = 0 enters as 0 (the limit, see _parts)
+        d_log_a = a * (g * h - d_m * a * torch.where(pos, torch.where(pos, m, 1.0).reciprocal(), 0.0))
         d_r = d_log_a * (-C * F.softplus(-log_lambda)) * r * (1 - r)
         d_i = g * m * u * i * (1 - i)
         d_lambda = (d_log_a * (C * r) * torch.sigmoid(-log_lambda)).sum(0)  # d softplus(-Λ)/dΛ = -sigmoid(-Λ)
