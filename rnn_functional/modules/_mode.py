@@ -60,6 +60,9 @@ class _ModeState:
 
 
 _STATE = _ModeState()
+# whether the innermost of our active contexts also set TorchRL's flag (eagerly, TorchRL loaded): TorchRL's flag is
+# then the innermost context's of either kind, its None included (an inner TorchRL set_recurrent_mode(None))
+_MIRRORED: contextvars.ContextVar[bool] = contextvars.ContextVar("rnn_functional_mode_mirrored", default=False)
 
 
 _torchrl_module = None  # TorchRL's rnn module, set by _torchrl_loaded()
@@ -98,7 +101,7 @@ def recurrent_mode() -> bool | None:
         return trl.recurrent_mode() if mode is None and trl is not None else mode
     if trl is not None:
         mode = trl.recurrent_mode()
-        if mode is not None:
+        if mode is not None or _MIRRORED.get():
             return mode
     return _STATE.get()
 
@@ -135,6 +138,7 @@ class set_recurrent_mode(_DecoratorContextManager):
         self.mode = mode
         self._prev: bool | None = None
         self._torchrl_ctx = None
+        self._mirrored_token = None
 
     def clone(self) -> set_recurrent_mode:
         return type(self)(self.mode)
@@ -143,12 +147,17 @@ class set_recurrent_mode(_DecoratorContextManager):
         self._prev = _STATE.get()
         _STATE.set(self.mode)
         trl = _torchrl_rnn()
-        if trl is not None and not torch.compiler.is_compiling():
-            self._torchrl_ctx = trl.set_recurrent_mode(self.mode)
-            self._torchrl_ctx.__enter__()
+        if not torch.compiler.is_compiling():
+            self._mirrored_token = _MIRRORED.set(trl is not None)
+            if trl is not None:
+                self._torchrl_ctx = trl.set_recurrent_mode(self.mode)
+                self._torchrl_ctx.__enter__()
 
     def __exit__(self, exc_type, exc_value, traceback) -> None:
         if self._torchrl_ctx is not None:
             self._torchrl_ctx.__exit__(exc_type, exc_value, traceback)
             self._torchrl_ctx = None
+        if self._mirrored_token is not None:
+            _MIRRORED.reset(self._mirrored_token)
+            self._mirrored_token = None
         _STATE.set(self._prev)

@@ -73,6 +73,10 @@ def test_contexts_drive_both_libraries():
         assert theirs.recurrent_mode is True
         with trm.set_recurrent_mode(False):
             assert ours.recurrent_mode is False
+        with trm.set_recurrent_mode(None):  # the innermost context: each module's default (sequential), in both
+            assert ours.recurrent_mode is False and theirs.recurrent_mode is False
+            with trm.set_recurrent_mode(False), trm.set_recurrent_mode(None):
+                assert ours.recurrent_mode is False and theirs.recurrent_mode is False
         assert ours.recurrent_mode is True
     assert ours.recurrent_mode is False and theirs.recurrent_mode is False
 
