@@ -1,5 +1,5 @@
-"""Under ``torch.autocast`` the LSTM and GRU run in autocast's dtype, as ``torch.nn.LSTM``/``GRU`` and TorchRL's
-modules do: a mixed-precision policy (a ``Linear`` handing the recurrent module autocast's dtype) runs, eagerly and
+"""Under ``torch.autocast`` the LSTM and GRU run in autocast's dtype (as ``torch.nn.LSTM`` and TorchRL's LSTM module
+do on CPU; ``nn.GRU`` keeps its input's dtype there, docs/migrating.md): a mixed-precision policy (a ``Linear`` handing the recurrent module autocast's dtype) runs, eagerly and
 compiled, in both modes. The call equals the same call made outside autocast with its params and inputs cast to that
 dtype (autograd records the casts: gradients reach the fp32 params in fp32). Cells ``torch.nn`` does not have keep
 the params' dtype (the block GRU, as TorchRL's)."""

@@ -66,9 +66,10 @@ def _from_carry(cell: Cell, carry: Carry):
 
 def autocast_dtype(layout: Layout) -> torch.dtype | None:
     """The dtype a call runs in under an active ``torch.autocast`` of its device: autocast's, for the cells
-    ``torch.nn`` has (LSTM, GRU; their ATen ops are on autocast's lower-precision list, so ``nn.LSTM`` and TorchRL's
-    modules return autocast's dtype) with params autocast casts (floating, not fp64). ``None`` otherwise: the
-    call runs in the params' dtype (the block GRU's, as TorchRL's, whose norms autocast keeps in fp32)."""
+    ``torch.nn`` has (LSTM, GRU) with params autocast casts (floating, not fp64), one rule for both cells and every
+    mode (``torch.nn``'s is per kernel: on CPU ``nn.LSTM`` returns autocast's dtype, ``nn.GRU`` and the cells their
+    input's; docs/migrating.md). ``None`` otherwise: the call runs in the params' dtype (the block GRU's, as TorchRL's,
+    whose norms autocast keeps in fp32)."""
     kind = layout.device.type
     if layout.cell.aten is None or not torch.is_autocast_enabled(kind) or not layout.dtype.is_floating_point \
             or layout.dtype == torch.float64:
