@@ -94,12 +94,13 @@ DYNAMIC_CELLS = {"rglru": (lambda: rf.init_rglru_params(3, 4), rf.rglru_sequence
                                rf.block_gru_sequence)}
 
 
-@pytest.mark.parametrize("cell", [*list(DYNAMIC_CELLS)[:3], pytest.param("block_gru", marks=pytest.mark.xfail(
-    strict=True, reason="dynamic=True makes the norm's eps a SymFloat, which torch's scan refuses as an input"))])
+@pytest.mark.parametrize("cell", list(DYNAMIC_CELLS))
 def test_dynamic_true_trains_on_scan(cell):
     """``torch.compile(..., dynamic=True)`` (docs/compile.md's way to avoid the shape recompile) over a training call
-    on ``scan``: outputs and input gradients equal eager ``reference``. RG-LRU failed inside Dynamo ("lift_tracked_freevar
-    _to_input should not be called on root SubgraphTracer") while its gate scale was a float global (now an int)."""
+    on ``scan``: outputs and input gradients equal eager ``reference``. Dynamo makes float globals and attributes
+    graph inputs there: RG-LRU failed inside Dynamo ("lift_tracked_freevar_to_input should not be called on root
+    SubgraphTracer") while its gate scale was a float global (now an int), the block GRU on its norm's ``eps``, a
+    ``SymFloat`` that ``scan`` refuses (now a constant of the graph)."""
     init, seq = DYNAMIC_CELLS[cell]
     torch.manual_seed(0)
     params = init()

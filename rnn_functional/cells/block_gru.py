@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 
+from ..precision import mark_constant_result
 from .base import Carry, Cell, LayerWeights, Layout, Saved, StepGrads, check_keys, check_shapes
 
 __all__ = ["ACTIVATIONS", "BLOCK_GRU", "block_gru_cell", "init_block_gru_params"]
@@ -139,6 +140,17 @@ def _shared_rows(weight0: torch.Tensor, start: int, width: int) -> torch.Tensor:
     return part.transpose(-1, -2).reshape(*weight0.shape[:-3], -1, width)
 
 
+_FLOATS: dict[str, tuple[float, float]] = {}  # (norm_eps, update_bias) of each cell, by its name
+
+
+@mark_constant_result
+def _floats(name: str) -> tuple[float, float]:
+    """A cell's ``(norm_eps, update_bias)``: constants of a compiled graph. Read as attributes, under
+    ``torch.compile(dynamic=True)`` they became ``SymFloat`` graph inputs, which torch's ``scan`` refuses as inputs of
+    its body (and ``F.rms_norm`` needs a Python ``eps``)."""
+    return _FLOATS[name]
+
+
 class BlockGRUCell(Cell):
     """Carry ``(h [N, H],)``. ``weight_ih = Wpx [H, P]``, ``bias_ih = dynamic_linears.0.bias``, ``weight_hh`` /
     ``bias_hh`` = ``hidden_linear``'s; ``extra = (hidden_norm.weight, W0h [nb, Hb, Hb], Wph [H, P],
@@ -152,10 +164,19 @@ class BlockGRUCell(Cell):
     init_function = "init_block_gru_params"
 
     def __init__(self, activation: str, norm_eps: float, update_bias: float):
-        self.activation, self.norm_eps, self.update_bias = activation, float(norm_eps), float(update_bias)
-        default = (activation, self.norm_eps, self.update_bias) == ("silu", 1e-4, -1.0)
-        self.name = "block_gru" if default else f"block_gru[{activation},{self.norm_eps!r},{self.update_bias!r}]"
+        self.activation, norm_eps, update_bias = activation, float(norm_eps), float(update_bias)
+        default = (activation, norm_eps, update_bias) == ("silu", 1e-4, -1.0)
+        self.name = "block_gru" if default else f"block_gru[{activation},{norm_eps!r},{update_bias!r}]"
+        _FLOATS[self.name] = (norm_eps, update_bias)
         self._act, self._act_grad = ACTIVATIONS[activation]
+
+    @property
+    def norm_eps(self) -> float:
+        return _floats(self.name)[0]
+
+    @property
+    def update_bias(self) -> float:
+        return _floats(self.name)[1]
 
     def read_layout(self, params: Mapping[str, torch.Tensor]) -> Layout:
         keys = set(params.keys())
