@@ -191,6 +191,7 @@ def resolve_step(name: str, layout: Layout, x: torch.Tensor):
         return multi_layer_step if layout.proj_size or call_context().traced else pad.step
     if name == "triton":
         _check_triton(layout, x)
+        triton_backend.check_supported(layout, SequenceOptions())  # proj_size, dtype: as the sequence path refuses
         return triton_backend.step
     if name == "parallel":  # one step of a linear recurrence is the reference step
         parallel.check_cell(layout.cell)

@@ -352,6 +352,25 @@ def test_unsupported_configurations_raise(kind: str, kwargs: dict, match: str) -
     x = torch.randn(2, 4, 3, dtype=dtype)
     with pytest.raises(ValueError, match=match):
         rf.lstm_sequence(x, None, params, backend="triton", **kwargs)
+    if not kwargs:  # the step refuses alike (it ran proj_size silently wrong, fp16 to a bare KeyError)
+        with pytest.raises(ValueError, match=match):
+            rf.lstm_step(x[:, 0], None, params, backend="triton")
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_output_is_contiguous_and_takes_in_place_ops(cell: str) -> None:
+    """``y`` is contiguous as on every backend (it was a strided view of the buffer the kernel's backward saves):
+    ``y.view(-1, H)`` works and an in-place op on ``y`` before the backward gives ``reference``'s gradients."""
+    problem = make_problem(cell, dtype=torch.float64, seed=4, requires_grad=False, **SIZES)
+    grads = []
+    for backend in ("triton", "reference"):
+        x = problem["x"].clone().requires_grad_()
+        y, _ = {"lstm": rf.lstm_sequence, "gru": rf.gru_sequence}[cell](
+            x, None, problem["params"], is_init=problem["is_init"], backend=backend)
+        assert y.is_contiguous() and y.view(-1, y.shape[-1]).shape[0] == y.shape[0] * y.shape[1]
+        y.mul_(2)
+        grads.append(torch.autograd.grad(y.sin().sum(), x)[0])
+    torch.testing.assert_close(grads[0], grads[1])
 
 
 def test_too_large_for_32bit_indexing_raises(monkeypatch) -> None:

@@ -139,7 +139,9 @@ def sequence(layout: Layout, params, x: torch.Tensor, carry: Carry, is_init, res
     per_step = None
     if opts.segment_states:
         per_step = tuple(torch.stack([states[i][:, 1:] for states in per_layer], dim=2) for i in range(len(carry)))
-    return inp, new_carry, per_step
+    # y as every backend returns it, contiguous: the last layer's hs[:, 1:] is a strided view of the buffer the
+    # kernel's backward saves (an in-place op on it failed the backward; y.view(-1, H) raised)
+    return inp.contiguous(), new_carry, per_step
 
 
 def step(layout: Layout, params, x: torch.Tensor, carry: Carry) -> tuple[torch.Tensor, Carry]:
