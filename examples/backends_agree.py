@@ -1,4 +1,4 @@
-"""Build params, run lstm_sequence and gru_sequence with resets on every available backend,
+"""Build params, run lstm_sequence and gru_sequence with resets on every backend available for the cell,
 and print that they agree with ``reference`` (outputs and final state)."""
 
 import torch
@@ -11,11 +11,11 @@ def main() -> None:
     B, T, F, H, L = 8, 32, 16, 32, 2
     x = torch.randn(B, T, F, dtype=torch.float64)
     is_init = torch.rand(B, T) < 0.1
-    backends = [b for b in rf.available_backends() if b != "reference"] + ["auto"]
-    for name, init, run in [
-        ("LSTM", rf.init_lstm_params, rf.lstm_sequence),
-        ("GRU", rf.init_gru_params, rf.gru_sequence),
+    for name, cell, init, run in [
+        ("LSTM", "lstm", rf.init_lstm_params, rf.lstm_sequence),
+        ("GRU", "gru", rf.init_gru_params, rf.gru_sequence),
     ]:
+        backends = [b for b in rf.available_backends(cell=cell) if b != "reference"] + ["auto"]
         params = init(F, H, L, dtype=torch.float64)
         expected = run(x, None, params, is_init=is_init, backend="reference")
         for backend in backends:
