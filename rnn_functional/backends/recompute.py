@@ -36,6 +36,9 @@ def checkpointed(impl: Callable) -> Callable:
 
     def sequence(layout, params, x, carry, is_init, reset, opts: SequenceOptions):
         inner = dataclasses.replace(opts, recompute="none")
+        # the tensors of this call, not the mapping: a module's is its child's live parameter dict, which
+        # functional_call / to_module restore before the backward recomputes (it then used the wrong weights)
+        params = dict(params)
         t_len = x.shape[1]
         chunk = math.isqrt(t_len - 1) + 1
         ys, per_step = [], []

@@ -189,3 +189,33 @@ def test_weights_the_child_computes_are_used_as_it_computes_them(cell, how, comp
     torch.testing.assert_close(got, want)
     for a, b in zip(torch.autograd.grad(got.sum(), leaves), torch.autograd.grad(want.sum(), leaves), strict=True):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("route", ["functional_call", "to_module"])
+@pytest.mark.parametrize("backend", ["reference", "auto"])
+@pytest.mark.parametrize("cls", [rf.GRUModule, rf.LSTMModule, rf.MinGRUModule])
+def test_recompute_full_differentiates_the_swapped_in_weights(cls, backend, route):
+    """``recurrent_recompute="full"`` recomputes chunks in the backward: with weights swapped in by
+    ``functional_call`` / ``to_module`` (restored before the backward) it recomputed with the module's own, and the
+    gradients of the given weights were wrong (about 1 on gradients of about 1), with no error. They equal
+    ``recompute="none"``'s, in fp64."""
+    g = torch.Generator().manual_seed(2)
+    is_init = torch.zeros(B, 4, 1, dtype=torch.bool)
+    is_init[0, 2] = True
+    keys = cls(F_IN, H, in_key="x", out_key="y").in_keys[1:-1]
+    td = TensorDict({"x": torch.randn(B, 4, F_IN, generator=g, dtype=torch.float64), "is_init": is_init,
+                     **{k: torch.randn(B, 4, 1, H, generator=g, dtype=torch.float64) for k in keys}}, [B, 4])
+    grads = []
+    for recompute in ("full", "none"):
+        torch.manual_seed(0)
+        m = cls(F_IN, H, in_key="x", out_key="y", recurrent_backend=backend, recurrent_recompute=recompute).double()
+        given = {n: (v.detach() + 0.3 * torch.randn(v.shape, generator=torch.Generator().manual_seed(3),
+                                                      dtype=v.dtype)).requires_grad_() for n, v in m.named_parameters()}
+        with rf.set_recurrent_mode(True):
+            if route == "functional_call":
+                y = torch.func.functional_call(m, given, (td.clone(),))["y"]
+            else:
+                with TensorDict({tuple(n.split(".")): v for n, v in given.items()}, []).to_module(m):
+                    y = m(td.clone())["y"]
+        grads.append(torch.autograd.grad(y.pow(2).sum(), list(given.values())))
+    torch.testing.assert_close(grads[0], grads[1])
