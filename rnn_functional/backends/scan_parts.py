@@ -388,9 +388,9 @@ class HandWrittenLayer(torch.autograd.Function):
             parts.append(part)
         time_dim = int(bool(members.count))  # of reset_state per member (x: after N)
         d_x = _in_time_order([p[0] for p in parts], 1 + time_dim)
-        d_reset = tuple(_in_time_order([p[i] for p in parts], time_dim) for i in range(1, 1 + len(reset)))
+        d_reset = tuple(members.like(_in_time_order([p[i] for p in parts], time_dim), r)
+                        for i, r in enumerate(rest[len(rest) - ctx.n_reset :], start=1))
         d_weights = tuple(None if d is None else members.like(d, t) for d, t in zip(totals, weights))
-        d_reset = tuple(members.like(d, r) for d, r in zip(d_reset, rest[len(rest) - ctx.n_reset :]))
         d_carry0 = tuple(members.like(d, c) for d, c in zip(acc["d_carry"], carry0))
         return (None, None, None, None, None, members.like(d_x, inp), None, *d_carry0, *d_reset, *d_weights)
 

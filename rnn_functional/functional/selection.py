@@ -73,10 +73,10 @@ def _cheapest_rows(backends: tuple[str, ...], layout: Layout, records_grad: bool
     return min((Route(b, "rows", None, records_grad) for b in backends), key=lambda r: r.cost(layout, shape))
 
 
-def _check_triton(layout: Layout, x: torch.Tensor) -> None:
+def _check_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions) -> None:
     """Raise unless ``triton`` has kernels for the cell (checked first: no device would serve it), runs on ``x``'s
-    device and the call is not differentiated in forward mode (its kernels have a reverse-mode backward
-    only: tangents would be dropped)."""
+    device, the call is not differentiated in forward mode (its kernels have a reverse-mode backward
+    only: tangents would be dropped) and the kernels serve the params and ``opts`` (proj_size, dtype)."""
     triton_backend.kernel_family(layout)
     if forward_mode():
         raise ValueError(
@@ -89,6 +89,7 @@ def _check_triton(layout: Layout, x: torch.Tensor) -> None:
             f"backend 'triton' is not available on {x.device} here (needs the triton package and a "
             f"CUDA device, or TRITON_INTERPRET=1 on CPU); use one of {available_backends(x.device)}."
         )
+    triton_backend.check_supported(layout, opts)
 
 
 def _aten_serves(layout: Layout, opts: SequenceOptions) -> bool:
@@ -152,8 +153,7 @@ def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, pl
             return Route("scan" if ctx.compiling else "reference")
         return _cheapest(("pad",), layout, plan, records_grad, shape, segment_layout, x.is_cuda)
     if name == "triton":
-        _check_triton(layout, x)
-        triton_backend.check_supported(layout, opts)
+        _check_triton(layout, x, opts)
         return Route("triton")
     if name == "parallel":
         parallel.check_cell(layout.cell)
@@ -190,8 +190,7 @@ def resolve_step(name: str, layout: Layout, x: torch.Tensor):
         pad.aten_kernels(layout)
         return multi_layer_step if layout.proj_size or call_context().traced else pad.step
     if name == "triton":
-        _check_triton(layout, x)
-        triton_backend.check_supported(layout, SequenceOptions())  # proj_size, dtype: as the sequence path refuses
+        _check_triton(layout, x, SequenceOptions())
         return triton_backend.step
     if name == "parallel":  # one step of a linear recurrence is the reference step
         parallel.check_cell(layout.cell)

@@ -20,7 +20,6 @@ from .rnn import GRUModule, LSTMModule
 
 __all__ = ["EnsembleModule"]
 
-_MEMBER_CLASSES = (LSTMModule, GRUModule, MinGRUModule, RGLRUModule)
 Member = LSTMModule | GRUModule | MinGRUModule | RGLRUModule
 
 _RANDOMNESS = ("error", "same", "different")
@@ -57,7 +56,7 @@ class EnsembleModule(TensorDictModuleBase):
         generator: torch.Generator | None = None,
     ) -> None:
         super().__init__()
-        if not isinstance(module, _MEMBER_CLASSES):
+        if not isinstance(module, Member):
             raise TypeError(
                 f"module: expected an rnn_functional LSTMModule, GRUModule, MinGRUModule or RGLRUModule, got "
                 f"{type(module).__name__}."
