@@ -16,7 +16,7 @@ resets already applied.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -82,7 +82,8 @@ class SequenceOptions:
 
     def without_segment_states(self) -> SequenceOptions:
         """These options asking for no per-step carries (themselves when they ask for none: most calls)."""
-        return replace(self, segment_states=False) if self.segment_states else self
+        # built from the fields' dict: dataclasses.replace cost a tiny call (B=1, T=1) 0.5 us more
+        return SequenceOptions(**{**self.__dict__, "segment_states": False}) if self.segment_states else self
 
 
 def backends_for(cell: Cell) -> list[str]:

@@ -316,14 +316,11 @@ def _first_step_resets(x, carry: Carry, is_init: torch.Tensor, reset: Carry | No
     all True, the carry unchanged where all False, else :func:`apply_reset`. A side whose gradient autograd
     records keeps :func:`apply_reset`, which sends it the zeros ``torch.where`` does."""
     resets = np.count_nonzero(host[:, 0])
-    first = is_init[:, 0]
     reset0 = None if reset is None else tuple(r[:, 0] for r in reset)
-    if any(t.requires_grad for t in (*carry, *(reset0 or ()))):
-        carry = apply_reset(carry, first, reset0)
-    elif resets == host.shape[0]:
-        carry = reset0 if reset0 is not None else tuple(torch.zeros_like(s) for s in carry)
+    if 0 < resets < host.shape[0] or any(t.requires_grad for t in (*carry, *(reset0 or ()))):
+        carry = apply_reset(carry, is_init[:, 0], reset0)
     elif resets:
-        carry = apply_reset(carry, first, reset0)
+        carry = reset0 if reset0 is not None else tuple(torch.zeros_like(s) for s in carry)
     return x, carry, None, None
 
 
@@ -331,7 +328,7 @@ def _read_mask(is_init: torch.Tensor, host: np.ndarray | None = None) -> tuple[n
     """``is_init [N, T]`` read on the host (the call's one read; ``host`` where the call read it already) and, with
     interior resets, the plan of its segments (built from that copy: no further read), else ``None``."""
     host = is_init.numpy(force=True) if host is None else host
-    return host, segments.plan(host, is_init.device) if host[:, 1:].any() else None
+    return host, segments.plan(host, is_init.device) if host.shape[1] > 1 and host[:, 1:].any() else None
 
 
 @dataclass
