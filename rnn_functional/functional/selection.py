@@ -87,7 +87,7 @@ def _check_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions) -> Non
     if not triton_backend.is_available(x.device):
         raise ValueError(
             f"backend 'triton' is not available on {x.device} here (needs the triton package and a "
-            f"CUDA device, or TRITON_INTERPRET=1 on CPU); use one of {available_backends(x.device)}."
+            f"CUDA device, or TRITON_INTERPRET=1 on CPU); use one of {available_backends(x.device, layout.cell)}."
         )
     triton_backend.check_supported(layout, opts)
 
