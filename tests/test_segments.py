@@ -362,6 +362,22 @@ def test_auto_runs_whole_slices_as_a_view(cell, records_grad):
                                                                                           ("pad", "packed")])
 
 
+@pytest.mark.parametrize("backend", ["auto", "pad"])
+def test_sequence_route_under_vmap_is_the_route_the_call_takes(backend):
+    """Under eager ``torch.vmap`` a call reads nothing on the host (a batched mask has no data to read) and runs
+    ``reference``; ``sequence_route`` called there says so instead of failing on the read."""
+    params = rf.init_lstm_params(3, 4)
+    is_init = torch.tensor([[True, False, True, False]] * 2)
+    routes = []
+
+    def route(x, mask):
+        routes.append(rf.sequence_route("lstm", x, params, is_init=mask, backend=backend))
+        return x
+
+    torch.vmap(route)(torch.zeros(2, 2, 4, 3), is_init.expand(2, 2, 4))
+    assert routes == [rf.backends.Route("reference")]
+
+
 def test_an_in_place_change_to_is_init_is_seen_by_the_next_call():
     """The route is chosen per call, from the mask as it is then (nothing is cached across calls)."""
     params = rf.init_lstm_params(3, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)

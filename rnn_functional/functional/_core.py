@@ -404,7 +404,7 @@ def sequence_route(cell: str, x: torch.Tensor, params: Mapping[str, torch.Tensor
     c = _canonicalize(CELLS[cell], x, None, params, is_init, None, sequence=True)
     opts, ctx = SequenceOptions(recompute=recompute), call_context()
     plan = None
-    if c.is_init is not None and c.is_init.numel() and selection.reads_segments(
+    if c.is_init is not None and c.is_init.numel() and not ctx.traced and selection.reads_segments(
             backend, c.layout, c.x, opts, ctx, segment_layout):
         plan = _read_mask(c.is_init)[1]
     return selection.choose(backend, c.layout, c.x, opts, plan, records_grad, ctx, segment_layout)
