@@ -83,7 +83,9 @@ def test_slice_len_errors_name_the_hint_expected_and_actual():
         rf.gru_sequence(*args, **kwargs, slice_len=5)
     bad = slice_starts((), 12, 4)
     bad[8] = False
-    with pytest.raises(ValueError, match=r"slice_len=4: is_init must be True at every slice start.*is_init\[0, 8\] is False"):
+    with pytest.raises(ValueError, match=r"slice_len=4: is_init must be True at every slice start.*is_init\[0, 8\] is False"
+                                         r".*through a TensorDictReplayBuffer; a plain ReplayBuffer.*on a module "
+                                         r"recurrent_slice_len=None"):
         rf.gru_sequence(*args, **{**kwargs, "is_init": bad}, slice_len=4)
     with pytest.raises(ValueError, match="slice_len=4: is_init is required"):
         rf.gru_sequence(*args, slice_len=4)
@@ -94,6 +96,9 @@ def test_slice_len_errors_name_the_hint_expected_and_actual():
         rf.GRUModule(F_IN, HIDDEN, recurrent_slice_len=0)
     with pytest.raises(ValueError, match="LSTMModule: recurrent_num_slices: expected None or a positive int"):
         rf.LSTMModule(F_IN, HIDDEN, recurrent_slice_len=4, recurrent_num_slices=-1)
+    for module in (rf.LSTMModule, rf.MinGRUModule):  # caught when built, not at the first recurrent call
+        with pytest.raises(ValueError, match=f"{module.__name__}: recurrent_num_slices=3 needs recurrent_slice_len"):
+            module(F_IN, HIDDEN, in_key="x", out_key="y", recurrent_num_slices=3)
 
 
 def test_num_slices_errors_name_the_bounds_and_the_batch():

@@ -33,7 +33,11 @@ from ..cells import Carry
 
 __all__ = ["check_value", "check_hint", "split"]
 
-_RAGGED = "Pass slice_len=None (and num_slices=None) for batches of other shapes."
+_RAGGED = ("Pass slice_len=None (and num_slices=None; on a module recurrent_slice_len=None and recurrent_num_slices=None) "
+           "for batches of other shapes.")
+# why a slice start may lack its reset: the sampler's markers are in the batch only through a TensorDictReplayBuffer
+_UNMARKED = ("SliceSampler marks slice starts in is_init in batches sampled through a TensorDictReplayBuffer; a plain "
+             "ReplayBuffer returns the stored is_init alone.")
 
 
 def check_value(value, arg: str = "slice_len") -> None:
@@ -96,10 +100,10 @@ def check_hint(slice_len, num_slices, t_len: int, is_init: torch.Tensor | None, 
     def not_whole(row=None, k=None, missing=None, total=None) -> str:
         if row is None:  # compiled: the numbers may be symbolic (dynamic=True), a graph cannot format them
             return ("slice_len: is_init must be True at every slice start (every multiple of slice_len along T): the "
-                    f"batch is not whole slices of slice_len steps. {_RAGGED}")
+                    f"batch is not whole slices of slice_len steps. {_UNMARKED} {_RAGGED}")
         return (f"slice_len={slice_len}: is_init must be True at every slice start (every multiple of {slice_len} "
                 f"along T={t_len}), but is_init[{row}, {(k + 1) * slice_len}] is False ({missing} of {total} slice "
-                f"starts are False): the batch is not whole slices of {slice_len} steps. {_RAGGED}")
+                f"starts are False): the batch is not whole slices of {slice_len} steps. {_UNMARKED} {_RAGGED}")
 
     if host is not None:
         starts = host[:, slice_len::slice_len]

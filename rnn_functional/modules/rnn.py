@@ -71,6 +71,11 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
             raise no_kernel_for(recurrent_backend, cell.core)
         check_value(recurrent_slice_len, f"{cell.module_name}: recurrent_slice_len")
         check_value(recurrent_num_slices, f"{cell.module_name}: recurrent_num_slices")
+        if recurrent_num_slices is not None and recurrent_slice_len is None:
+            raise ValueError(
+                f"{cell.module_name}: recurrent_num_slices={recurrent_num_slices} needs recurrent_slice_len (the longest "
+                f"slice, SliceSampler's slice_len); got None."
+            )
         if not isinstance(python_based, bool):
             raise TypeError(f"{cell.module_name}: python_based must be a bool, got {type(python_based).__name__}.")
         rnn = build_rnn(cell, rnn, given, batch_first=batch_first, bidirectional=bidirectional, device=device)
