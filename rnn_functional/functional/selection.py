@@ -210,5 +210,6 @@ def resolve_step(name: str, layout: Layout, x: torch.Tensor):
         parallel.check_cell(layout.cell)
         return multi_layer_step
     if name != "reference":
-        raise ValueError(f"backend: expected one of {list(STEP_BACKENDS)} for a step, got {name!r}.")
+        serving = ["auto"] + [b for b in STEP_BACKENDS if b in available_backends(x.device, layout.cell)]
+        raise ValueError(f"backend: expected one of {serving} for a {layout.cell.title} step here, got {name!r}.")
     return multi_layer_step
