@@ -110,9 +110,9 @@ def _auto_runs_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, ct
 def _compiled_scan_exact(layout: Layout, records_grad: bool) -> bool:
     """Whether ``scan``'s compiled backward is exact for the call. Not for an LSTM with ``proj_size`` over two layers
     or more on torch 2.13: under Inductor the lower layers' gradients come out wrong, silently, from a donated saved
-    buffer (the upper layer's input: exact when that one buffer is not donated, with
-    ``torch._functorch.config.donated_buffer = False``, or under ``aot_eager``). The unrolled ``reference`` loop is
-    exact there."""
+    buffer (in the test's graph the loss's own factor ``2 * y`` of ``y.pow(2)``: exact when that one buffer is not
+    donated, with ``torch._functorch.config.donated_buffer = False``, or under ``aot_eager``). The unrolled
+    ``reference`` loop is exact there."""
     return not (records_grad and layout.proj_size and layout.num_layers > 1)
 
 
