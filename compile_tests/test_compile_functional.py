@@ -55,10 +55,9 @@ def test_sequence_auto_fullgraph_fwd_bwd_fp64(layout, resets):
 
 
 @pytest.mark.parametrize("backend", ["scan", "pad"])
-@pytest.mark.parametrize("layout", [("lstm", 2, 0), ("gru", 2, 0)], ids=layout_id)
+@pytest.mark.parametrize("layout", [("lstm", 2, 2), ("gru", 2, 0)], ids=layout_id)
 def test_sequence_named_backend_fullgraph_fwd_bwd_fp64(layout, backend):
-    """backend='scan', and 'pad' (routed to scan under compile), with reset_state: one graph, equal to reference.
-    (A projected LSTM over two layers trains on ``reference`` there: ``test_compile_proj_layers.py``.)"""
+    """backend='scan', and 'pad' (routed to scan under compile), with reset_state: one graph, equal to reference."""
     _check_sequence(layout, "state", backend, FAST, torch.float64, {})
 
 

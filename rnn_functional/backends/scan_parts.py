@@ -22,6 +22,12 @@ from .base import replayed_vjp
 
 __all__ = ["HandWrittenLayer", "Members", "contiguous_copy", "scan_states", "split_inputs", "time_loop"]
 
+# Inductor's donated buffers (torch 2.13) let a compiled backward through this layer reuse memory it does not own:
+# it overwrote parameters that need no gradient (a frozen norm GRU's norm weights, a minGRU's bias) and returned
+# silently wrong gradients (a projected LSTM's lower layer; a norm GRU's input); every such case is exact without
+# them (compile_tests/test_compile_donated_buffers.py). Process-wide: the switch is read when a graph is compiled.
+torch._functorch.config.donated_buffer = False
+
 
 def contiguous_copy(t: torch.Tensor) -> torch.Tensor:
     """A fresh contiguous tensor: what a scanned step returns (scan forbids outputs aliasing its inputs)."""

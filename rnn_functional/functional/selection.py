@@ -107,15 +107,6 @@ def _auto_runs_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, ct
     return not cudnn and triton_backend.serves(layout, x.device, opts)
 
 
-def _compiled_scan_exact(layout: Layout, records_grad: bool) -> bool:
-    """Whether ``scan``'s compiled backward is exact for the call. Not for an LSTM with ``proj_size`` over two layers
-    or more on torch 2.13: under Inductor the lower layers' gradients come out wrong, silently, from a donated saved
-    buffer (in the test's graph the loss's own factor ``2 * y`` of ``y.pow(2)``: exact when that one buffer is not
-    donated, with ``torch._functorch.config.donated_buffer = False``, or under ``aot_eager``). The unrolled
-    ``reference`` loop is exact there."""
-    return not (records_grad and layout.proj_size and layout.num_layers > 1)
-
-
 def reads_segments(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, ctx: CallContext,
                    segment_layout: str = "auto") -> bool:
     """Whether an eager call with ``is_init`` must read it on the host to choose its route (:func:`choose`'s
@@ -151,7 +142,7 @@ def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, pl
         if _auto_runs_triton(layout, x, opts, ctx):
             return Route("triton")
         if ctx.compiling:
-            return Route("scan" if _compiled_scan_exact(layout, records_grad) else "reference")
+            return Route("scan")
         if not ctx.traced:
             return _cheapest(("reference", "scan") + ("pad",) * _aten_serves(layout, opts), layout, plan,
                              records_grad, shape, "auto", x.is_cuda)
@@ -159,14 +150,8 @@ def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, pl
     elif name == "pad":
         pad.aten_kernels(layout)  # raises for a cell without ATen kernels, in every context
         if ctx.traced:
-            return Route("scan" if ctx.compiling and _compiled_scan_exact(layout, records_grad) else "reference")
+            return Route("scan" if ctx.compiling else "reference")
         return _cheapest(("pad",), layout, plan, records_grad, shape, segment_layout, x.is_cuda)
-    if name == "scan" and ctx.compiling and not _compiled_scan_exact(layout, records_grad):
-        raise ValueError(
-            f"backend 'scan' cannot train an LSTM with proj_size={layout.proj_size} over num_layers={layout.num_layers} "
-            "under torch.compile: on torch 2.13 Inductor's donated buffers corrupt its lower layers' gradients. Use "
-            "backend 'auto' or 'pad' (which run 'reference' there) or 'reference', or num_layers=1."
-        )
     if name == "triton":
         _check_triton(layout, x, opts)
         return Route("triton")
