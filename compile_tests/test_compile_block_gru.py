@@ -128,3 +128,26 @@ def test_imagination_rollout_fullgraph_fwd_bwd() -> None:
         got = _with_grads(compiled, leaves, x0, h0, params, w1, w2)
     assert stats.breaks == 0 and stats.graphs == 1, stats
     torch.testing.assert_close(got, want)
+
+
+def test_one_block_compiles_on_scan() -> None:
+    """``num_blocks=1`` (a plain GRU's block structure): the first dynamics layer's shared rows are fresh tensors, not
+    two views of one weight, which ``scan`` refused as aliased inputs ("Encountered aliasing"). Default Inductor,
+    outputs and every parameter's gradient against eager ``reference`` (fp64)."""
+    g = torch.Generator().manual_seed(0)
+    params = {k: v.requires_grad_(True) for k, v in
+              rf.init_block_gru_params(4, 8, projection_size=5, num_blocks=1, dtype=torch.float64, generator=g).items()}
+    x = torch.randn(3, 4, 4, dtype=torch.float64, generator=g)
+    is_init = torch.zeros(3, 4, dtype=torch.bool)
+    is_init[1, 2] = True
+
+    def loss(backend):
+        y, h = rf.block_gru_sequence(x, None, params, is_init=is_init, backend=backend)
+        return y.pow(2).sum() + h.pow(2).sum()
+
+    want = loss("reference")
+    torch._dynamo.reset()
+    got = torch.compile(loss)("scan")
+    torch.testing.assert_close(got, want)
+    for a, b in zip(torch.autograd.grad(got, list(params.values())), torch.autograd.grad(want, list(params.values()))):
+        torch.testing.assert_close(a, b)

@@ -135,9 +135,10 @@ def _blocks_t(d: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def _shared_rows(weight0: torch.Tensor, start: int, width: int) -> torch.Tensor:
     """Rows ``start:start + width`` of every block of ``dynamic_linears.0.weight [nb, I, Hb]`` as one ``[H, width]``
-    matrix (an input repeated in every block feeds them all: one GEMM); a fresh tensor."""
+    matrix (an input repeated in every block feeds them all: one GEMM); a fresh tensor (with one block the reshape
+    alone is a view of ``weight0``, and two views of it as inputs of ``scan`` fail to compile: "aliasing")."""
     part = weight0[..., start:start + width, :]  # [nb, width, Hb]
-    return part.transpose(-1, -2).reshape(*weight0.shape[:-3], -1, width)
+    return part.transpose(-1, -2).reshape(*weight0.shape[:-3], -1, width).contiguous()
 
 
 _FLOATS: dict[str, tuple[float, float]] = {}  # (norm_eps, update_bias) of each cell, by its name
