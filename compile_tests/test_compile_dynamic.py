@@ -94,17 +94,20 @@ DYNAMIC_CELLS = {"rglru": (lambda: rf.init_rglru_params(3, 4), rf.rglru_sequence
                                rf.block_gru_sequence)}
 
 
+@pytest.mark.parametrize("recompute", ["none", "full"])
 @pytest.mark.parametrize("cell", list(DYNAMIC_CELLS))
-def test_dynamic_true_trains_on_scan(cell):
+def test_dynamic_true_trains_on_scan(cell, recompute):
     """``torch.compile(..., dynamic=True)`` (docs/compile.md's way to avoid the shape recompile) over a training call
     on ``scan``: outputs and input gradients equal eager ``reference``. Dynamo makes float globals and attributes
     graph inputs there: RG-LRU failed inside Dynamo ("lift_tracked_freevar_to_input should not be called on root
     SubgraphTracer") while its gate scale was a float global (now an int), the block GRU on its norm's ``eps``, a
-    ``SymFloat`` that ``scan`` refuses (now a constant of the graph)."""
+    ``SymFloat`` that ``scan`` refuses (now a constant of the graph), the norm GRU with ``recompute="full"`` on its
+    norm's ``eps`` (now a literal)."""
     init, seq = DYNAMIC_CELLS[cell]
     torch.manual_seed(0)
     params = init()
-    compiled = torch.compile(lambda x: seq(x, None, params, backend="scan"), dynamic=True, backend=FAST)
+    compiled = torch.compile(lambda x: seq(x, None, params, backend="scan", recompute=recompute), dynamic=True,
+                             backend=FAST)
     x = torch.randn(2, 5, 3, requires_grad=True)
     got, want = compiled(x), seq(x, None, params, backend="reference")
     for a, b in zip([*got, *torch.autograd.grad(got[0].sum(), x)], [*want, *torch.autograd.grad(want[0].sum(), x)],

@@ -26,8 +26,6 @@ from .base import (
 
 __all__ = ["NORM_GRU", "init_norm_gru_params"]
 
-EPS = 1e-3
-
 
 def init_norm_gru_params(
     input_size: int,
@@ -102,7 +100,9 @@ class NormGRUCell(Cell):
         (h,) = carry
         norm_weight, norm_bias = w.extra
         z = gi + F.linear(h, w.weight_hh)
-        z_hat, _, inv_std = torch.native_layer_norm(z, (z.shape[-1],), None, None, EPS)
+        # eps a literal: a float global becomes a graph input under torch.compile(dynamic=True), which the scan body of
+        # recompute="full" could not lift ("lift_tracked_freevar_to_input should not be called on root SubgraphTracer")
+        z_hat, _, inv_std = torch.native_layer_norm(z, (z.shape[-1],), None, None, 1e-3)
         r, c, u = (z_hat * norm_weight + norm_bias).chunk(3, dim=-1)
         c = torch.tanh(torch.sigmoid(r) * c)
         u = torch.sigmoid(u - 1)
