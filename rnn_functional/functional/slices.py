@@ -31,7 +31,7 @@ import torch
 from ..backends import segments
 from ..cells import Carry
 
-__all__ = ["check_value", "check_hint", "split"]
+__all__ = ["check_hint", "check_pair", "check_value", "split"]
 
 _RAGGED = ("Pass slice_len=None (and num_slices=None; on a module recurrent_slice_len=None and recurrent_num_slices=None) "
            "for batches of other shapes.")
@@ -45,6 +45,14 @@ def check_value(value, arg: str = "slice_len") -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         what = "the most slices in a batch" if arg.endswith("num_slices") else "the length of every slice"
         raise ValueError(f"{arg}: expected None or a positive int ({what}, as given to SliceSampler), got {value!r}.")
+
+
+def check_pair(slice_len, num_slices, owner: str = "", pre: str = "") -> None:
+    """Raise when ``num_slices`` is given without ``slice_len`` (``owner``/``pre``: a module's prefix and its
+    ``recurrent_`` spelling of the names)."""
+    if num_slices is not None and slice_len is None:
+        raise ValueError(f"{owner}{pre}num_slices={num_slices} needs {pre}slice_len (the longest slice); got "
+                         f"{pre}slice_len=None.")
 
 
 def _check(ok: torch.Tensor, compiling: bool, message: Callable[[], str]) -> None:
@@ -63,8 +71,7 @@ def check_hint(slice_len, num_slices, t_len: int, is_init: torch.Tensor | None, 
     segment plan); else the check runs on the device (an in-graph assert when ``compiling``)."""
     check_value(slice_len)
     check_value(num_slices, "num_slices")
-    if slice_len is None:
-        raise ValueError(f"num_slices={num_slices} needs slice_len (the longest slice); got slice_len=None.")
+    check_pair(slice_len, num_slices)
     if is_init is None:
         raise ValueError(f"slice_len={slice_len}: is_init is required (True at the first step of every slice); got None.")
     if num_slices is not None:

@@ -40,7 +40,7 @@ from torch import nn
 
 from ..backends.base import backends_for, no_kernel_for
 from ..functional.options import check_options
-from ..functional.slices import check_value
+from ..functional.slices import check_pair, check_value
 from ._cells import GRU_CELL, LSTM_CELL
 from ._compat import TorchRLCompat
 from ._forward import bound_layout, read_inputs, run_sequence, run_step, write_outputs
@@ -71,11 +71,7 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
             raise no_kernel_for(recurrent_backend, cell.core)
         check_value(recurrent_slice_len, f"{cell.module_name}: recurrent_slice_len")
         check_value(recurrent_num_slices, f"{cell.module_name}: recurrent_num_slices")
-        if recurrent_num_slices is not None and recurrent_slice_len is None:
-            raise ValueError(
-                f"{cell.module_name}: recurrent_num_slices={recurrent_num_slices} needs recurrent_slice_len (the longest "
-                f"slice, SliceSampler's slice_len); got None."
-            )
+        check_pair(recurrent_slice_len, recurrent_num_slices, f"{cell.module_name}: ", "recurrent_")
         if not isinstance(python_based, bool):
             raise TypeError(f"{cell.module_name}: python_based must be a bool, got {type(python_based).__name__}.")
         rnn = build_rnn(cell, rnn, given, batch_first=batch_first, bidirectional=bidirectional, device=device)
