@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 from torch.profiler import ProfilerActivity, profile
 
 import rnn_functional as rf
@@ -218,8 +219,16 @@ def test_full_under_func_transforms_errors_clearly():
 
     with pytest.raises(ValueError, match="backend 'reference' cannot serve recompute='full' under an eager torch.func"):
         torch.vmap(lambda q: loss(q, "reference"))(torch.stack([params, params]))
-    with pytest.raises(ValueError, match="recompute='none' or run under torch.compile"):
+    with pytest.raises(ValueError, match="Use backend 'scan' \\(or 'auto'\\)"):
         torch.func.grad(lambda q: loss(q, "reference"))(params)
+    with fwAD.dual_level():  # forward-mode AD without torch.func: named as such
+        dual = fwAD.make_dual(x.detach(), torch.ones_like(x))
+        with pytest.raises(ValueError, match="under an eager torch.func transform or forward-mode AD"):
+            gru_sequence(dual, None, params, is_init=is_init, backend="reference", recompute="full")
+        tangent = fwAD.unpack_dual(gru_sequence(dual, None, params, is_init=is_init, backend="scan", recompute="full")[0])
+    want = torch.func.jvp(lambda v: gru_sequence(v, None, params, is_init=is_init, backend="reference")[0],
+                          (x.detach(),), (torch.ones_like(x),))
+    torch.testing.assert_close(tangent.tangent, want[1])  # the fix the message names serves the call exactly
 
 
 def test_auto_full_under_func_grad_runs_scan():
@@ -272,3 +281,34 @@ def test_compiled_scan_saves_carries_and_only_what_the_mode_needs():
     # plus small extras: a time-major copy of x (F = 8: 1/8 of the carries), the reset mask, a weight
     assert saved["full"] < 1.2 * per_step_carry, saved  # the gates would add 2.5x the carries
     assert per_step_carry + per_step_gates <= saved["none"] < 1.1 * (per_step_carry + per_step_factors), saved
+
+
+class _Recomputed(torch.nn.Module):
+    """A sequence call with ``recompute="full"`` inside a module, as a user exports a training-time policy."""
+
+    def __init__(self, backend: str):
+        super().__init__()
+        self.backend = backend
+        self.params = torch.nn.ParameterDict({k.replace(".", "_"): v for k, v in _problem("gru", 0, 2)[0].items()})
+
+    def forward(self, x, state, is_init):
+        p = {k: v for k, v in self.params.items()}
+        y, final = gru_sequence(x, state, p, is_init=is_init, backend=self.backend, recompute="full")
+        return y, final
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "strict"])
+@pytest.mark.parametrize("backend", ["reference", "scan", "auto"])
+def test_full_exports(backend, strict):
+    """``torch.export`` of a call with ``recompute="full"`` (a training-memory option) gives the program eager runs:
+    strict export of ``reference``'s checkpointing once failed inside torch ("_checkpoint_context_fn")."""
+    module = _Recomputed(backend)
+    _, x, state, is_init, _, _ = _problem("gru", 0, 2, seed=1)
+    args = (x.detach(), state.detach(), is_init)
+    want = module(*args)
+    program = torch.export.export(module, args, strict=strict)
+    other = torch.zeros_like(is_init)
+    other[:, 0] = other[1, 4] = True  # another reset pattern than the traced one
+    for mask in (is_init, other):
+        torch.testing.assert_close(program.module()(args[0], args[1], mask), module(args[0], args[1], mask))
+    torch.testing.assert_close(module(*args), want)

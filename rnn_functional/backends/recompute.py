@@ -36,6 +36,11 @@ def checkpointed(impl: Callable) -> Callable:
 
     def sequence(layout, params, x, carry, is_init, reset, opts: SequenceOptions):
         inner = dataclasses.replace(opts, recompute="none")
+        if torch.compiler.is_exporting():
+            # exported without checkpointing, a memory choice of the backward that leaves every value as it is: strict
+            # export fails inside torch on the checkpoint it traces (torch 2.13: KeyError '_checkpoint_context_fn'),
+            # and torch refuses it under non-strict tracing from pytorch/pytorch#179021 on
+            return impl(layout, params, x, carry, is_init, reset, inner)
         # the tensors of this call, not the mapping: a module's is its child's live parameter dict, which
         # functional_call / to_module restore before the backward recomputes (it then used the wrong weights)
         params = dict(params)

@@ -159,10 +159,10 @@ def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, pl
         parallel.check_cell(layout.cell)
     if name in ("reference", "parallel") and opts.recompute == "full" and ctx.traced and not ctx.compiling:
         raise ValueError(
-            f"backend {name!r} cannot serve recompute='full' under an eager torch.func transform: its "
-            "activation checkpointing replays the forward outside torch.vmap and relies on saved-tensor hooks, "
-            "which torch.func.grad/vjp refuse. Under torch.vmap use backend 'scan' (or 'auto'); under "
-            "torch.func.grad use recompute='none' or run under torch.compile."
+            f"backend {name!r} cannot serve recompute='full' under an eager torch.func transform or forward-mode "
+            "AD (dual tensors): its activation checkpointing replays the forward outside the transform and relies "
+            "on saved-tensor hooks, which torch.func.grad/vjp refuse. Use backend 'scan' (or 'auto'), which "
+            "recomputes inside its own backward, or recompute='none', or run under torch.compile."
         )
     return _cheapest((name,), layout, plan, records_grad, shape, segment_layout)
 
