@@ -143,3 +143,16 @@ def test_init_params_arguments() -> None:
         rf.params_from_module(torch.nn.Linear(2, 2))
     with expect(ValueError, "bidirectional modules are not supported"):
         rf.params_from_module(torch.nn.GRU(2, 2, bidirectional=True))
+
+
+def test_triton_step_unavailable_names_step_backends() -> None:
+    """As above for a step function: its list holds no 'scan' (sequences only), in a fresh interpreter."""
+    code = ("import torch, rnn_functional as rf\n"
+            "try:\n"
+            "    rf.lstm_step(torch.randn(2, 4), None, rf.init_lstm_params(4, 5), backend='triton')\n"
+            "except ValueError as e:\n"
+            "    print(e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert "backend 'triton' is not available on cpu" in out
+    assert "use one of ['reference', 'pad']." in out

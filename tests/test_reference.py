@@ -115,3 +115,18 @@ def test_step_unknown_backend() -> None:
     serving = ["auto", "reference", "pad"] + ["triton"] * ("triton" in rf.available_backends("cpu"))
     with pytest.raises(ValueError, match=re.escape(f"backend: expected one of {serving} for a GRU step here, got 'scan'")):
         rf.gru_step(torch.randn(2, 3), None, params, backend="scan")
+
+
+@pytest.mark.parametrize("cell,backend", [("min_gru", "pad"), ("min_gru", "triton"), ("gru", "parallel")])
+def test_step_backend_without_kernel_names_step_backends(cell, backend) -> None:
+    """A step backend with no kernel for the cell names the step backends that serve it: never 'scan', which runs
+    sequences only (the sequence functions' list named it)."""
+    params = getattr(rf, f"init_{cell}_params")(3, 4)
+    step = getattr(rf, f"{cell}_step")
+    serving = [b for b in rf.available_backends("cpu", cell) if b != "scan"]
+    with pytest.raises(ValueError, match=re.escape(f"backend {backend!r} cannot serve the") + ".*"
+                       + re.escape(f"Use one of {serving} (or backend='auto'")):
+        step(torch.randn(2, 3), None, params, backend=backend)
+    sequence = getattr(rf, f"{cell}_sequence")
+    with pytest.raises(ValueError, match=r"Use one of \[[^]]*'scan'"):
+        sequence(torch.randn(2, 1, 3), None, params, backend=backend)  # the sequences' list: scan included

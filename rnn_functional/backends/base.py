@@ -94,11 +94,12 @@ def backends_for(cell: Cell) -> list[str]:
     return [name for name in BACKENDS if hooks.get(name, True) is not None]
 
 
-def no_kernel_for(backend: str, cell: Cell) -> ValueError:
-    """The error a backend raises for a cell it has no kernel for (``parallel``: a cell not linear in its state)."""
+def no_kernel_for(backend: str, cell: Cell, serving: list[str] | None = None) -> ValueError:
+    """The error a backend raises for a cell it has no kernel for (``parallel``: a cell not linear in its state);
+    ``serving``: the backends to name (default: every one that runs the cell, :func:`backends_for`)."""
     why = (f"it solves recurrences linear in the state (h' = a * h + b, a and b from the input alone: minGRU, RG-LRU), "
            f"and the {cell.title}'s is not" if backend == "parallel" else f"it has no {backend} kernel for it")
     return ValueError(
         f"backend {backend!r} cannot serve the {cell.title} cell: {why}. "
-        f"Use one of {backends_for(cell)} (or backend='auto', which picks one that can)."
+        f"Use one of {serving or backends_for(cell)} (or backend='auto', which picks one that can)."
     )

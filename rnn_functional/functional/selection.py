@@ -12,7 +12,7 @@ import functools
 import torch
 
 from ..backends import LAYOUTS_OF, Route, SegmentPlan, SequenceOptions, available_backends, pad, parallel, triton_backend
-from ..backends.base import forward_mode
+from ..backends.base import backends_for, forward_mode, no_kernel_for
 from ..cells import Layout, multi_layer_step
 from .options import CallContext, call_context
 
@@ -73,21 +73,23 @@ def _cheapest_rows(backends: tuple[str, ...], layout: Layout, records_grad: bool
     return min((Route(b, "rows", None, records_grad) for b in backends), key=lambda r: r.cost(layout, shape))
 
 
-def _check_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions) -> None:
+def _check_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, step: bool = False) -> None:
     """Raise unless ``triton`` has kernels for the cell (checked first: no device would serve it), runs on ``x``'s
     device, the call is not differentiated in forward mode (its kernels have a reverse-mode backward
-    only: tangents would be dropped) and the kernels serve the params and ``opts`` (proj_size, dtype)."""
+    only: tangents would be dropped) and the kernels serve the params and ``opts`` (proj_size, dtype).
+    ``step``: the call is a step function's (the errors name the step backends)."""
     triton_backend.kernel_family(layout)
+    serving = _step_backends(layout, x) if step else available_backends(x.device, layout.cell)
     if forward_mode():
         raise ValueError(
             "backend 'triton' cannot serve forward-mode AD (torch.func.jvp/jacfwd/hessian, dual tensors): its fused "
-            "kernels have a reverse-mode backward only. Use backend 'scan', 'reference' or 'pad' (exact to every "
-            "order), or 'auto', which picks one of them there."
+            f"kernels have a reverse-mode backward only. Use one of {[b for b in serving if b != 'triton']} (exact "
+            "to every order), or 'auto', which picks one of them there."
         )
     if not triton_backend.is_available(x.device):
         raise ValueError(
             f"backend 'triton' is not available on {x.device} here (needs the triton package and a "
-            f"CUDA device, or TRITON_INTERPRET=1 on CPU); use one of {available_backends(x.device, layout.cell)}."
+            f"CUDA device, or TRITON_INTERPRET=1 on CPU); use one of {serving}."
         )
     triton_backend.check_supported(layout, opts)
 
@@ -177,6 +179,8 @@ def resolve_step(name: str, layout: Layout, x: torch.Tensor):
     ``torch.compile`` / ``torch.func`` transforms; it has no projection, so with
     ``proj_size`` it runs ``reference`` too.
     """
+    if name in ("pad", "triton", "parallel") and name not in backends_for(layout.cell):
+        raise no_kernel_for(name, layout.cell, _step_backends(layout, x))
     if name == "auto":
         if x.is_cuda:
             ctx = call_context()
@@ -187,15 +191,18 @@ def resolve_step(name: str, layout: Layout, x: torch.Tensor):
             return multi_layer_step
         name = "pad"
     if name == "pad":
-        pad.aten_kernels(layout)
         return multi_layer_step if layout.proj_size or call_context().traced else pad.step
     if name == "triton":
-        _check_triton(layout, x, SequenceOptions())
+        _check_triton(layout, x, SequenceOptions(), step=True)
         return triton_backend.step
-    if name == "parallel":  # one step of a linear recurrence is the reference step
-        parallel.check_cell(layout.cell)
-        return multi_layer_step
-    if name != "reference":
-        serving = ["auto"] + [b for b in STEP_BACKENDS if b in available_backends(x.device, layout.cell)]
-        raise ValueError(f"backend: expected one of {serving} for a {layout.cell.title} step here, got {name!r}.")
+    if name not in ("reference", "parallel"):  # one step of a linear recurrence is the reference step
+        raise ValueError(
+            f"backend: expected one of {['auto', *_step_backends(layout, x)]} for a {layout.cell.title} step here, "
+            f"got {name!r}."
+        )
     return multi_layer_step
+
+
+def _step_backends(layout: Layout, x: torch.Tensor) -> list[str]:
+    """The step backends that serve ``layout``'s cell on ``x``'s device here (``scan`` runs sequences only)."""
+    return [b for b in STEP_BACKENDS[1:] if b in available_backends(x.device, layout.cell)]
