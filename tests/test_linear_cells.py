@@ -106,6 +106,48 @@ def test_sequence_equals_the_loop(cell, layers, resets, backend, recompute):
         torch.testing.assert_close(got, want)
 
 
+def _non_finite_case(cell: str):
+    """T = 13 (``parallel`` chunks of 2 steps: resets inside chunks and at their starts), two layers; every row resets
+    at t = 0 and once inside. Row 0 starts from a NaN state; NaN/inf inputs come before each row's interior reset;
+    ``reset_state`` is NaN wherever ``is_init`` is False (never read)."""
+    t_len = 13
+    params, x, h0, _, reset = make_case(cell, 2, "none", seed=11, t_len=t_len)
+    is_init = torch.zeros(B, t_len, dtype=torch.bool)
+    is_init[:, 0] = is_init[0, 5] = is_init[1, 4] = is_init[2, 9] = True
+    h0[0] = float("nan")
+    reset[~is_init] = float("nan")
+    bad_x = x.clone()
+    bad_x[0, 2], bad_x[1, 3], bad_x[2, 7] = float("nan"), float("inf"), float("nan")
+    return params, x, bad_x, h0, is_init, reset
+
+
+@pytest.mark.parametrize("cell", list(FUNCS))
+@pytest.mark.parametrize("backend,recompute", BACKENDS)
+def test_non_finite_values_do_not_cross_a_reset(cell, backend, recompute):
+    """A reset erases what came before it, NaN and inf included (a diverged episode, a corrupt observation): the steps
+    after it equal the loop's and are finite; a ``reset_state`` never read may hold NaN; the gradients equal the loop's
+    (finite). ``parallel`` once folded a reset in as ``0 * h``: NaN crossed it, and a NaN ``reset_state`` where
+    ``is_init`` is False made the gradients NaN."""
+    params, x, bad_x, h0, is_init, reset = _non_finite_case(cell)
+    seq = FUNCS[cell][2]
+    for grad in (False, True):  # eagerly without autograd the scan writes into buffers
+        with torch.set_grad_enabled(grad):
+            y, h = seq(bad_x, h0, params, is_init=is_init, reset_state=reset, backend=backend, recompute=recompute)
+        y_ref, h_ref = loop(cell, bad_x, h0, params, is_init, reset)
+        torch.testing.assert_close(y, y_ref, equal_nan=True)
+        torch.testing.assert_close(h, h_ref)
+        for row, t0 in enumerate((5, 4, 9)):
+            assert torch.isfinite(y[row, t0:]).all(), (row, y[row])
+    # gradients: finite inputs (a NaN input's local derivatives are NaN on any backend), the NaN state and reset_state
+    p, (x, h0, reset) = _leaves(params, x, h0, reset)
+    leaves = [x, h0, reset, *p.values()]
+    y, h = seq(x, h0, p, is_init=is_init, reset_state=reset, backend=backend, recompute=recompute)
+    y_ref, h_ref = loop(cell, x, h0, p, is_init, reset)
+    for got, want in zip(_grads(y, h, leaves), _grads(y_ref, h_ref, leaves)):
+        torch.testing.assert_close(got, want)
+        assert torch.isfinite(got).all()
+
+
 @pytest.mark.parametrize("cell", list(FUNCS))
 @pytest.mark.parametrize("backend", ["reference", "scan", "parallel"])
 def test_without_state_or_reset_state(cell, backend):
@@ -305,22 +347,25 @@ def test_rglru_gradients_stay_finite_where_the_decay_rounds_to_one(backend):
 
 
 def test_linear_scan_is_exact_to_second_order_in_both_directions():
-    """The parallel backend's primitive, ``h_t = a_t h_{t-1} + b_t`` (or from the end), at lengths that leave a
-    partial chunk, with and without a start."""
+    """The parallel backend's primitive, ``h_t = a_t h_{t-1} + b_t`` (or from the end; ``b_t`` alone at a cut), at
+    lengths that leave a partial chunk, with and without a start, with and without cuts (one at the first step)."""
     from rnn_functional.backends.parallel import linear_scan
 
     g = torch.Generator().manual_seed(0)
     for t_len in (1, 2, 5, 17):
         for reverse in (False, True):
-            a, b = (torch.rand(2, t_len, 3, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
-            init = torch.randn(2, 3, generator=g, dtype=torch.float64, requires_grad=True)
-            h, out = init, [None] * t_len
-            for t in (range(t_len - 1, -1, -1) if reverse else range(t_len)):
-                h = a[:, t] * h + b[:, t]
-                out[t] = h
-            torch.testing.assert_close(linear_scan(a, b, init, reverse), torch.stack(out, 1))
-            assert torch.autograd.gradgradcheck(lambda a, b, i: linear_scan(a, b, i, reverse), (a, b, init))
-            assert torch.autograd.gradcheck(lambda a, b: linear_scan(a, b, None, reverse), (a, b))
+            for cut in (None, torch.rand(2, t_len, 1, generator=g) < 0.3):
+                a, b = (torch.rand(2, t_len, 3, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+                init = torch.randn(2, 3, generator=g, dtype=torch.float64, requires_grad=True)
+                if cut is not None:
+                    cut[0, -1 if reverse else 0] = True
+                h, out = init, [None] * t_len
+                for t in (range(t_len - 1, -1, -1) if reverse else range(t_len)):
+                    h = a[:, t] * h + b[:, t] if cut is None else torch.where(cut[:, t], b[:, t], a[:, t] * h + b[:, t])
+                    out[t] = h
+                torch.testing.assert_close(linear_scan(a, b, init, reverse, cut), torch.stack(out, 1))
+                assert torch.autograd.gradgradcheck(lambda a, b, i: linear_scan(a, b, i, reverse, cut), (a, b, init))
+                assert torch.autograd.gradcheck(lambda a, b: linear_scan(a, b, None, reverse, cut), (a, b))
 
 
 # ----------------------------------------------------------------------------- init, errors, host reads

@@ -2,9 +2,9 @@
 
 Each layer computes its coefficients ``(a, b)`` for every step at once (one GEMM and elementwise ops,
 :meth:`~rnn_functional.cells.base.Cell.coefficients`), folds the resets in (where ``is_init``: ``b_t += a_t *
-reset_t``, then ``a_t = 0``; the initial state enters as the scan's start) and solves the recurrence with
-:func:`linear_scan`. Any segment layout, flat ``SliceSampler`` batches included, is served as it is: a reset is a
-zero coefficient, nothing is re-batched, nothing is read on the host.
+reset_t``; the initial state enters as the scan's start) and solves the recurrence with :func:`linear_scan`, which
+at a reset takes ``h_t = b_t`` (a select, not ``0 * h_{t-1}``: a NaN state would cross it). Any segment layout, flat
+``SliceSampler`` batches included, is served as it is: nothing is re-batched, nothing is read on the host.
 
 :func:`linear_scan` is a chunked scan of plain ops: time is cut into chunks of about ``sqrt(T)`` steps; a first
 pass runs every chunk at once from a zero start (``C`` steps over ``[N, T/C, H]``), keeping each chunk's last value
@@ -53,8 +53,16 @@ def _chunks(t: torch.Tensor, count: int) -> torch.Tensor:
     return t.reshape(t.shape[0], count, -1, *t.shape[2:])
 
 
+def _step(b: torch.Tensor, a: torch.Tensor, h: torch.Tensor, cut: torch.Tensor | None,
+          out: torch.Tensor | None = None) -> torch.Tensor:
+    """``a * h + b``; ``b`` where ``cut``: a reset reads nothing of ``h``, not even a NaN (``0 * NaN`` is NaN). The
+    state is zeroed (differentiated as plain ops, ``a``'s cotangent is then ``g * 0``, not ``0 * h``, NaN for a NaN
+    ``h``), which leaves ``a * 0 + b = b`` for a step's own ``a`` (NaN only with a NaN input, as ``b`` then)."""
+    return torch.addcmul(b, a, h if cut is None else torch.where(cut, 0.0, h), out=out)
+
+
 def _solve(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reverse: bool,
-           out: torch.Tensor | None = None) -> torch.Tensor:
+           out: torch.Tensor | None = None, cut: torch.Tensor | None = None) -> torch.Tensor:
     """The chunked scan (see the module docstring); shapes as :func:`linear_scan`. ``out``: a ``[N, T, ...]`` buffer
     to write ``h`` into (eager, autograd off); ``None``: the steps are stacked (differentiable, traceable).
 
@@ -71,32 +79,37 @@ def _solve(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reverse:
     lo = t_len - count * chunk if reverse else 0
     # views [N, count, chunk, ...]; narrow, not t[:, lo:hi]: a slice over all of T is an alias, which torch's legacy
     # batched backward (is_grads_batched=True) cannot batch
-    a_c, b_c = (_chunks(t.narrow(1, lo, count * chunk), count) for t in (a, b))
+    a_c, b_c, c_c = (None if t is None else _chunks(t.narrow(1, lo, count * chunk), count) for t in (a, b, cut))
     # each step's slices taken once (unbind): differentiated, their backward is one stack, not a scatter per step
     a_j, b_j = a_c.unbind(2), b_c.unbind(2)
+    c_j = (None,) * chunk if cut is None else c_c.unbind(2)
     order = (lambda k: range(k - 1, -1, -1)) if reverse else range
     steps = order(chunk)
     h = b_j[steps[0]]
     for j in steps[1:]:  # (1) the chunks' last values from zero starts
-        h = torch.addcmul(b_j[j], a_j[j], h)
+        h = _step(b_j[j], a_j[j], h, c_j[j])
     prod = a_c.prod(2)
     state = torch.zeros_like(b[:, 0]) if init is None else init
     entering = []  # in the order visited (appended: torch 2.11's Dynamo cannot trace a list's item assignment)
     last, last_a = h.unbind(1), prod.unbind(1)
+    last_cut = (None,) * count if cut is None else c_c.any(2).unbind(1)  # a chunk with a reset reads no state
     for c in order(count):  # (2) the state entering each chunk
         entering.append(state)
-        state = torch.addcmul(last[c], last_a[c], state)
+        state = _step(last[c], last_a[c], state, last_cut[c])
+        if cut is not None:  # also selected: the chunk's product spans steps before the reset (a NaN input there)
+            state = torch.where(last_cut[c], last[c], state)
     h = torch.stack(entering[::-1] if reverse else entering, dim=1)
     o_j = None if out is None else _chunks(out.narrow(1, lo, count * chunk), count).unbind(2)
     kept = []
     for j in steps:  # (3) every step, from the chunks' entering states
-        h = torch.addcmul(b_j[j], a_j[j], h, out=None if out is None else o_j[j])
+        h = _step(b_j[j], a_j[j], h, c_j[j], out=None if out is None else o_j[j])
         kept.append(h)
     tail = []
     rest = slice(0, lo) if reverse else slice(count * chunk, t_len)
     a_t, b_t, o_t = (None if t is None else t[:, rest].unbind(1) for t in (a, b, out))
+    c_t = (None,) * len(a_t) if cut is None else cut[:, rest].unbind(1)
     for t in order(len(a_t)):  # the rest, step by step
-        state = torch.addcmul(b_t[t], a_t[t], state, out=None if out is None else o_t[t])
+        state = _step(b_t[t], a_t[t], state, c_t[t], out=None if out is None else o_t[t])
         tail.append(state)
     if out is not None:
         return out
@@ -126,52 +139,64 @@ def _wrapped(*tensors: torch.Tensor) -> bool:
 
 
 class LinearScan(torch.autograd.Function):
-    """``h = linear_scan(a, b, init, reverse)`` with a backward that is a linear scan in the other direction."""
+    """``h = linear_scan(a, b, init, reverse, cut)`` with a backward that is a linear scan in the other direction."""
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(a, b, init, reverse: bool):
-        return _solve(a, b, init, reverse, None if _wrapped(a, b) else torch.empty_like(b))
+    def forward(a, b, init, reverse: bool, cut):
+        return _solve(a, b, init, reverse, None if _wrapped(a, b) else torch.empty_like(b), cut)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        a, _, init, reverse = inputs
+        a, _, init, reverse, cut = inputs
         ctx.reverse = reverse
-        ctx.save_for_backward(a, output, *((init,) if init is not None else ()))
+        ctx.save_for_backward(a, output, init, cut)
 
     @staticmethod
     def backward(ctx, grad):
-        a, h, *init = ctx.saved_tensors
-        rev, start = ctx.reverse, init[0] if init else None
-        # The cotangent of h_t, g_t = grad_t + a_{t+1} g_{t+1} (mirrored in reverse), is the same scan the other way:
-        # from g = grad at the last step, over the T - 1 others, each reading the next step's a.
+        a, h, start, cut = ctx.saved_tensors
+        rev = ctx.reverse
+        # The cotangent of h_t, g_t = grad_t + a_{t+1} g_{t+1} (mirrored in reverse; grad_t alone where step t + 1 is
+        # cut), is the same scan the other way: from g = grad at the last step, over the T - 1 others, each reading
+        # the next step's a and cut. Where step t is cut, a_t (and init) were not read: their cotangents are 0.
         last, rest, ahead = (0, slice(1, None), slice(0, -1)) if rev else (-1, slice(0, -1), slice(1, None))
         first = -1 if rev else 0
+        cut_ahead = None if cut is None else cut[:, ahead]
         if torch.is_grad_enabled() or _wrapped(a, grad):  # create_graph=True: recorded, every higher order exact
-            inner = LinearScan.apply(a[:, ahead], grad[:, rest], grad[:, last], not rev) if a.shape[1] > 1 else grad[:, rest]
+            inner = (LinearScan.apply(a[:, ahead], grad[:, rest], grad[:, last], not rev, cut_ahead)
+                     if a.shape[1] > 1 else grad[:, rest])
             edge = grad[:, last].unsqueeze(1)
             g = torch.cat([edge, inner] if rev else [inner, edge], dim=1)
             d_a = g * _before(h, rev, start)
+            d_a = d_a if cut is None else torch.where(cut, 0.0, d_a)
         else:  # written in place: no copies
             g = torch.empty_like(grad)
             g[:, last] = grad[:, last]
-            _solve(a[:, ahead], grad[:, rest], grad[:, last], not rev, g[:, rest])
+            _solve(a[:, ahead], grad[:, rest], grad[:, last], not rev, g[:, rest], cut_ahead)
             d_a = torch.empty_like(a)
             torch.mul(g[:, ahead], h[:, rest], out=d_a[:, ahead])
             d_a[:, first] = 0.0 if start is None else g[:, first] * start
-        return d_a, g, None if start is None else g[:, first] * a[:, first], None
+            if cut is not None:
+                d_a.masked_fill_(cut, 0.0)
+        d_init = None if start is None else g[:, first] * a[:, first]
+        if d_init is not None and cut is not None:
+            d_init = torch.where(cut[:, first], 0.0, d_init)
+        return d_a, g, d_init, None, None
 
 
-def linear_scan(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None = None, reverse: bool = False) -> torch.Tensor:
+def linear_scan(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None = None, reverse: bool = False,
+                cut: torch.Tensor | None = None) -> torch.Tensor:
     """``h_t = a_t * h_{t-1} + b_t`` for every ``t``, from ``h_{-1} = init`` (``None``: zeros); with ``reverse``,
-    ``h_t = a_t * h_{t+1} + b_t`` from ``h_T = init``.
+    ``h_t = a_t * h_{t+1} + b_t`` from ``h_T = init``; ``h_t = b_t`` where ``cut`` (a reset: nothing of the previous
+    state is read, a NaN included, which ``a_t = 0`` would carry over as ``0 * NaN``).
 
-    ``a, b [N, T, ...]`` (time is dim 1), ``init [N, ...]`` -> ``h [N, T, ...]``.
+    ``a, b [N, T, ...]`` (time is dim 1), ``init [N, ...]``, ``cut`` bool ``[N, T, 1]`` (or ``None``) ->
+    ``h [N, T, ...]``.
     """
     if torch.compiler.is_compiling() or forward_mode():  # see the module docstring
-        return _solve(a, b, init, reverse)
-    return LinearScan.apply(a, b, init, reverse)
+        return _solve(a, b, init, reverse, cut=cut)
+    return LinearScan.apply(a, b, init, reverse, cut)
 
 
 def _project(inp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -195,11 +220,10 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
         # in the state's dtype: under torch.autocast the projection is autocast's, the recurrence the params' (as
         # on reference and scan, whose addcmul with the state promotes)
         a, b = (c.to(carry[0].dtype) for c in cell.coefficients(_project(inp, w.weight_ih, w.bias_ih), w))
-        if mask is not None:  # a reset restarts from reset_state (or zeros): h_t = a_t reset_t + b_t, no h_{t-1}
-            if reset is not None:
-                b = torch.where(mask, torch.addcmul(b, a, reset[0][:, :, k]), b)
-            a = torch.where(mask, 0.0, a)
-        h = linear_scan(a, b, carry[0][:, k])
+        if mask is not None and reset is not None:  # a reset restarts from reset_state: h_t = a_t reset_t + b_t
+            start = torch.where(mask, reset[0][:, :, k], 0.0)  # elsewhere never read, NaN included
+            b = torch.where(mask, torch.addcmul(b, a, start), b)
+        h = linear_scan(a, b, carry[0][:, k], cut=mask)  # where is_init, no h_{t-1}: h_t = b_t
         finals.append(h[:, -1])
         states.append(h)
         inp = between_layers(h, k, layout, opts.dropout, opts.training)
