@@ -34,7 +34,7 @@ from tensordict import TensorDict
 from ..precision import mark_constant_result
 from .base import Carry, Cell, LayerWeights, Layout, Saved, StepGrads, check_keys, check_shapes
 
-__all__ = ["ACTIVATIONS", "BLOCK_GRU", "block_gru_cell", "init_block_gru_params"]
+__all__ = ["ACTIVATIONS", "BLOCK_GRU", "block_gru_cell", "init_block_gru_params", "init_weight_"]
 
 
 def _silu_grad(v: torch.Tensor) -> torch.Tensor:
@@ -57,6 +57,13 @@ ACTIVATIONS: dict[str, tuple[Callable, Callable]] = {
     "tanh": (torch.tanh, _tanh_grad),
     "relu": (F.relu, _relu_grad),
 }
+
+
+def init_weight_(weight: torch.Tensor, fan_in: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """DreamerV3's (and TorchRL's) weight init, in place: truncated normal, std ``1.1368 / sqrt(fan_in)``, cut at 2
+    std (a block weight's fan-in is its whole input width)."""
+    std = 1.1368 / math.sqrt(fan_in)
+    return torch.nn.init.trunc_normal_(weight, std=std, a=-2 * std, b=2 * std, generator=generator)
 
 
 def init_block_gru_params(
@@ -83,9 +90,7 @@ def init_block_gru_params(
     H, P, nb = hidden_size, projection_size, num_blocks
 
     def weight(shape, fan_in):
-        std = 1.1368 / math.sqrt(fan_in)
-        t = torch.empty(shape, dtype=dtype, device=device)
-        return torch.nn.init.trunc_normal_(t, std=std, a=-2 * std, b=2 * std, generator=generator)
+        return init_weight_(torch.empty(shape, dtype=dtype, device=device), fan_in, generator)
 
     zeros = functools.partial(torch.zeros, dtype=dtype, device=device)
     ones = functools.partial(torch.ones, dtype=dtype, device=device)

@@ -137,10 +137,9 @@ def build_rnn(
     if rnn is None:
         if not batch_first:
             raise ValueError(f"The input {arg} must have batch_first=True.")
-        if not given["hidden_size"]:
-            raise ValueError("hidden_size must be passed.")
-        if not given["input_size"]:
-            raise ValueError("input_size must be passed.")
+        for name in ("input_size", "hidden_size"):  # TorchRL (nn.RNNBase) raises TypeError, input_size first
+            if given[name] is None:
+                raise TypeError(f"{owner}: {name} must be passed (an int), got None; or pass a built {arg}=nn.{kind}(...).")
         if bidirectional:
             raise ValueError(bidirectional_msg)
         return cell.nn_class(**given, batch_first=True, device=device)

@@ -2,7 +2,8 @@
 
 Same constructor arguments, forward signatures, shapes (``hidden [B, H]``), exception classes and state-dict names
 (``input_linear.weight``, ..., ``gates.bias``; the sequence module nests them under ``cell.``), so checkpoints load
-both ways. Each forward checks its arguments once, as TorchRL does, reads the parameters as they are at that call
+both ways; the same submodule types where TorchRL's are public (``nn.Linear`` projections) and the same draws from
+the global generator, so a seed builds TorchRL's weights. Each forward checks its arguments once, as TorchRL does, reads the parameters as they are at that call
 (nothing derived from them is kept: ``torch.func.functional_call``, ``load_state_dict`` and ``torch.export`` swap
 them freely) and makes one call of the functional core.
 """
@@ -15,7 +16,7 @@ import torch
 from torch import nn
 
 from ..backends import SequenceOptions
-from ..cells.block_gru import init_block_gru_params
+from ..cells.block_gru import init_weight_
 from ..functional._core import execute, flatten, run_step, run_validated_step
 from ..functional.block_gru import configured_cell
 
@@ -26,21 +27,24 @@ RECURRENT_BACKENDS = ("auto", "reference", "scan", "triton")
 
 
 class _Scale(nn.Module):
-    """Holds an RMS norm's learned scale (``weight``), under TorchRL's ``input_norm``/``..._norms.k`` names."""
+    """Holds an RMS norm's learned scale (``weight``, ones), under TorchRL's ``input_norm``/``..._norms.k`` names."""
 
-    def __init__(self, weight: torch.Tensor, eps: float):
+    def __init__(self, features: int, eps: float, device):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(weight)
+        self.weight = nn.Parameter(torch.ones(features, device=device))
 
 
-class _Weights(nn.Module):
-    """Holds a (block-)linear layer's ``weight`` and ``bias`` under TorchRL's names."""
+class _BlockLinear(nn.Module):
+    """Holds a block-diagonal layer's ``weight [nb, in / nb, out / nb]`` and ``bias [out]`` (TorchRL's names and
+    attributes), initialised when built, as TorchRL's."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor):
+    def __init__(self, in_features: int, out_features: int, num_blocks: int, device):
         super().__init__()
-        self.weight = nn.Parameter(weight)
-        self.bias = nn.Parameter(bias)
+        self.in_features, self.out_features, self.num_blocks = in_features, out_features, num_blocks
+        shape = (num_blocks, in_features // num_blocks, out_features // num_blocks)
+        self.weight = nn.Parameter(init_weight_(torch.empty(shape, device=device), in_features))
+        self.bias = nn.Parameter(torch.zeros(out_features, device=device))
 
 
 def _activation_name(activation_class) -> str:
@@ -88,17 +92,21 @@ class DreamerV3BlockGRUCell(nn.Module):
         self.activation = activation_class() if isinstance(activation_class, type) else activation_class
         self.input_size, self.hidden_size, self.projection_size = input_size, hidden_size, projection_size
         self.num_blocks, self.num_layers, self.norm_eps, self.update_bias = num_blocks, num_layers, norm_eps, update_bias
-        p = init_block_gru_params(input_size, hidden_size, projection_size=projection_size, num_blocks=num_blocks,
-                                  num_layers=num_layers, device=device)
-        self.input_linear = _Weights(p["input_linear.weight"], p["input_linear.bias"])
-        self.input_norm = _Scale(p["input_norm.weight"], norm_eps)
-        self.hidden_linear = _Weights(p["hidden_linear.weight"], p["hidden_linear.bias"])
-        self.hidden_norm = _Scale(p["hidden_norm.weight"], norm_eps)
+        # built in TorchRL's order, the projections re-initialised last as its ``apply`` does: the same draws
+        self.input_linear = nn.Linear(input_size, projection_size, device=device)
+        self.input_norm = _Scale(projection_size, norm_eps, device)
+        self.hidden_linear = nn.Linear(hidden_size, projection_size, device=device)
+        self.hidden_norm = _Scale(projection_size, norm_eps, device)
+        first = hidden_size + 2 * projection_size * num_blocks
         self.dynamic_linears = nn.ModuleList(
-            _Weights(p[f"dynamic_linears.{k}.weight"], p[f"dynamic_linears.{k}.bias"]) for k in range(num_layers)
+            _BlockLinear(first if k == 0 else hidden_size, hidden_size, num_blocks, device) for k in range(num_layers)
         )
-        self.dynamic_norms = nn.ModuleList(_Scale(p[f"dynamic_norms.{k}.weight"], norm_eps) for k in range(num_layers))
-        self.gates = _Weights(p["gates.weight"], p["gates.bias"])
+        self.dynamic_norms = nn.ModuleList(_Scale(hidden_size, norm_eps, device) for _ in range(num_layers))
+        self.gates = _BlockLinear(hidden_size, 3 * hidden_size, num_blocks, device)
+        with torch.no_grad():
+            for linear in (self.input_linear, self.hidden_linear):
+                init_weight_(linear.weight, linear.in_features)
+                linear.bias.zero_()
 
     def functional_cell(self):
         """The functional core's cell for this module's activation, ``norm_eps`` and ``update_bias``, as they are at

@@ -111,6 +111,40 @@ def test_state_dict_loads_both_ways() -> None:
     torch.testing.assert_close(cell(x[:, 0], h0), theirs.cell(x[:, 0], h0))
 
 
+@pytest.mark.parametrize("cls", ["DreamerV3BlockGRUCell", "DreamerV3BlockGRU"])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_seeded_construction_matches_torchrl(cls: str, layers: int) -> None:
+    """The same seed builds TorchRL's weights and leaves the global generator where TorchRL's constructor does, so a
+    seeded experiment is the same after the swap (as for the LSTM/GRU modules)."""
+    torch.manual_seed(3)
+    theirs, after_theirs = getattr(trm, cls)(F_IN, H, **_kwargs(layers)), torch.rand(4)
+    torch.manual_seed(3)
+    ours, after_ours = getattr(rf, cls)(F_IN, H, **_kwargs(layers)), torch.rand(4)
+    for (key, mine), (_, want) in zip(ours.state_dict().items(), theirs.state_dict().items(), strict=True):
+        torch.testing.assert_close(mine, want, rtol=0, atol=0, msg=key)
+    torch.testing.assert_close(after_ours, after_theirs, rtol=0, atol=0)
+
+
+def test_init_by_module_type_reaches_the_same_weights_as_torchrl() -> None:
+    """``module.apply(fn)`` keyed on ``nn.Linear`` (a custom init, TorchRL's own ``_dreamer_v3_init``) reaches the
+    input and hidden projections as in TorchRL's cell, which are ``nn.Linear``; the block layers expose TorchRL's
+    ``in_features``/``out_features``/``num_blocks``."""
+    ours, theirs = rf.DreamerV3BlockGRUCell(F_IN, H, **_kwargs(2)), trm.DreamerV3BlockGRUCell(F_IN, H, **_kwargs(2))
+    ours.load_state_dict(theirs.state_dict())
+
+    def init(module):
+        if isinstance(module, nn.Linear):
+            nn.init.constant_(module.weight, 0.01 * module.in_features)
+
+    ours.apply(init)
+    theirs.apply(init)
+    for (key, mine), (_, want) in zip(ours.state_dict().items(), theirs.state_dict().items(), strict=True):
+        torch.testing.assert_close(mine, want, rtol=0, atol=0, msg=key)
+    for name in ("dynamic_linears.0", "dynamic_linears.1", "gates"):
+        mine, want = ours.get_submodule(name), theirs.get_submodule(name)
+        assert (mine.in_features, mine.out_features, mine.num_blocks) == (want.in_features, want.out_features, want.num_blocks)
+
+
 # ----------------------------------------------------------------------------- exactness against TorchRL
 
 

@@ -417,8 +417,10 @@ def test_constructor_errors_wrapping():
         rf.GRUModule(gru=nn.LSTM(3, 4, batch_first=True), in_key="x", out_key="y")
     with pytest.raises(ValueError, match="expects 2 inputs"):
         rf.GRUModule(3, 4, in_keys=["x", "h", "c"], out_key="y")
-    with pytest.raises(ValueError, match="hidden_size must be passed"):
+    with pytest.raises(TypeError, match="hidden_size must be passed"):  # TorchRL's class too
         rf.GRUModule(3, in_key="x", out_key="y")
+    with pytest.raises(TypeError, match="LSTMModule: input_size must be passed .* or pass a built lstm=nn.LSTM"):
+        rf.LSTMModule(hidden_size=4, in_key="x", out_key="y")
 
 
 def test_call_errors():
