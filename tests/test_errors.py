@@ -120,16 +120,17 @@ def test_unknown_backend_and_options(lstm) -> None:
         rf.lstm_sequence(x, state, params, backend="pad", recompute="full")
 
 
-def test_triton_unavailable_says_so() -> None:
-    """Without ``TRITON_INTERPRET`` (CI sets it) a CPU call names the backends serving the cell here (no 'parallel'
-    for an LSTM), in a fresh interpreter: the flag is read at import."""
-    code = ("import torch, rnn_functional as rf\n"
-            "try:\n"
-            "    rf.lstm_sequence(torch.randn(2, 3, 4), None, rf.init_lstm_params(4, 5), backend='triton')\n"
-            "except ValueError as e:\n"
-            "    print(e)\n")
+def _error_without_interpreter(call: str) -> str:
+    """The ``ValueError`` message of ``call`` (``rf``/``torch`` code) in a fresh interpreter without
+    ``TRITON_INTERPRET`` (CI sets it; the flag is read at import)."""
+    code = f"import torch, rnn_functional as rf\ntry:\n    {call}\nexcept ValueError as e:\n    print(e)\n"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+
+
+def test_triton_unavailable_says_so() -> None:
+    """Without ``TRITON_INTERPRET`` a CPU call names the backends serving the cell here (no 'parallel' for an LSTM)."""
+    out = _error_without_interpreter("rf.lstm_sequence(torch.randn(2, 3, 4), None, rf.init_lstm_params(4, 5), backend='triton')")
     assert "backend 'triton' is not available on cpu" in out
     assert "use one of ['reference', 'scan', 'pad']." in out
 
@@ -146,13 +147,7 @@ def test_init_params_arguments() -> None:
 
 
 def test_triton_step_unavailable_names_step_backends() -> None:
-    """As above for a step function: its list holds no 'scan' (sequences only), in a fresh interpreter."""
-    code = ("import torch, rnn_functional as rf\n"
-            "try:\n"
-            "    rf.lstm_step(torch.randn(2, 4), None, rf.init_lstm_params(4, 5), backend='triton')\n"
-            "except ValueError as e:\n"
-            "    print(e)\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    """As above for a step function: its list holds no 'scan' (sequences only)."""
+    out = _error_without_interpreter("rf.lstm_step(torch.randn(2, 4), None, rf.init_lstm_params(4, 5), backend='triton')")
     assert "backend 'triton' is not available on cpu" in out
     assert "use one of ['reference', 'pad']." in out
