@@ -28,7 +28,8 @@ _COUNT = ("no", "one", "two", "three", "four", "five")
 
 def available_backends(device: torch.device | str | None = None, cell: str | None = None) -> list[str]:
     """The backends that can run on ``device`` (default: CPU) in this environment; with ``cell`` (a function prefix:
-    ``"lstm"``, ``"gru"``, ``"min_gru"``, ...), those that serve that cell."""
+    ``"lstm"``, ``"gru"``, ``"min_gru"``, ...), those that serve that cell. These are the ``*_sequence`` functions'
+    backends; a ``*_step`` function takes the same but ``"scan"``, which runs sequences only."""
     if cell is not None and cell not in CELLS:
         raise ValueError(f"cell: expected one of {sorted(CELLS)}, got {cell!r}.")
     return backends.available_backends(device, None if cell is None else CELLS[cell])
