@@ -132,3 +132,41 @@ def test_linear_cells_keep_the_params_dtype_on_every_backend(cell):
     for backend, got in results.items():
         for a, b in zip(got, results["reference"], strict=True):
             torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2, msg=lambda m: f"{backend}: {m}")
+
+
+NO_NN = {"block_gru": (lambda f, h, L, generator: rf.init_block_gru_params(f, h, projection_size=4, num_blocks=2,
+                                                                           num_layers=L, generator=generator),
+                       rf.block_gru_sequence),
+         "norm_gru": (lambda f, h, L, generator: rf.init_norm_gru_params(f, h, L, generator=generator),
+                      rf.norm_gru_sequence)}
+
+
+@pytest.mark.parametrize("backward_in_autocast", [False, True], ids=["backward-after", "backward-inside"])
+@pytest.mark.parametrize("cell", list(NO_NN))
+def test_cells_without_nn_counterpart_train_under_autocast_on_every_backend(cell, backward_in_autocast):
+    """The block GRU and the norm GRU keep the params' dtype under autocast (their matmuls autocast, their norms in
+    fp32) and train on every backend, ``recompute`` none and full: ``scan``'s hand-written backward runs under the
+    autocast state its forward saw (it once mixed the forward's bf16 activations with fp32 ones: "expected m1 and m2
+    to have the same dtype"), whether ``backward()`` is called inside the autocast block or after it. Gradients equal
+    ``reference``'s up to bf16 rounding (2e-2, as above)."""
+    init, seq = NO_NN[cell]
+    g = torch.Generator().manual_seed(0)
+    params = init(F_IN, 8, 2, generator=g).apply(lambda p: p.requires_grad_())
+    x = torch.randn(N, T, F_IN, generator=g, requires_grad=True)
+    state = torch.randn(N, 1 if cell == "block_gru" else 2, 8, generator=g, requires_grad=True)
+    is_init = torch.rand(N, T, generator=g) < 0.3
+    is_init[0, 3] = True
+    leaves = [x, state, *params.values()]
+    results = {}
+    for backend in rf.available_backends(cell=cell):
+        for recompute in ("none", "full"):
+            with torch.autocast("cpu", dtype=BF16):
+                y, final = seq(x, state, params, is_init=is_init, backend=backend, recompute=recompute)
+                loss = (y.float() ** 2).sum() + (final.float() ** 2).sum()
+                grads = torch.autograd.grad(loss, leaves) if backward_in_autocast else None
+            assert y.dtype == final.dtype == torch.float32, backend
+            results[backend, recompute] = [y, final, *(grads or torch.autograd.grad(loss, leaves))]
+    for key, got in results.items():
+        for a, b in zip(got, results["reference", "none"], strict=True):
+            assert a.dtype == b.dtype
+            torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2, msg=lambda m: f"{key}: {m}")

@@ -107,28 +107,30 @@ def test_sequence_equals_the_loop(cell, layers, resets, backend, recompute):
 
 
 def _non_finite_case(cell: str):
-    """T = 13 (``parallel`` chunks of 2 steps: resets inside chunks and at their starts), two layers; every row resets
-    at t = 0 and once inside. Row 0 starts from a NaN state; NaN/inf inputs come before each row's interior reset;
-    ``reset_state`` is NaN wherever ``is_init`` is False (never read)."""
+    """T = 13 (``parallel``: chunks of 4 steps, then one), two layers. Row 0 starts from a NaN state (reset at t = 0),
+    has a NaN input before its reset at 5 and one after it, in the same chunk (the chunk's product of ``a`` is NaN),
+    erased by the reset at 9; row 1 an inf input before its reset at 4; row 2 a NaN input at its reset at 7, a
+    one-step segment before the reset at 8. ``reset_state`` is NaN wherever ``is_init`` is False (never read).
+    Returns the finite ``x``, the poisoned one and the first clean step of each row."""
     t_len = 13
     params, x, h0, _, reset = make_case(cell, 2, "none", seed=11, t_len=t_len)
     is_init = torch.zeros(B, t_len, dtype=torch.bool)
-    is_init[:, 0] = is_init[0, 5] = is_init[1, 4] = is_init[2, 9] = True
+    is_init[:, 0] = is_init[0, 5] = is_init[0, 9] = is_init[1, 4] = is_init[2, 7] = is_init[2, 8] = True
     h0[0] = float("nan")
     reset[~is_init] = float("nan")
     bad_x = x.clone()
-    bad_x[0, 2], bad_x[1, 3], bad_x[2, 7] = float("nan"), float("inf"), float("nan")
-    return params, x, bad_x, h0, is_init, reset
+    bad_x[0, 2], bad_x[0, 6], bad_x[1, 3], bad_x[2, 7] = float("nan"), float("nan"), float("inf"), float("nan")
+    return params, x, bad_x, h0, is_init, reset, (9, 4, 8)
 
 
 @pytest.mark.parametrize("cell", list(FUNCS))
 @pytest.mark.parametrize("backend,recompute", BACKENDS)
 def test_non_finite_values_do_not_cross_a_reset(cell, backend, recompute):
     """A reset erases what came before it, NaN and inf included (a diverged episode, a corrupt observation): the steps
-    after it equal the loop's and are finite; a ``reset_state`` never read may hold NaN; the gradients equal the loop's
-    (finite). ``parallel`` once folded a reset in as ``0 * h``: NaN crossed it, and a NaN ``reset_state`` where
-    ``is_init`` is False made the gradients NaN."""
-    params, x, bad_x, h0, is_init, reset = _non_finite_case(cell)
+    after it equal the loop's and are finite; a ``reset_state`` never read may hold NaN; the gradients equal the loop's,
+    NaN exactly where its are (a NaN input's local derivatives are NaN on any backend, and reach no step before the
+    reset that precedes it). ``parallel`` once folded a reset in as ``0 * h``: NaN crossed it both ways."""
+    params, x, bad_x, h0, is_init, reset, clean = _non_finite_case(cell)
     seq = FUNCS[cell][2]
     for grad in (False, True):  # eagerly without autograd the scan writes into buffers
         with torch.set_grad_enabled(grad):
@@ -136,16 +138,21 @@ def test_non_finite_values_do_not_cross_a_reset(cell, backend, recompute):
         y_ref, h_ref = loop(cell, bad_x, h0, params, is_init, reset)
         torch.testing.assert_close(y, y_ref, equal_nan=True)
         torch.testing.assert_close(h, h_ref)
-        for row, t0 in enumerate((5, 4, 9)):
+        for row, t0 in enumerate(clean):
             assert torch.isfinite(y[row, t0:]).all(), (row, y[row])
-    # gradients: finite inputs (a NaN input's local derivatives are NaN on any backend), the NaN state and reset_state
-    p, (x, h0, reset) = _leaves(params, x, h0, reset)
-    leaves = [x, h0, reset, *p.values()]
-    y, h = seq(x, h0, p, is_init=is_init, reset_state=reset, backend=backend, recompute=recompute)
-    y_ref, h_ref = loop(cell, x, h0, p, is_init, reset)
-    for got, want in zip(_grads(y, h, leaves), _grads(y_ref, h_ref, leaves)):
-        torch.testing.assert_close(got, want)
-        assert torch.isfinite(got).all()
+    for inputs, finite in ((x, True), (bad_x, False)):
+        p, (xs, h0s, rs) = _leaves(params, inputs, h0, reset)
+        leaves = [xs, h0s, rs, *p.values()]
+        y, h = seq(xs, h0s, p, is_init=is_init, reset_state=rs, backend=backend, recompute=recompute)
+        y_ref, h_ref = loop(cell, xs, h0s, p, is_init, rs)
+        got, want = _grads(y, h, leaves), _grads(y_ref, h_ref, leaves)
+        torch.testing.assert_close(got[0], want[0], equal_nan=True)  # x
+        for row, t0 in enumerate(clean):
+            assert torch.isfinite(got[0][row, t0:]).all(), (row, got[0][row])
+        assert torch.isfinite(got[0][2, :7]).all(), got[0][2]  # before the reset at a NaN input
+        if finite:
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b)
 
 
 @pytest.mark.parametrize("cell", list(FUNCS))

@@ -3,7 +3,7 @@
 Each layer computes its coefficients ``(a, b)`` for every step at once (one GEMM and elementwise ops,
 :meth:`~rnn_functional.cells.base.Cell.coefficients`), folds the resets in (where ``is_init``: ``b_t += a_t *
 reset_t``; the initial state enters as the scan's start) and solves the recurrence with :func:`linear_scan`, which
-at a reset takes ``h_t = b_t`` (a select, not ``0 * h_{t-1}``: a NaN state would cross it). Any segment layout, flat
+at a reset takes ``h_t = b_t`` (not ``0 * h_{t-1}``: a NaN state would cross it; :func:`_step`). Any segment layout, flat
 ``SliceSampler`` batches included, is served as it is: nothing is re-batched, nothing is read on the host.
 
 :func:`linear_scan` is a chunked scan of plain ops: time is cut into chunks of about ``sqrt(T)`` steps; a first
@@ -53,18 +53,25 @@ def _chunks(t: torch.Tensor, count: int) -> torch.Tensor:
     return t.reshape(t.shape[0], count, -1, *t.shape[2:])
 
 
-def _step(b: torch.Tensor, a: torch.Tensor, h: torch.Tensor, cut: torch.Tensor | None,
+def _step(b: torch.Tensor, a: torch.Tensor, h: torch.Tensor, cut: torch.Tensor | None, select: bool,
           out: torch.Tensor | None = None) -> torch.Tensor:
-    """``a * h + b``; ``b`` where ``cut``: a reset reads nothing of ``h``, not even a NaN (``0 * NaN`` is NaN). The
-    state is zeroed (differentiated as plain ops, ``a``'s cotangent is then ``g * 0``, not ``0 * h``, NaN for a NaN
-    ``h``), which leaves ``a * 0 + b = b`` for a step's own ``a`` (NaN only with a NaN input, as ``b`` then)."""
-    return torch.addcmul(b, a, h if cut is None else torch.where(cut, 0.0, h), out=out)
+    """``a * h + b``; ``b`` alone where ``cut``: a reset reads nothing of ``h``, not even a NaN (``0 * NaN`` is NaN).
+    ``select``: the result is selected (nothing differentiates these ops: the eager :class:`LinearScan`, whose
+    backward is a scan too, where ``a`` at a cut may be NaN, a NaN input at a reset); else the state is zeroed, so
+    that autograd's derivatives stay finite too (``a``'s is ``g * 0``, not ``0 * h``; a NaN ``a`` at a cut there comes
+    with a NaN ``b``)."""
+    if cut is None:
+        return torch.addcmul(b, a, h, out=out)
+    if select:
+        return torch.where(cut, b, torch.addcmul(b, a, h), out=out)
+    return torch.addcmul(b, a, torch.where(cut, 0.0, h), out=out)
 
 
 def _solve(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reverse: bool,
-           out: torch.Tensor | None = None, cut: torch.Tensor | None = None) -> torch.Tensor:
+           out: torch.Tensor | None = None, cut: torch.Tensor | None = None, select: bool = True) -> torch.Tensor:
     """The chunked scan (see the module docstring); shapes as :func:`linear_scan`. ``out``: a ``[N, T, ...]`` buffer
     to write ``h`` into (eager, autograd off); ``None``: the steps are stacked (differentiable, traceable).
+    ``select``: how a cut applies, see :func:`_step` (``False`` where autograd differentiates the ops).
 
     The first ``count * chunk`` steps in time order (the last ones in reverse) run chunked: (1) every chunk from a
     zero start at once, keeping its last value, and the product of its ``a`` (``prod``, no division); (2) the state
@@ -87,29 +94,31 @@ def _solve(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reverse:
     steps = order(chunk)
     h = b_j[steps[0]]
     for j in steps[1:]:  # (1) the chunks' last values from zero starts
-        h = _step(b_j[j], a_j[j], h, c_j[j])
-    prod = a_c.prod(2)
+        h = _step(b_j[j], a_j[j], h, c_j[j], select)
+    chunk_cut = None if cut is None else c_c.any(2)  # a chunk with a reset reads no state from before it
+    if chunk_cut is None or select:
+        prod = a_c.prod(2)
+    else:  # differentiated: no product may span a NaN a before the reset (its derivative would be 0 * NaN)
+        prod = torch.where(chunk_cut.unsqueeze(2), 0.0, a_c).prod(2)
     state = torch.zeros_like(b[:, 0]) if init is None else init
     entering = []  # in the order visited (appended: torch 2.11's Dynamo cannot trace a list's item assignment)
     last, last_a = h.unbind(1), prod.unbind(1)
-    last_cut = (None,) * count if cut is None else c_c.any(2).unbind(1)  # a chunk with a reset reads no state
+    last_cut = (None,) * count if cut is None else chunk_cut.unbind(1)
     for c in order(count):  # (2) the state entering each chunk
         entering.append(state)
-        state = _step(last[c], last_a[c], state, last_cut[c])
-        if cut is not None:  # also selected: the chunk's product spans steps before the reset (a NaN input there)
-            state = torch.where(last_cut[c], last[c], state)
+        state = _step(last[c], last_a[c], state, last_cut[c], select)
     h = torch.stack(entering[::-1] if reverse else entering, dim=1)
     o_j = None if out is None else _chunks(out.narrow(1, lo, count * chunk), count).unbind(2)
     kept = []
     for j in steps:  # (3) every step, from the chunks' entering states
-        h = _step(b_j[j], a_j[j], h, c_j[j], out=None if out is None else o_j[j])
+        h = _step(b_j[j], a_j[j], h, c_j[j], select, out=None if out is None else o_j[j])
         kept.append(h)
     tail = []
     rest = slice(0, lo) if reverse else slice(count * chunk, t_len)
     a_t, b_t, o_t = (None if t is None else t[:, rest].unbind(1) for t in (a, b, out))
     c_t = (None,) * len(a_t) if cut is None else cut[:, rest].unbind(1)
     for t in order(len(a_t)):  # the rest, step by step
-        state = _step(b_t[t], a_t[t], state, c_t[t], out=None if out is None else o_t[t])
+        state = _step(b_t[t], a_t[t], state, c_t[t], select, out=None if out is None else o_t[t])
         tail.append(state)
     if out is not None:
         return out
@@ -195,7 +204,7 @@ def linear_scan(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None = No
     ``h [N, T, ...]``.
     """
     if torch.compiler.is_compiling() or forward_mode():  # see the module docstring
-        return _solve(a, b, init, reverse, cut=cut)
+        return _solve(a, b, init, reverse, cut=cut, select=False)
     return LinearScan.apply(a, b, init, reverse, cut)
 
 

@@ -3,8 +3,9 @@
 Time is cut into chunks of about ``sqrt(T)`` steps; every chunk runs under
 non-reentrant activation checkpointing, so the forward keeps only the carry at chunk
 boundaries and the backward recomputes one chunk's gates at a time. Peak activation
-memory drops from ``O(T)`` to ``O(sqrt(T))`` steps; the RNG state is replayed, so dropout
-masks match.
+memory drops from ``O(T)`` to ``O(sqrt(T))`` steps; the RNG state is replayed, so the backward's
+dropout masks are the forward's (for ``parallel``, whose masks span a layer's whole sequence without
+recompute, a chunk draws its own: another draw than ``recompute="none"`` for the same seed).
 """
 
 from __future__ import annotations

@@ -277,6 +277,11 @@ def split_inputs(rest, n_carry: int, has_reset: bool):
     return carry0, reset, weights
 
 
+def _amp_state(device: str) -> tuple[str, bool, torch.dtype]:
+    """``(device, autocast enabled, autocast dtype)`` for ``device``'s type now."""
+    return device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)
+
+
 class HandWrittenLayer(torch.autograd.Function):
     """One layer over time whose backward is a hand-written reverse scan (see :mod:`.scan`).
 
@@ -322,10 +327,22 @@ class HandWrittenLayer(torch.autograd.Function):
         saved = output[n_carry:]
         ctx.mark_non_differentiable(*saved)
         ctx.cell, ctx.members, ctx.n_carry, ctx.n_weights, ctx.n_reset = cell, Members.of(members), n_carry, len(weights), len(reset or ())
+        ctx.amp = _amp_state(inp.device.type)
         ctx.save_for_backward(inp, mask, *carry0, *weights, *output, *(reset or ()))
 
     @staticmethod
     def backward(ctx, *grad_outputs):
+        # under the autocast state the forward ran in (as torch.amp.custom_bwd): its activations are in autocast's
+        # dtype where its ops were, and a backward in another state mixed dtypes ("expected m1 and m2 to have the same
+        # dtype", the block GRU under autocast) or rounded differently from reference's autograd (the norm GRU)
+        device, enabled, dtype = ctx.amp
+        if _amp_state(device) == ctx.amp:
+            return HandWrittenLayer._backward(ctx, grad_outputs)
+        with torch.autocast(device, dtype=dtype, enabled=enabled):
+            return HandWrittenLayer._backward(ctx, grad_outputs)
+
+    @staticmethod
+    def _backward(ctx, grad_outputs):
         if torch.is_grad_enabled():  # create_graph=True (or torch.func.grad): this backward is differentiated too
             return _replayed_backward(ctx, grad_outputs[: ctx.n_carry])
         n, n_w, cell, members = ctx.n_carry, ctx.n_weights, ctx.cell, ctx.members

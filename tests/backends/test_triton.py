@@ -60,6 +60,29 @@ def test_matches_reference_fp64(cell: str, layers: int, resets: str) -> None:
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_non_finite_segment_does_not_reach_the_one_before(cell: str, layers: int) -> None:
+    """A NaN input inside a segment (resets at 0, 5, 9; NaN at t = 6) leaves the earlier segment's gradients finite,
+    as ``reference``'s: the backward kernel's padding lanes (H=48 in a 64-wide tile) once carried the NaN that the
+    segment's products put there across the reset, and the next step's product (0 * NaN) brought it back."""
+    init, seq = (rf.init_lstm_params, rf.lstm_sequence) if cell == "lstm" else (rf.init_gru_params, rf.gru_sequence)
+    g = torch.Generator().manual_seed(5)
+    params = init(7, 48, layers, dtype=torch.float64, generator=g)
+    x = torch.randn(2, 13, 7, dtype=torch.float64, generator=g)
+    x[0, 6] = float("nan")
+    is_init = torch.zeros(2, 13, dtype=torch.bool)
+    is_init[:, 0] = is_init[0, 5] = is_init[0, 9] = is_init[1, 3] = True
+    weights = torch.randn(2, 13, 48, dtype=torch.float64, generator=g)
+    results = []
+    for backend in ("triton", "reference"):
+        xs = x.clone().requires_grad_()
+        y, _ = seq(xs, None, params, is_init=is_init, backend=backend)
+        results.append((y.detach(), *torch.autograd.grad((y * weights).sum(), xs)))
+    torch.testing.assert_close(results[0], results[1], equal_nan=True)
+    assert torch.isfinite(results[0][1][0, :5]).all() and torch.isfinite(results[0][1][1]).all()
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_matches_reference_fp32_nobias_2d_batch(cell: str) -> None:
     """*B = (4, 5): N = 20 rows span two programs of 16 rows, the second one partly masked."""
     problem = make_problem(

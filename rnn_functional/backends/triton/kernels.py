@@ -310,8 +310,10 @@ def _rnn_bwd_kernel(
         t = T - 1 - tt
         dh += tl.load(dhs_row + (t + 1) * H, mask=m2, other=0.0).to(ACC)
         if HAS_INIT:
-            # per element, not a broadcast per-row load: that crashes LLVM's SLP vectorizer for sm_90
-            init2 = tl.load(init_ptr + e * s_i_e + r2 * s_i_n + t * s_i_t + c2 * 0, mask=m2, other=0) != 0
+            # per element, not a broadcast per-row load: that crashes LLVM's SLP vectorizer for sm_90. Padding lanes
+            # read as reset: a non-finite segment's products leave NaN there (NaN * 0), which would otherwise cross
+            # the reset and return through the next product (0 * NaN) into the earlier segment's gradients
+            init2 = tl.load(init_ptr + e * s_i_e + r2 * s_i_n + t * s_i_t + c2 * 0, mask=m2, other=1) != 0
         q0, q1, q2, q3 = _load_gates(g_row + t * 4 * H, H, m2, ACC)
         dgx_t = dgx_row + t * G * H
         if IS_LSTM:
