@@ -79,17 +79,20 @@ def _check_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, step: 
     only: tangents would be dropped) and the kernels serve the params and ``opts`` (proj_size, dtype).
     ``step``: the call is a step function's (the errors name the step backends)."""
     triton_backend.kernel_family(layout)
-    serving = _step_backends(layout, x) if step else available_backends(x.device, layout.cell)
+
+    def serving() -> list[str]:  # for the errors only: not on the call's path
+        return _step_backends(layout, x) if step else available_backends(x.device, layout.cell)
+
     if forward_mode():
         raise ValueError(
             "backend 'triton' cannot serve forward-mode AD (torch.func.jvp/jacfwd/hessian, dual tensors): its fused "
-            f"kernels have a reverse-mode backward only. Use one of {[b for b in serving if b != 'triton']} (exact "
+            f"kernels have a reverse-mode backward only. Use one of {[b for b in serving() if b != 'triton']} (exact "
             "to every order), or 'auto', which picks one of them there."
         )
     if not triton_backend.is_available(x.device):
         raise ValueError(
             f"backend 'triton' is not available on {x.device} here (needs the triton package and a "
-            f"CUDA device, or TRITON_INTERPRET=1 on CPU); use one of {serving}."
+            f"CUDA device, or TRITON_INTERPRET=1 on CPU); use one of {serving()}."
         )
     triton_backend.check_supported(layout, opts)
 

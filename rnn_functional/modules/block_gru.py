@@ -3,9 +3,9 @@
 Same constructor arguments, forward signatures, shapes (``hidden [B, H]``), exception classes and state-dict names
 (``input_linear.weight``, ..., ``gates.bias``; the sequence module nests them under ``cell.``), so checkpoints load
 both ways; the same submodule types where TorchRL's are public (``nn.Linear`` projections) and the same draws from
-the global generator, so a seed builds TorchRL's weights. Each forward checks its arguments once, as TorchRL does, reads the parameters as they are at that call
-(nothing derived from them is kept: ``torch.func.functional_call``, ``load_state_dict`` and ``torch.export`` swap
-them freely) and makes one call of the functional core.
+the global generator, so a seed builds TorchRL's weights. Each forward checks its arguments once, as TorchRL does,
+reads the parameters as they are at that call (nothing derived from them is kept: ``torch.func.functional_call``,
+``load_state_dict`` and ``torch.export`` swap them freely) and makes one call of the functional core.
 """
 
 from __future__ import annotations
