@@ -55,7 +55,8 @@ def test_is_init_dtype_and_shape(lstm) -> None:
     params, x, state = lstm
     with expect(TypeError, "is_init: expected dtype torch.bool, got torch.int64", "is_init.bool()"):
         rf.lstm_sequence(x, state, params, is_init=torch.zeros(B, T, dtype=torch.long))
-    with expect(ValueError, "is_init: expected shape [3, 6] or [3, 6, 1], got [3, 5]"):
+    with expect(ValueError, "is_init: expected shape [3, 6] or [3, 6, 1], got [3, 5]",
+                "one bool per entry of x's leading dims"):
         rf.lstm_sequence(x, state, params, is_init=torch.zeros(B, T - 1, dtype=torch.bool))
     with expect(ValueError, "is_init: expected shape [3] or [3, 1], got [3, 6]"):
         rf.lstm_step(x[:, 0], state, params, is_init=torch.zeros(B, T, dtype=torch.bool))

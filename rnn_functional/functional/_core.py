@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
+import torch.utils._pytree as pytree
 
 from .. import backends
 from ..backends import Route, SegmentPlan, SequenceOptions, ensemble_scan, segments
@@ -109,7 +110,8 @@ def _check_mask(is_init, want: tuple, arg: str = "is_init") -> torch.Tensor:
     if shape == tuple(want) + (1,):
         return is_init.squeeze(-1)
     if shape != tuple(want):
-        raise ValueError(f"{arg}: expected shape {list(want)} or {list(want) + [1]}, got {list(shape)}.")
+        raise ValueError(f"{arg}: expected shape {list(want)} or {list(want) + [1]}, got {list(shape)}: one bool per "
+                         f"entry of x's leading dims (True where an episode starts).")
     return is_init
 
 
@@ -196,6 +198,11 @@ def flatten(layout: Layout, params: dict[str, torch.Tensor], x: torch.Tensor, ca
             is_init: torch.Tensor | None, reset: Carry | None, sequence: bool = True) -> Canonical:
     """A checked call (shapes against ``layout``, ``is_init`` ``[*B(, T)]`` or with a trailing 1) with its batch
     dims ``*B`` flattened into ``N``; ``carry`` ``None`` for zeros."""
+    if torch.compiler.is_exporting():
+        # torch's ``scan`` clones the tensors its step reads to trace it, and under non-strict export fails on one the
+        # graph holds as a constant (a global closed over: "Cannot access data pointer of Tensor"); a view is an op
+        params, x, is_init, carry, reset = pytree.tree_map_only(
+            torch.Tensor, lambda t: t.view_as(t), (params, x, is_init, carry, reset))
     if not torch.compiler.is_compiling() and torch.is_grad_enabled():
         x, is_init, carry, reset = _saveable(x, is_init, carry, reset)
     layout, params, x, carry, reset = in_autocast_dtype(layout, params, x, carry, reset)
