@@ -210,6 +210,28 @@ def test_triton_refuses_forward_mode(cell):
         torch.func.jvp(lambda x: step(x, None, params, backend="triton")[0], (primals[0][:, 0],), (tangents[0][:, 0],))
 
 
+@triton
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_triton_refuses_torch_func_reverse_mode_and_names_the_fix(cell):
+    """``torch.func.grad``/``vjp``/``jacrev`` (alone or with ``vmap``) cannot reach the kernels' registered backward
+    (torch's wrapper lacks functorch's ``setup_context``): our error, naming the backends that serve them, not
+    torch's; ``auto`` under the same transform takes one of those backends and equals ``reference``."""
+    call, inputs = _problem(cell)
+    x, *rest = (t.detach() for t in inputs)
+    loss = {b: (lambda b: lambda xx: call(b, "none")(xx, *rest)[0].pow(2).sum())(b) for b in ("triton", "auto", "reference")}
+    refusal = re.escape("cannot serve torch.func's reverse-mode transforms (grad, vjp, jacrev)")
+    f = loss["triton"]
+    for run in (lambda: torch.func.grad(f)(x), lambda: torch.vmap(torch.func.grad(f))(x.unsqueeze(0)),
+                lambda: torch.func.vjp(f, x), lambda: torch.func.jacrev(f)(x)):
+        with pytest.raises(ValueError, match=refusal + ".*Use one of \\['reference', 'scan', 'pad'\\]"):
+            run()
+    torch.testing.assert_close(torch.func.grad(loss["auto"])(x), torch.func.grad(loss["reference"])(x))
+    step = SEQUENCE[cell][2]
+    params = rf.init_gru_params(F_IN, H, dtype=torch.float64) if cell == "gru" else rf.init_lstm_params(F_IN, H, dtype=torch.float64)
+    with pytest.raises(ValueError, match=refusal + ".*Use one of \\['reference', 'pad'\\]"):  # no 'scan' for a step
+        torch.func.grad(lambda xx: step(xx, None, params, backend="triton")[0].sum())(x[:, 0])
+
+
 def test_compiled_double_backward_is_refused_by_torch():
     """Under ``torch.compile`` the backward is compiled once (AOTAutograd): a ``create_graph`` backward through it
     raises torch's own error rather than returning a first-order-only graph."""

@@ -306,6 +306,35 @@ def test_vmap_over_stacked_params_equals_a_loop(cell, backend):
 
 
 @pytest.mark.parametrize("cell", list(FUNCS))
+@pytest.mark.parametrize("backend", ["parallel", "auto"])
+@pytest.mark.parametrize("mapped", ["state", "reset_state", "is_init"])
+def test_vmap_over_one_argument_alone_equals_a_loop(cell, backend, mapped):
+    """``torch.vmap`` over the initial state alone (several starts of the same rows), ``reset_state`` alone or
+    ``is_init`` alone: the scan's result is batched though ``a`` and ``b`` are not (it wrote into an unbatched
+    buffer: "Batching rule not implemented for aten::where.self_out"); outputs and the mapped argument's gradient."""
+    params, x, h0, is_init, reset = make_case(cell, 2, "random", seed=7)
+    g = torch.Generator().manual_seed(8)
+    stacked = {"state": torch.randn(3, *h0.shape, generator=g, dtype=h0.dtype),
+               "reset_state": torch.randn(3, *reset.shape, generator=g, dtype=reset.dtype),
+               "is_init": torch.rand(3, *is_init.shape, generator=g) < 0.3}[mapped]
+
+    def run(value, backend):
+        args = {"state": h0, "reset_state": reset, "is_init": is_init, mapped: value}
+        return FUNCS[cell][2](x, args["state"], params, is_init=args["is_init"], reset_state=args["reset_state"],
+                              backend=backend)[0]
+
+    y = torch.vmap(lambda v: run(v, backend))(stacked)
+    torch.testing.assert_close(y, torch.stack([loop(cell, x, *{"state": (s, params, is_init, reset),
+                                                               "reset_state": (h0, params, is_init, s),
+                                                               "is_init": (h0, params, s, reset)}[mapped])[0]
+                                               for s in stacked]))
+    if mapped != "is_init":
+        grad = torch.func.grad(lambda v: torch.vmap(lambda u: run(u, backend))(v).square().sum())(stacked)
+        torch.testing.assert_close(grad, torch.func.grad(lambda v: torch.vmap(lambda u: run(u, "reference"))(v)
+                                                         .square().sum())(stacked))
+
+
+@pytest.mark.parametrize("cell", list(FUNCS))
 @pytest.mark.parametrize("backend", ["parallel", "scan", "reference"])
 def test_second_order_and_forward_mode_are_exact(cell, backend):
     params, x, h0, is_init, reset = make_case(cell, 1, "random", seed=6, t_len=5)

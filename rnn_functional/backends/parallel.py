@@ -140,11 +140,13 @@ def _before(h: torch.Tensor, reverse: bool, init: torch.Tensor | None) -> torch.
     return torch.cat([h[:, 1:], first] if reverse else [first, h[:, :-1]], dim=1)
 
 
-def _wrapped(*tensors: torch.Tensor) -> bool:
-    """True for ``torch.func`` tensors (vmapped, grad-tracking) and the legacy batched tensors of a batched backward
-    (``is_grads_batched=True``): ``out=`` and in-place writes have no batching rule."""
+def _wrapped(*tensors: torch.Tensor | None) -> bool:
+    """True if any of ``tensors`` is a ``torch.func`` tensor (vmapped, grad-tracking) or a legacy batched tensor of a
+    batched backward (``is_grads_batched=True``): ``out=`` and in-place writes have no batching rule (a vmap over the
+    initial state alone batches the result too)."""
     functorch = torch._C._functorch
-    return any(functorch.is_functorch_wrapped_tensor(t) or functorch.is_legacy_batchedtensor(t) for t in tensors)
+    return any(t is not None and (functorch.is_functorch_wrapped_tensor(t) or functorch.is_legacy_batchedtensor(t))
+               for t in tensors)
 
 
 class LinearScan(torch.autograd.Function):
@@ -154,7 +156,7 @@ class LinearScan(torch.autograd.Function):
 
     @staticmethod
     def forward(a, b, init, reverse: bool, cut):
-        return _solve(a, b, init, reverse, None if _wrapped(a, b) else torch.empty_like(b), cut)
+        return _solve(a, b, init, reverse, None if _wrapped(a, b, init, cut) else torch.empty_like(b), cut)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -172,7 +174,7 @@ class LinearScan(torch.autograd.Function):
         last, rest, ahead = (0, slice(1, None), slice(0, -1)) if rev else (-1, slice(0, -1), slice(1, None))
         first = -1 if rev else 0
         cut_ahead = None if cut is None else cut[:, ahead]
-        if torch.is_grad_enabled() or _wrapped(a, grad):  # create_graph=True: recorded, every higher order exact
+        if torch.is_grad_enabled() or _wrapped(a, grad, h, start, cut):  # create_graph=True: recorded, every higher order exact
             inner = (LinearScan.apply(a[:, ahead], grad[:, rest], grad[:, last], not rev, cut_ahead)
                      if a.shape[1] > 1 else grad[:, rest])
             edge = grad[:, last].unsqueeze(1)

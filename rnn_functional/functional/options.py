@@ -39,7 +39,7 @@ class CallContext:
 
 # every context is one of these: a call builds none (a policy step reads its context on every call)
 _CONTEXTS = {(c, v, d): CallContext(c, v, d) for c in (False, True) for v in (False, True) for d in (False, True)}
-_VMAP, _GRAD = torch._C._functorch.TransformType.Vmap, torch._C._functorch.TransformType.Grad
+VMAP, GRAD = torch._C._functorch.TransformType.Vmap, torch._C._functorch.TransformType.Grad
 
 
 def call_context() -> CallContext:
@@ -48,7 +48,7 @@ def call_context() -> CallContext:
     if torch.compiler.is_compiling():
         return _CONTEXTS[True, False, False]
     kinds = transforms()
-    return _CONTEXTS[False, _VMAP in kinds, _GRAD in kinds or forward_mode(kinds)]
+    return _CONTEXTS[False, VMAP in kinds, GRAD in kinds or forward_mode(kinds)]
 
 
 def check_options(

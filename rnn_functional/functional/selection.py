@@ -12,9 +12,9 @@ import functools
 import torch
 
 from ..backends import LAYOUTS_OF, Route, SegmentPlan, SequenceOptions, available_backends, pad, parallel, triton_backend
-from ..backends.base import backends_for, forward_mode, no_kernel_for
+from ..backends.base import backends_for, forward_mode, no_kernel_for, transforms
 from ..cells import Layout, multi_layer_step
-from .options import CallContext, call_context
+from .options import GRAD, CallContext, call_context
 
 STEP_BACKENDS = ("auto", "reference", "pad", "triton", "parallel")
 
@@ -83,11 +83,19 @@ def _check_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, step: 
     def serving() -> list[str]:  # for the errors only: not on the call's path
         return _step_backends(layout, x) if step else available_backends(x.device, layout.cell)
 
-    if forward_mode():
+    kinds = () if torch.compiler.is_compiling() else transforms()
+    if forward_mode(kinds):
         raise ValueError(
             "backend 'triton' cannot serve forward-mode AD (torch.func.jvp/jacfwd/hessian, dual tensors): its fused "
             f"kernels have a reverse-mode backward only. Use one of {[b for b in serving() if b != 'triton']} (exact "
             "to every order), or 'auto', which picks one of them there."
+        )
+    if GRAD in kinds:  # torch's wrapper of a registered autograd formula lacks functorch's setup_context
+        raise ValueError(
+            "backend 'triton' cannot serve torch.func's reverse-mode transforms (grad, vjp, jacrev): torch's autograd "
+            "wrapper of its kernels' custom op has no setup_context, which they require (pytorch/pytorch#170834). "
+            f"Use one of {[b for b in serving() if b != 'triton']}, or 'auto', which picks one of them there; or "
+            "differentiate with .backward() / torch.autograd.grad, which triton serves (over torch.vmap too)."
         )
     if not triton_backend.is_available(x.device):
         raise ValueError(
