@@ -135,6 +135,39 @@ def test_default_compile_no_grad():
     assert _check(_user_sequence("lstm"), "lstm", {}, "no_grad") == 1
 
 
+FUNC_CELLS = {
+    "lstm": (rf.init_lstm_params, rf.lstm_sequence), "gru": (rf.init_gru_params, rf.gru_sequence),
+    "norm_gru": (rf.init_norm_gru_params, rf.norm_gru_sequence),
+    "block_gru": (lambda f, h, **kw: rf.init_block_gru_params(f, h, projection_size=4, num_blocks=h, **kw),
+                  rf.block_gru_sequence),
+    "min_gru": (rf.init_min_gru_params, rf.min_gru_sequence),
+}
+
+
+@pytest.mark.parametrize("transform", ["grad", "vmap(grad)"])
+@pytest.mark.parametrize("cell", list(FUNC_CELLS))
+def test_compiled_torch_func_grad(cell, transform):
+    """``torch.compile(torch.func.grad(loss))`` and ``torch.compile(torch.vmap(torch.func.grad(loss)))`` (per-sample
+    gradients), ``fullgraph=True``, ``scan`` and ``auto``: equal to the eager ``reference`` transform. torch's
+    ``scan`` could not be traced under ``grad`` ("Expected FakeTensor"), nor the hand-written layer under
+    ``vmap(grad)``; there the loop is unrolled (``scan_parts.traced_under_grad``)."""
+    init, sequence = FUNC_CELLS[cell]
+    params = init(F_IN, H, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    x, is_init = _sequence_inputs(batch=2)
+    x = x.double()
+
+    def transformed(backend):
+        def loss(xx):
+            mask = is_init if xx.ndim == 3 else is_init[0]
+            return sequence(xx, None, params, is_init=mask, backend=backend)[0].pow(2).sum()
+        return torch.func.grad(loss) if transform == "grad" else torch.vmap(torch.func.grad(loss))
+
+    want = transformed("reference")(x)
+    for backend in ("scan", "auto"):
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(transformed(backend), fullgraph=True)(x), want)
+
+
 @CUDA
 @pytest.mark.gpu
 @pytest.mark.parametrize("cell", ["lstm", "gru"])

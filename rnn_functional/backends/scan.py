@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from ..cells import Carry, LayerWeights, Layout, between_layers
 from . import ensemble_scan
 from .base import SequenceOptions, forward_mode
-from .scan_parts import HandWrittenLayer, scan_states
+from .scan_parts import HandWrittenLayer, scan_states, traced_under_grad
 
 
 def _own_cotangent(t: torch.Tensor) -> torch.Tensor:
@@ -89,7 +89,7 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
             # compiled torch.vmap with autograd: the ensemble op (torch cannot vmap the layer below there)
             states = ensemble_scan.layer_states(cell, recompute, *layer_inputs)
             final, ys = tuple(s[-1] for s in states), (states if opts.segment_states else states[0])
-        elif _needs_grad(inp, *layer_carry, *(reset_k or ()), w) and not forward_mode():
+        elif _needs_grad(inp, *layer_carry, *(reset_k or ()), w) and not forward_mode() and not traced_under_grad():
             if torch.compiler.is_compiling():
                 layer_inputs = _distinct(layer_inputs)
             states = HandWrittenLayer.apply(cell, recompute, 0, *layer_inputs)[: len(layer_carry)]

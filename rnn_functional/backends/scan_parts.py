@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
+from torch._C._functorch import TransformType
 from torch._higher_order_ops import scan
 
 from ..cells import Carry, Cell, LayerWeights, apply_reset, broadcast_mask
@@ -148,7 +149,7 @@ def time_loop(step, init, xs, reads=(), reverse: bool = False, members: Members 
     """
     if members.static_shapes:
         return _indexed_scan(step, init, xs, reads, reverse)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() and not traced_under_grad():
         if reverse:
             xs = pytree.tree_map(lambda t: t.flip(0), xs)
         return _scan(step, _batched_like_step(init, *reads), xs)
@@ -161,6 +162,19 @@ def time_loop(step, init, xs, reads=(), reverse: bool = False, members: Members 
         outs.append(_leaves(out))
     out_spec = pytree.tree_structure(out)
     return carry, pytree.tree_unflatten([torch.stack(parts) for parts in zip(*outs)], out_spec)
+
+
+def traced_under_grad() -> bool:
+    """Whether ``torch.compile`` traces this call with ``torch.func.grad``/``vjp``/``jacrev`` as the innermost
+    transform around it. torch's ``scan`` cannot be traced there (``torch.compile(torch.func.grad(f))`` raised
+    "Expected FakeTensor" in ``_collect_fake_inputs``; eager ``torch.func.grad`` of ``scan`` too), nor can Dynamo vmap
+    an ``autograd.Function`` (``vmap(grad(f))``): :func:`time_loop` unrolls its loop and functorch differentiates the
+    step's plain ops. Under a ``vmap`` inside ``grad`` the scan's batching rule runs first and it traces. Both calls
+    below trace in Dynamo with ``fullgraph=True`` (functorch's other accessors do not)."""
+    if not torch.compiler.is_compiling():
+        return False
+    return torch._C._are_functorch_transforms_active() and \
+        torch._functorch.pyfunctorch.retrieve_current_functorch_interpreter().key() == TransformType.Grad
 
 
 def _indexed_scan(step, init, xs, reads, reverse: bool):
