@@ -214,7 +214,11 @@ def apply_reset(carry: Carry, mask: torch.Tensor | None, reset: Carry | None) ->
 
 def segment_ends(is_init: torch.Tensor) -> torch.Tensor:
     """``[N, T]`` bool: True at the last step of every segment (before a reset, and at ``T - 1``)."""
-    return F.pad(is_init[:, 1:], (0, 1), value=True)  # one op: the next step's reset, True past the end
+    if torch.compiler.is_compiling():
+        # traced, ``pad``'s decomposition guards ``T - 1 != 1``: an export with a dynamic T refused T = 2
+        last = torch.arange(is_init.shape[-1], device=is_init.device) == is_init.shape[-1] - 1
+        return is_init.roll(-1, -1) | last
+    return F.pad(is_init[:, 1:], (0, 1), value=True)  # one op eagerly: the next step's reset, True past the end
 
 
 def keep_segment_ends(states: Carry, is_init: torch.Tensor) -> Carry:
