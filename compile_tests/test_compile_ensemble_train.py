@@ -206,6 +206,28 @@ def _module_loss(out: TensorDict, cell: str) -> torch.Tensor:
     return (out["feat"] * ct).sum() + sum(out["next", k].square().sum() for k in HIDDEN[cell])
 
 
+def test_compiled_vmap_with_dynamic_shapes_fwd_bwd_equals_loop():
+    """``torch.compile(torch.vmap(seq_fn), dynamic=True)`` under autograd: sizes symbolic from the first call raised
+    Inductor's "A subgraph argument other than striding has been modified" (the ensemble layer's scans must trace
+    with static shapes); two batch and time sizes, outputs and every gradient equal a loop."""
+    params = _ensemble_params("gru", 1)
+    member = _member_fn("gru")
+    in_dims = (0, None, 0, None, None)
+    compiled = torch.compile(torch.vmap(member, in_dims=in_dims), dynamic=True)
+    for batch, time in ((2, 4), (3, 6)):
+        g = torch.Generator().manual_seed(batch)
+        x = torch.randn(E, batch, time, F_IN, generator=g, dtype=torch.float64).requires_grad_()
+        state = (torch.randn(batch, 1, H, generator=g, dtype=torch.float64).requires_grad_(),)
+        is_init = torch.rand(batch, time, generator=g) < 0.35
+        is_init[0, time // 2] = True
+        reset = (torch.randn(batch, time, 1, H, generator=g, dtype=torch.float64).requires_grad_(),)
+        args = (x, state, params, is_init, reset)
+        leaves = [x, *state, *reset, *params.values()]
+        want, got = _loop(member, args, in_dims), compiled(*args)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(_grads(got, leaves), _grads(want, leaves))
+
+
 @pytest.mark.parametrize("cell", ["lstm", "min_gru"])
 def test_ensemble_module_compiled_fwd_bwd_equals_loop(cell):
     """``torch.compile(EnsembleModule, fullgraph=True)`` in recurrent mode, forward and backward, equals

@@ -197,7 +197,7 @@ def _indexed_scan(step, init, xs, reads, reverse: bool):
         at = index.reshape(1)
         return step(carry, pytree.tree_unflatten([t.index_select(0, at).squeeze(0) for t in leaves], spec))
 
-    with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+    with torch._dynamo.config.patch(automatic_dynamic_shapes=False, assume_static_by_default=True):
         return _scan(indexed_step, _batched_like_step(init, *reads), order)
 
 
