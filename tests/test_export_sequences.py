@@ -86,7 +86,8 @@ def test_export_module_in_recurrent_mode_with_dynamic_time(cell: str, strict: bo
         return (torch.randn(b, t, F, generator=g), is_init, *(torch.randn(b, t, 2, H, generator=g) for _ in keys))
 
     batch, time = torch.export.Dim("B", min=2, max=64), torch.export.Dim("T", min=2, max=64)
-    dims = {"x": {0: batch, 1: time}, "is_init": {0: batch, 1: time}, "hidden": tuple({0: batch, 1: time} for _ in keys)}
+    both = {0: batch, 1: time}
+    dims = {"x": both, "is_init": both, "hidden": tuple(both for _ in keys)}
     policy, traced = Policy(), inputs(3, 5, 0)
     before = policy(*traced)
     program = torch.export.export(policy, traced, dynamic_shapes=dims, strict=strict).module()

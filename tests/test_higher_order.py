@@ -218,7 +218,10 @@ def test_triton_refuses_torch_func_reverse_mode_and_names_the_fix(cell):
     torch's; ``auto`` under the same transform takes one of those backends and equals ``reference``."""
     call, inputs = _problem(cell)
     x, *rest = (t.detach() for t in inputs)
-    loss = {b: (lambda b: lambda xx: call(b, "none")(xx, *rest)[0].pow(2).sum())(b) for b in ("triton", "auto", "reference")}
+    def loss_on(backend):
+        return lambda xx: call(backend, "none")(xx, *rest)[0].pow(2).sum()
+
+    loss = {b: loss_on(b) for b in ("triton", "auto", "reference")}
     refusal = re.escape("cannot serve torch.func's reverse-mode transforms (grad, vjp, jacrev)")
     f = loss["triton"]
     for run in (lambda: torch.func.grad(f)(x), lambda: torch.vmap(torch.func.grad(f))(x.unsqueeze(0)),

@@ -174,7 +174,8 @@ class LinearScan(torch.autograd.Function):
         last, rest, ahead = (0, slice(1, None), slice(0, -1)) if rev else (-1, slice(0, -1), slice(1, None))
         first = -1 if rev else 0
         cut_ahead = None if cut is None else cut[:, ahead]
-        if torch.is_grad_enabled() or _wrapped(a, grad, h, start, cut):  # create_graph=True: recorded, every higher order exact
+        # create_graph=True (recorded: every higher order exact), or a torch.func call (no in-place writes)
+        if torch.is_grad_enabled() or _wrapped(a, grad, h, start, cut):
             inner = (LinearScan.apply(a[:, ahead], grad[:, rest], grad[:, last], not rev, cut_ahead)
                      if a.shape[1] > 1 else grad[:, rest])
             edge = grad[:, last].unsqueeze(1)
