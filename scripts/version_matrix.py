@@ -34,6 +34,9 @@ KNOWN = {
     "tests/backends/test_triton_aot.py::test_zero_spills":
         "triton 3.6's ptxas spills 8-40 B in two bf16 streamed kernels at H=256 that triton 3.9 compiles spill-free "
         "(the launch settings, ops._STREAMED_LAUNCH, were chosen on 3.9)",
+    "compile_tests/test_compile_ensemble_train.py::test_compiled_vmap_with_dynamic_shapes_fwd_bwd_equals_loop":
+        "on torch 2.11 and 2.15 Inductor still rejects the ensemble layer's scans at the second shape under "
+        "dynamic=True ('A subgraph argument other than striding has been modified'); torch 2.13 traces them static",
     "tests/test_world_model_example.py::test_world_model_quick_mode_trains_compiled_and_beats_baseline":
         "Dynamo 2.11 stops with 'Guard failed on the same frame it was created' on tensordict's tensorclass memo, "
         "which tensordict fills while Dynamo traces the example's compiled vmap over a TensorDict of params",
