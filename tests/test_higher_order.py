@@ -7,6 +7,7 @@ calls with interior resets, an initial state and ``reset_state``; every differen
 
 from __future__ import annotations
 
+import ast
 import re
 
 import pytest
@@ -233,6 +234,26 @@ def test_triton_refuses_torch_func_reverse_mode_and_names_the_fix(cell):
     params = rf.init_gru_params(F_IN, H, dtype=torch.float64) if cell == "gru" else rf.init_lstm_params(F_IN, H, dtype=torch.float64)
     with pytest.raises(ValueError, match=refusal + ".*Use one of \\['reference', 'pad'\\]"):  # no 'scan' for a step
         torch.func.grad(lambda xx: step(xx, None, params, backend="triton")[0].sum())(x[:, 0])
+
+
+@pytest.mark.parametrize("backend", ["pad", "triton"])
+def test_recompute_refusals_under_torch_func_name_backends_that_serve_it(backend):
+    """``recompute='full'`` under ``torch.func.grad`` on a backend that refuses it: every backend the error suggests
+    serves that very call (``reference``'s checkpointing and ``triton``'s autodiff cannot run there), and equals
+    ``reference`` without recompute."""
+    if backend == "triton" and not rf.backends.triton_backend.is_available("cpu"):
+        pytest.skip("triton is not installed (or TRITON_INTERPRET is unset)")
+    call, inputs = _problem("gru")
+    x, *rest = (t.detach() for t in inputs)
+    def loss(name, recompute="full"):
+        return lambda xx: call(name, recompute)(xx, *rest)[0].pow(2).sum()
+
+    with pytest.raises(ValueError, match=r"Use one of \[") as info:
+        torch.func.grad(loss(backend))(x)
+    suggested = re.search(r"Use one of (\[[^]]*\])", str(info.value)).group(1)
+    assert suggested == "['scan']", str(info.value)
+    for name in ast.literal_eval(suggested):  # the message's own list, each entry run as suggested
+        torch.testing.assert_close(torch.func.grad(loss(name))(x), torch.func.grad(loss("reference", "none"))(x))
 
 
 def test_compiled_double_backward_is_refused_by_torch():

@@ -19,7 +19,7 @@ from ..precision import check_mode
 BACKEND_CHOICES = ("auto", *BACKENDS)
 _RECOMPUTE_BACKENDS = ("reference", "scan", "triton")
 
-__all__ = ["BACKEND_CHOICES", "RECOMPUTE_MODES", "CallContext", "call_context", "check_options"]
+__all__ = ["BACKEND_CHOICES", "RECOMPUTE_MODES", "CallContext", "call_context", "check_options", "recompute_backends"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,14 @@ class CallContext:
     def traced(self) -> bool:
         """True when any of the three holds (eager-only kernels cannot run)."""
         return self.compiling or self.vmapped or self.differentiated
+
+
+def recompute_backends(ctx: CallContext) -> list[str]:
+    """The backends that serve ``recompute`` in ``ctx`` (for the errors only): under an eager ``torch.func`` transform
+    ``reference``'s checkpointing cannot run, nor ``triton`` under its autodiff (:func:`..selection.choose`)."""
+    if ctx.compiling or not ctx.traced:
+        return list(_RECOMPUTE_BACKENDS)
+    return ["scan"] if ctx.differentiated else ["scan", "triton"]
 
 
 # every context is one of these: a call builds none (a policy step reads its context on every call)
@@ -85,11 +93,11 @@ def check_options(
         if not owner:
             raise ValueError(
                 f"backend 'pad' cannot serve recompute={recompute!r}: the cuDNN/oneDNN kernels keep their own "
-                f"activations. Use one of {list(_RECOMPUTE_BACKENDS)} (or backend='auto'), or recompute='none'."
+                f"activations. Use one of {recompute_backends(call_context())} (or backend='auto'), or recompute='none'."
             )
         raise ValueError(
             f"{owner}{pre}recompute={recompute!r} cannot be served by {pre}backend='pad' (the ATen/cuDNN "
-            f"kernels keep their own activations). Use one of {list(_RECOMPUTE_BACKENDS)} or 'auto' (which "
+            f"kernels keep their own activations). Use one of {recompute_backends(call_context())} or 'auto' (which "
             f"picks one that can), or {pre}recompute='none'."
         )
     if not isinstance(dropout, (int, float)) or not 0.0 <= float(dropout) < 1.0:

@@ -14,7 +14,7 @@ import torch
 from ..backends import LAYOUTS_OF, Route, SegmentPlan, SequenceOptions, available_backends, pad, parallel, triton_backend
 from ..backends.base import backends_for, forward_mode, no_kernel_for, transforms
 from ..cells import Layout, multi_layer_step
-from .options import GRAD, CallContext, call_context
+from .options import GRAD, CallContext, call_context, recompute_backends
 
 STEP_BACKENDS = ("auto", "reference", "pad", "triton", "parallel")
 
@@ -81,7 +81,10 @@ def _check_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, step: 
     triton_backend.kernel_family(layout)
 
     def serving() -> list[str]:  # for the errors only: not on the call's path
-        return _step_backends(layout, x) if step else available_backends(x.device, layout.cell)
+        if step:
+            return _step_backends(layout, x)
+        names = available_backends(x.device, layout.cell)
+        return names if opts.recompute == "none" else [b for b in names if b in recompute_backends(call_context())]
 
     kinds = () if torch.compiler.is_compiling() else transforms()
     if forward_mode(kinds):

@@ -99,8 +99,14 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
         that extra traced frame cost ~15 us per call of a compiled policy step on CPU
         (``benchmarks/bench_policy_step.py``).
         """
-        if len(args) == 1 and not kwargs and isinstance(args[0], TensorDictBase):
-            return self._forward(args[0], self._weights, self._layout)
+        if args and isinstance(args[0], TensorDictBase):
+            if len(args) == 1 and not kwargs:
+                return self._forward(args[0], self._weights, self._layout)
+            raise TypeError(
+                f"{type(self).__name__}.forward() takes a TensorDict alone, or the in_keys' tensors "
+                f"{[str(k) for k in self.in_keys]} without one; got a TensorDict and {len(args) - 1} more positional "
+                f"argument(s), keyword(s) {sorted(kwargs)}. Pass module(tensordict): it is updated in place and returned."
+            )
         return self._forward_from_tensors(*args, **kwargs)
 
     @dispatch

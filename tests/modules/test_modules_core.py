@@ -511,6 +511,16 @@ def test_kwargs_call_through_dispatch():
     assert out.shape == (2, 4) and h.shape == (2, 1, 4)
 
 
+@pytest.mark.parametrize("extra", [((), {"tensordict_out": None}), ((1,), {}), ((), {"obs": torch.zeros(2, 3)})])
+def test_tensordict_call_with_more_arguments_names_forward(extra):
+    """``module(td, tensordict_out=...)`` (a TensorDictModule habit): TorchRL raises a TypeError naming ``forward``;
+    ours names it too, with what the call takes, not a private method."""
+    module = rf.GRUModule(3, 4, in_key="obs", out_key="out")
+    args, kwargs = extra
+    with pytest.raises(TypeError, match=r"^GRUModule\.forward\(\) takes a TensorDict alone, or the in_keys' tensors"):
+        module(TensorDict({"obs": torch.zeros(2, 3)}, [2]), *args, **kwargs)
+
+
 def test_import_does_not_load_torchrl():
     code = "import sys, rnn_functional; assert 'torchrl' not in sys.modules, 'torchrl imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
