@@ -130,13 +130,16 @@ def test_imagination_rollout_fullgraph_fwd_bwd() -> None:
     torch.testing.assert_close(got, want)
 
 
-def test_one_block_compiles_on_scan() -> None:
-    """``num_blocks=1`` (a plain GRU's block structure): the first dynamics layer's shared rows are fresh tensors, not
-    two views of one weight, which ``scan`` refused as aliased inputs ("Encountered aliasing"). Default Inductor,
-    outputs and every parameter's gradient against eager ``reference`` (fp64)."""
+@pytest.mark.parametrize("num_blocks", [1, 8])
+def test_one_block_and_one_unit_blocks_compile_on_scan(num_blocks: int) -> None:
+    """The two ends of the block structure at ``H = 8``. ``num_blocks=1`` (a plain GRU's): the first dynamics layer's
+    shared rows are fresh tensors, not two views of one weight, which ``scan`` refused as aliased inputs ("Encountered
+    aliasing"). ``num_blocks=8`` (blocks of one unit): the backward's state cotangent came out transposed and the
+    reverse scan refused it ("Expected init and carry to have same metadata"). Default Inductor, outputs and every
+    parameter's gradient against eager ``reference`` (fp64)."""
     g = torch.Generator().manual_seed(0)
-    params = {k: v.requires_grad_(True) for k, v in
-              rf.init_block_gru_params(4, 8, projection_size=5, num_blocks=1, dtype=torch.float64, generator=g).items()}
+    params = {k: v.requires_grad_(True) for k, v in rf.init_block_gru_params(
+        4, 8, projection_size=5, num_blocks=num_blocks, dtype=torch.float64, generator=g).items()}
     x = torch.randn(3, 4, 4, dtype=torch.float64, generator=g)
     is_init = torch.zeros(3, 4, dtype=torch.bool)
     is_init[1, 2] = True

@@ -115,6 +115,26 @@ def test_dynamic_true_trains_on_scan(cell, recompute):
         torch.testing.assert_close(a, b, **FP32_TOL)
 
 
+@pytest.mark.parametrize("cell", ["gru", "block_gru"])
+def test_dynamic_true_training_serves_two_steps_without_recompiling(cell):
+    """``dynamic=True`` with a backward, T = 5 then T = 2: one graph. The backward read the carries before each step
+    as ``states[: T - 1]``, whose traced view guards ``T - 1 != 1``, so every T = 2 call recompiled."""
+    init, seq = (lambda: make_params("gru", 1, 0, torch.float32), SEQUENCE["gru"]) if cell == "gru" \
+        else DYNAMIC_CELLS[cell]
+    torch.manual_seed(0)
+    params = init()
+    compiled = torch.compile(lambda x, is_init: seq(x, None, params, is_init=is_init, backend="scan")[0],
+                             dynamic=True, backend=FAST)
+    with compile_stats() as stats:
+        for batch, time in [(5, 6), (6, 2), (9, 7)]:  # no size equal to another (Dynamo guards on equal sizes)
+            x, is_init = torch.randn(batch, time, 3, requires_grad=True), reset_mask(batch, time)
+            got = compiled(x, is_init)
+            want = seq(x, None, params, is_init=is_init, backend="reference")[0]
+            for a, b in zip([got, *torch.autograd.grad(got.sum(), x)], [want, *torch.autograd.grad(want.sum(), x)]):
+                torch.testing.assert_close(a, b, **FP32_TOL)
+    assert stats.breaks == 0 and stats.graphs == 1, stats
+
+
 def test_sequence_mark_dynamic_compiles_once():
     """B and T marked dynamic before the first call: a single graph serves every size."""
     params = make_params("lstm", 1, 2, torch.float32)

@@ -378,7 +378,9 @@ class HandWrittenLayer(torch.autograd.Function):
         spans = _spans(steps, states[0][0]) if eager else ((0, steps),)
         # what each step reads: its factors (eager), what they are computed from (compiled), or its input (no saved)
         key = "x" if len(saved) == 0 else "factors" if eager else "saved"  # len: Dynamo 2.11 cannot trace bool(tuple)
-        own = contiguous_copy if members.count else (lambda t: t)  # the carry's layout as vmap leaves it: scan needs init's
+        # scan needs the carry in init's layout: vmap leaves it in its own, and a block GRU with blocks of one unit
+        # computes its cotangent transposed ([N, H] with strides (1, N): "Expected init and carry to have same metadata")
+        own = contiguous_copy if members.count or torch.compiler.is_compiling() else (lambda t: t)
 
         def member_back(inputs, pre_t, wts, d_new):
             wl = LayerWeights.from_tensors(wts)
@@ -453,7 +455,8 @@ def _carries_before(carry0: Carry, states: Carry, start: int, end: int, members:
     (``carry0`` at step 0); ``[end - start, (E,) N, S]`` each (a view of ``states`` from the second span on)."""
     if start:
         return tuple(s[start - 1 : end - 1] for s in states)
-    return tuple(torch.cat([members.expand(c0).unsqueeze(0), s[: end - 1]]) for c0, s in zip(carry0, states))
+    # one step more, then cut: a traced ``s[: end - 1]`` guards ``T - 1 != 1`` (a compiled T = 2 call recompiled)
+    return tuple(torch.cat([members.expand(c0).unsqueeze(0), s[:end]])[:end] for c0, s in zip(carry0, states))
 
 
 def _span_grads(cell: Cell, w: LayerWeights, members: Members, outs: dict, x: torch.Tensor, pre_h: torch.Tensor):
