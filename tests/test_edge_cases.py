@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import flat
-from layout_helpers import assert_fresh_outputs, call, input_tensors, make_values, with_layout
+from layout_helpers import assert_fresh_outputs, call, grad_leaves, input_tensors, make_values, with_layout
 from torch import nn
 
 import rnn_functional as rf
@@ -89,6 +89,42 @@ def test_empty_batch_step_keeps_autograd(backend: str, cell: str, state_given: b
 
 
 # ----------------------------------------------------------------------------- aliasing
+
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("interior", [True, False], ids=["interior_resets", "resets_at_t0"])
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("backend", SEQUENCE_BACKENDS)
+def test_sequence_outputs_are_independent_of_each_other(backend: str, cell: str, interior: bool, layers: int) -> None:
+    """Every output of a sequence call is a tensor of its own, as ``torch.nn.LSTM``'s ``output`` and ``h_n`` are: none
+    shares memory with another, and none is computed from another, so a hook (or ``retain_grad``) on one output sees
+    the gradient of its own uses only. A hook zeroing each output's gradient in turn leaves the gradients of a loss
+    over the others unchanged, on every backend (``reference``, and ``pad`` without interior resets, returned the
+    final carry that ``y`` and the segment states were computed from). The step functions document ``y`` as the top
+    layer's ``h``, which the state holds too (``nn.LSTMCell``'s single ``h``)."""
+    mode = "sequence"
+    values = make_values(cell, mode, batch=3, input_size=INPUT, hidden=HIDDEN, layers=layers, interior_resets=interior)
+    extra = {"return_segment_states": True}
+
+    def outputs():
+        problem = with_layout(values, "contiguous", set())
+        return problem, flat(call(problem, mode, backend, **extra))
+
+    _, outs = outputs()
+    for i, a in enumerate(outs):
+        for j in range(i):
+            assert a.untyped_storage().data_ptr() != outs[j].untyped_storage().data_ptr(), \
+                f"outputs {j} and {i} share memory"
+    weights = [torch.randn(o.shape, dtype=o.dtype, generator=torch.Generator().manual_seed(k)) for k, o in enumerate(outs)]
+    for hooked in range(len(outs)):
+        grads = []
+        for hook in (False, True):
+            problem, outs = outputs()
+            if hook:
+                outs[hooked].register_hook(torch.zeros_like)
+            loss = sum((o * w).sum() for k, (o, w) in enumerate(zip(outs, weights)) if k != hooked)
+            grads.append(torch.autograd.grad(loss, grad_leaves(problem), allow_unused=True, materialize_grads=True))
+        for k, (a, b) in enumerate(zip(*grads)):
+            torch.testing.assert_close(a, b, msg=lambda m, k=k: f"a hook on output {hooked} changed gradient {k}: {m}")
 
 ALIAS_CASES = {
     "sequence": ("sequence", {"batch": 3, "time": 4}),  # interior resets with reset_state

@@ -396,6 +396,8 @@ def execute(c: Canonical, backend: str, opts: SequenceOptions, slice_len: int | 
             seg = result.per_step if result.segment_ends else keep_segment_ends(result.per_step, call[2])
     if reshaped:
         y, final, seg, _ = segments.merge_slices(n, t_len, y, final, seg)
+    if records_grad:  # the final carry can be the last step's own, read by y and seg: a node of its own, as nn's h_n,
+        final = tuple(f.view_as(f) for f in final)  # so that a hook or retain_grad on it sees its own uses only
     return SequenceOut(y, final, seg)
 
 
