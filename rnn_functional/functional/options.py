@@ -27,7 +27,7 @@ class CallContext:
     """Where a call runs: under ``torch.compile``, ``torch.vmap``, an eager ``torch.func`` autodiff (or forward-mode
     AD with dual tensors)."""
 
-    compiling: bool
+    compiling: bool  # torch.compile, or torch.jit.trace: a graph is captured
     vmapped: bool
     differentiated: bool
 
@@ -52,8 +52,10 @@ VMAP, GRAD = torch._C._functorch.TransformType.Vmap, torch._C._functorch.Transfo
 
 def call_context() -> CallContext:
     """The context of the current call: ``is_compiling`` is read first (Dynamo cannot trace the rest), then
-    functorch's transform stack once, and forward-mode AD (:func:`~rnn_functional.backends.base.forward_mode`)."""
-    if torch.compiler.is_compiling():
+    functorch's transform stack once, and forward-mode AD (:func:`~rnn_functional.backends.base.forward_mode`).
+    ``torch.jit.trace`` (and the TorchScript ONNX exporter, which traces) captures a graph as Dynamo does: a call
+    must not steer by its data there (a host read of ``is_init`` froze the example's resets into the trace)."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return _CONTEXTS[True, False, False]
     kinds = transforms()
     return _CONTEXTS[False, VMAP in kinds, GRAD in kinds or forward_mode(kinds)]
