@@ -119,6 +119,7 @@ class Cell(abc.ABC):
     aten: AtenKernels | None = None
     triton: TritonKernels | None = None
     linear_in_state: bool = False  # h' = a * h + b with (a, b) from the input alone (the ``parallel`` backend's cells)
+    num_gates: int = 0  # rows of ``weight_hh_l{k}`` per hidden unit, for the cells with torch.nn's keys (else 0)
 
     @abc.abstractmethod
     def read_layout(self, params: Mapping[str, torch.Tensor]) -> Layout:

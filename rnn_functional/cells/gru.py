@@ -56,9 +56,10 @@ class GRUCell(Cell):
     init_function = "init_gru_params"
     aten = AtenKernels(sequence=_aten_sequence, step=_aten_step)
     triton = TritonKernels(is_lstm=False)
+    num_gates = 3
 
     def read_layout(self, params: Mapping[str, torch.Tensor]) -> Layout:
-        return _torch_rnn.read_layout(self, params, num_gates=3, projection=False)
+        return _torch_rnn.read_layout(self, params, num_gates=self.num_gates, projection=False)
 
     def layer_weights(self, params: Mapping[str, torch.Tensor], layout: Layout, k: int) -> LayerWeights:
         return _torch_rnn.layer_weights(params, layout, k, projection=False)

@@ -59,9 +59,10 @@ class LSTMCell(Cell):
     out_dim = "P"
     aten = AtenKernels(sequence=_aten_sequence, step=_aten_step, fused_on_cpu=True)
     triton = TritonKernels(is_lstm=True)
+    num_gates = 4
 
     def read_layout(self, params: Mapping[str, torch.Tensor]) -> Layout:
-        return _torch_rnn.read_layout(self, params, num_gates=4, projection=True)
+        return _torch_rnn.read_layout(self, params, num_gates=self.num_gates, projection=True)
 
     def layer_weights(self, params: Mapping[str, torch.Tensor], layout: Layout, k: int) -> LayerWeights:
         return _torch_rnn.layer_weights(params, layout, k, projection=True)

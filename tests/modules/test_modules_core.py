@@ -532,6 +532,28 @@ def test_make_cudnn_based_refuses_recompute_full():
         module.make_cudnn_based()
 
 
+@pytest.mark.parametrize("recurrent", [False, True], ids=["step", "recurrent"])
+@pytest.mark.parametrize("swap", ["projected_lstm_hidden_6", "gru_weights_in_lstm"])
+def test_swapped_weights_whose_rows_divide_by_the_hidden_size_are_refused(swap, recurrent):
+    """Weights swapped in (``TensorDict.to_module``) whose ``weight_hh`` row count is a multiple of the module's
+    hidden size: a projected LSTM's of hidden size 6 for one of 4 (``[24, P]``), or a GRU's (``[3H, H]``, the same
+    keys) for an LSTM's. The module's check of its bound layout compared the rows modulo the hidden size: the step ran
+    on them and wrote a state of the wrong width, the sequence failed inside a kernel. Now a clear error: the module's
+    sizes against the weights', or the key whose shape does not fit an LSTM."""
+    from tensordict import TensorDict
+
+    module = rf.LSTMModule(3, 4, proj_size=2 if swap.startswith("projected") else 0, in_key="x", out_key="y",
+                           default_recurrent_mode=recurrent)
+    params = rf.init_lstm_params(3, 6, proj_size=2) if swap.startswith("projected") else rf.init_gru_params(3, 4)
+    lead = (2, 3) if recurrent else (2,)
+    td = TensorDict({"x": torch.randn(*lead, 3), "is_init": torch.zeros(*lead, 1, dtype=torch.bool)}, lead)
+    module(td.clone())  # the bound layout in use
+    with TensorDict({"lstm": params}).to_module(module), \
+            pytest.raises(ValueError, match=r"weights are for .*but the module is built for|params\['weight_hh_l0'\]: "
+                                            r"expected shape \[12, 3\] for LSTM.*got \[12, 4\]. Are these params of another cell"):
+        module(td.clone())
+
+
 def test_weights_of_another_size_name_the_sizes_in_recurrent_mode():
     """Weights swapped in for a module of another size (TensorDict.to_module): a clear error naming both sizes,
     not a matmul shape error from inside the kernel."""
