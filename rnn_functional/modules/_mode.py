@@ -65,6 +65,11 @@ _STATE = _ModeState()
 _MIRRORED: contextvars.ContextVar[bool] = contextvars.ContextVar("rnn_functional_mode_mirrored", default=False)
 
 
+# what each eager entry of a set_recurrent_mode restores on exit, innermost last: kept per thread (a context object
+# entered from two threads at once, or twice nested, restored another entry's state from its own attributes)
+_ENTRIES: contextvars.ContextVar[tuple] = contextvars.ContextVar("rnn_functional_mode_entries", default=())
+
+
 _torchrl_module = None  # TorchRL's rnn module, set by _torchrl_loaded()
 
 
@@ -136,28 +141,30 @@ class set_recurrent_mode(_DecoratorContextManager):
                 f"got {type(mode).__name__}."
             )
         self.mode = mode
-        self._prev: bool | None = None
-        self._torchrl_ctx = None
-        self._mirrored_token = None
+        self._prev: bool | None = None  # the traced entry's (Dynamo cannot trace a ContextVar)
 
     def clone(self) -> set_recurrent_mode:
         return type(self)(self.mode)
 
     def __enter__(self) -> None:
-        self._prev = _STATE.get()
+        prev = _STATE.get()
         _STATE.set(self.mode)
+        if torch.compiler.is_compiling():
+            self._prev = prev
+            return
         trl = _torchrl_rnn()
-        if not torch.compiler.is_compiling():
-            self._mirrored_token = _MIRRORED.set(trl is not None)
-            if trl is not None:
-                self._torchrl_ctx = trl.set_recurrent_mode(self.mode)
-                self._torchrl_ctx.__enter__()
+        torchrl_ctx = None if trl is None else trl.set_recurrent_mode(self.mode)
+        if torchrl_ctx is not None:
+            torchrl_ctx.__enter__()
+        _ENTRIES.set((*_ENTRIES.get(), (prev, _MIRRORED.set(trl is not None), torchrl_ctx)))
 
     def __exit__(self, exc_type, exc_value, traceback) -> None:
-        if self._torchrl_ctx is not None:
-            self._torchrl_ctx.__exit__(exc_type, exc_value, traceback)
-            self._torchrl_ctx = None
-        if self._mirrored_token is not None:
-            _MIRRORED.reset(self._mirrored_token)
-            self._mirrored_token = None
-        _STATE.set(self._prev)
+        if torch.compiler.is_compiling():
+            _STATE.set(self._prev)
+            return
+        *outer, (prev, mirrored_token, torchrl_ctx) = _ENTRIES.get()
+        _ENTRIES.set(tuple(outer))
+        if torchrl_ctx is not None:
+            torchrl_ctx.__exit__(exc_type, exc_value, traceback)
+        _MIRRORED.reset(mirrored_token)
+        _STATE.set(prev)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tensordict import TensorDict
-from module_helpers import HIDDEN_KEYS, make_td, weighted_sum
+from module_helpers import HIDDEN_KEYS, make_module, make_td, weighted_sum
 from tensordict.nn import TensorDictModule as Mod
 from tensordict.nn import TensorDictSequential as Seq
 from torch import nn
@@ -79,6 +79,46 @@ def test_contexts_drive_both_libraries():
                 assert ours.recurrent_mode is False and theirs.recurrent_mode is False
         assert ours.recurrent_mode is True
     assert ours.recurrent_mode is False and theirs.recurrent_mode is False
+
+
+def test_one_context_object_entered_from_two_threads():
+    """A ``set_recurrent_mode`` object kept at module level and entered by two threads, A in then B in, A out then
+    B out (TorchRL loaded): each exit restores its own thread's mode. The object kept one entry's restore state on
+    itself: A's exit raised ("was created in a different Context") and B stayed in recurrent mode after its exit."""
+    import threading
+
+    shared = rf.set_recurrent_mode(True)
+    module = make_module("gru")
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen, errors = {}, []
+
+    def run(name, entered, wait_for, then_set):
+        try:
+            with shared:
+                entered.set()
+                assert wait_for.wait(10)
+                seen[name, "inside"] = (module.recurrent_mode, rf.recurrent_mode())
+            if then_set is not None:
+                then_set.set()
+            seen[name, "after"] = (module.recurrent_mode, rf.recurrent_mode())
+        except Exception as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=("A", a_in, b_in, a_out)),
+               threading.Thread(target=run, args=("B", b_in, a_out, None))]
+    threads[0].start()
+    assert a_in.wait(10)
+    threads[1].start()
+    for t in threads:
+        t.join(20)
+    assert not errors, errors
+    assert seen == {("A", "inside"): (True, True), ("B", "inside"): (True, True),
+                    ("A", "after"): (False, None), ("B", "after"): (False, None)}
+    with shared:  # and nested in one thread
+        with shared:
+            assert module.recurrent_mode is True
+        assert module.recurrent_mode is True
+    assert module.recurrent_mode is False and rf.recurrent_mode() is None
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
