@@ -47,8 +47,9 @@ def forward_mode(kinds: set | tuple | None = None) -> bool:
 def replayed_vjp(fn, args: tuple, cotangents: tuple) -> list:
     """A hand-written backward's replacement when autograd records it (``create_graph=True``): the vjp of
     ``fn(*args)`` (plain differentiable ops replaying the forward) with ``cotangents`` (``None``: zeros), itself
-    differentiable, so every higher order is exact; by the AD system that records it (``torch.func``'s, or autograd's). ``None`` entries of ``args`` (absent weights) stay fixed and
-    get ``None``; returns one gradient per entry of ``args``."""
+    differentiable, so every higher order is exact; taken by the AD system that records it (``torch.func``'s, or
+    autograd's). ``None`` entries of ``args`` (absent weights) stay fixed and get ``None``; returns one gradient per
+    entry of ``args``."""
     present = [i for i, t in enumerate(args) if t is not None]
 
     def of_present(*tensors):
@@ -64,8 +65,9 @@ def replayed_vjp(fn, args: tuple, cotangents: tuple) -> list:
         inputs = [args[i] if args[i].requires_grad else args[i].detach().requires_grad_() for i in present]
         with torch.enable_grad():
             out = of_present(*inputs)
-        found = torch.autograd.grad(out, inputs, [torch.zeros_like(o) if g is None else g for o, g in zip(out, cotangents)],
-                                    create_graph=True, allow_unused=True, materialize_grads=True)
+        cotangents = [torch.zeros_like(o) if g is None else g for o, g in zip(out, cotangents)]
+        found = torch.autograd.grad(out, inputs, cotangents, create_graph=True, allow_unused=True,
+                                    materialize_grads=True)
     grads: list = [None] * len(args)
     for i, g in zip(present, found):
         grads[i] = g

@@ -146,7 +146,8 @@ def current_layout(cell: Cell, params: Mapping[str, torch.Tensor], layout: Layou
     weight, w_in = params.get("weight_hh_l0"), params.get("weight_ih_l0")
     if (layout is None or weight is None or w_in is None or weight.dtype != layout.dtype
             or weight.device != layout.device or w_in.shape[-1] != layout.input_size
-            or weight.shape[-1] != layout.state_sizes[0] or weight.shape[0] != layout.cell.num_gates * layout.hidden_size
+            or weight.shape[-1] != layout.state_sizes[0]
+            or weight.shape[0] != layout.cell.num_gates * layout.hidden_size
             or f"weight_hh_l{layout.num_layers - 1}" not in params or f"weight_hh_l{layout.num_layers}" in params):
         return cell.read_layout(params)
     return layout
