@@ -60,14 +60,15 @@ def replayed_vjp(fn, args: tuple, cotangents: tuple) -> list:
 
     if transforms():  # under torch.func (grad of grad, hessian): its vjp, which composes with the transforms around it
         out, pullback = torch.func.vjp(of_present, *(args[i] for i in present))
-        found = pullback(tuple(torch.zeros_like(o) if g is None else g for o, g in zip(out, cotangents)))
     else:  # plain autograd, whose saved-tensor hooks (save_on_cpu) torch.func refuses: the replay's own graph
         inputs = [args[i] if args[i].requires_grad else args[i].detach().requires_grad_() for i in present]
         with torch.enable_grad():
             out = of_present(*inputs)
-        cotangents = [torch.zeros_like(o) if g is None else g for o, g in zip(out, cotangents)]
-        found = torch.autograd.grad(out, inputs, cotangents, create_graph=True, allow_unused=True,
-                                    materialize_grads=True)
+
+        def pullback(cotangents):
+            return torch.autograd.grad(out, inputs, cotangents, create_graph=True, allow_unused=True,
+                                       materialize_grads=True)
+    found = pullback(tuple(torch.zeros_like(o) if g is None else g for o, g in zip(out, cotangents)))
     grads: list = [None] * len(args)
     for i, g in zip(present, found):
         grads[i] = g

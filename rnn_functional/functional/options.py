@@ -40,7 +40,7 @@ class CallContext:
 def recompute_backends(ctx: CallContext) -> list[str]:
     """The backends that serve ``recompute`` in ``ctx`` (for the errors only): under an eager ``torch.func`` transform
     ``reference``'s checkpointing cannot run, nor ``triton`` under its autodiff (:func:`..selection.choose`)."""
-    if ctx.compiling or not ctx.traced:
+    if not (ctx.vmapped or ctx.differentiated):
         return list(_RECOMPUTE_BACKENDS)
     return ["scan"] if ctx.differentiated else ["scan", "triton"]
 
