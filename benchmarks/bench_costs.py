@@ -6,18 +6,22 @@
 At 1 and 2 threads (``torch.set_num_threads``: oneDNN's LSTM gains from threads more than ATen's
 per-step loops, so the ranking of routes moves with them), for every cell (LSTM, GRU, layer-norm GRU) and mode (``fwd`` under ``torch.no_grad``; ``fwd+bwd``:
 forward and ``y.sum().backward()``), each way of running a call is timed through the public functions
-(one layer, H=128, F=64; the fastest of the rounds), interleaved in random order, at ``rows`` rows and ``T`` in {1, 32} steps:
+(one layer, H=128, F=64; the fastest of the rounds), interleaved in random order, at ``rows`` rows (2 to 16384:
+a re-batched call of a densely reset batch runs thousands of segments per step, and a step's cost per row grows
+once its tensors leave the caches, so the large counts are measured, not extrapolated) and ``T`` in {1, 32} steps
+({1, 8} above 512 rows):
 
 * ``pad``: reset-free calls ``[rows, T]``; ``reference``, ``scan``: the same with a reset every 4 steps
   (the loops apply a mask at every step of a call with resets, as their routes run them);
 * ``packed`` and ``buckets``: ``backend="pad", segment_layout="packed"`` (``"buckets"``: one bucket) on
   one flat row of ``rows`` slices of ``T`` steps (every step runs ``rows`` rows), less the gathers'
-  measured cost: their call cost is the layout's own work (plan, sort, cut, indices) and one kernel call;
+  measured cost: their call cost is the layout's own work (plan, sort, cut, indices) and one kernel call
+  (``buckets`` up to 512 rows only: its steps are ``pad``'s);
 * ``move``: the gathers a re-batched layout adds (an ``index_copy`` of the inputs into a block and an
   ``index_select`` of the outputs back, with their backward in ``fwd+bwd``) of ``rows`` row-steps.
 
-A kernel's step cost at ``rows`` rows is ``(t(32) - t(1)) / 31``, its call cost the median over the
-row counts of ``t(1) - step``. ``packed`` is timed at ``T = 8`` too: its backward zero-fills its whole
+A kernel's step cost at ``rows`` rows is the slope of its times over ``T``, its call cost the median over the
+row counts up to 512 of ``t(1) - step``. ``packed`` is timed at ``T = 8`` too (up to 512 rows): its backward zero-fills its whole
 input gradient at every step, a cost ``fill * steps * (rows * T)`` (``packed_fill``) that the three times
 separate from its call and step costs. ``packed`` is timed on ragged slices (the first ``T + 1`` steps long,
 the last ``T - 1``): ATen's packed backward is several times faster when every step runs the same rows, a
@@ -49,8 +53,18 @@ COSTS_PY = Path(__file__).resolve().parents[1] / "rnn_functional" / "backends" /
 F_IN, HIDDEN = 64, 128
 CELLS = {"lstm": (rf.init_lstm_params, rf.lstm_sequence), "gru": (rf.init_gru_params, rf.gru_sequence),
          "norm_gru": (rf.init_norm_gru_params, rf.norm_gru_sequence)}
-ROWS, QUICK_ROWS = (2, 8, 64, 512), (2, 16)
-SHORT, MID, LONG = 1, 8, 32  # MID: packed only (its backward's fill grows with T squared)
+ROWS, QUICK_ROWS = (2, 8, 32, 64, 128, 256, 512, 1024, 4096, 16384), (2, 16)
+MANY = 512  # above it a call's time grows with rows x steps: fewer steps keep the run to minutes
+PACKED_MID = 8  # packed is timed at three step counts up to MANY rows: they solve its backward's fill (see above)
+
+
+def step_counts(kernel: str, rows: int) -> tuple[int, ...]:
+    """The step counts ``kernel`` is timed at over ``rows`` rows."""
+    if rows > MANY:
+        return (1, 8)
+    return (1, PACKED_MID, 32) if kernel == "packed" else (1, 32)
+
+
 CPU = torch.device("cpu")
 
 
@@ -79,6 +93,24 @@ def _move(row_steps: int, grad: bool):
     return run
 
 
+def _kernel_call(sequence, params, kernel: str, x: torch.Tensor, grad: bool):
+    """One call of ``kernel`` over ``x [n, T, F]`` as :func:`measure` times it."""
+    n, t_len = x.shape[:2]
+    if kernel in ("packed", "buckets"):  # one flat row of n slices: every step runs n rows
+        is_init = torch.zeros(1, n * t_len, dtype=torch.bool)
+        is_init[0, ::t_len] = True
+        if kernel == "packed":  # ragged, as packed runs (equal lengths take ATen's much faster path)
+            is_init[0, t_len] = False
+            is_init[0, min(t_len + 1, n * t_len - 1)] = True
+        return _timed(lambda xx: sequence(xx, None, params, is_init=is_init, backend="pad", segment_layout=kernel),
+                      x.reshape(1, n * t_len, F_IN), grad)
+    if kernel == "pad":
+        return _timed(lambda xx: sequence(xx, None, params, backend="pad"), x, grad)
+    resets = torch.zeros(n, t_len, dtype=torch.bool)  # the loops as routes run them: a reset mask read at every step
+    resets[:, ::4] = True
+    return _timed(lambda xx: sequence(xx, None, params, is_init=resets, backend=kernel), x, grad)
+
+
 def measure(cell: str, grad: bool, rows: tuple, repeats: int) -> dict:
     """``{kernel: {rows: {T: seconds}}}`` for ``cell`` in one mode."""
     init, sequence = CELLS[cell]
@@ -86,33 +118,19 @@ def measure(cell: str, grad: bool, rows: tuple, repeats: int) -> dict:
     if grad:
         params = params.apply(lambda t: t.detach().requires_grad_(True))
     kernels = ["reference", "scan"] + (["pad", "packed", "buckets"] if cell != "norm_gru" else [])
-    contenders = {}
-    for n in rows:
-        for t_len in (SHORT, MID, LONG):
-            x = torch.randn(n, t_len, F_IN)
-            for k in kernels if t_len != MID else ["packed"] * ("packed" in kernels):
-                if k in ("packed", "buckets"):  # one flat row of n slices: every step runs n rows
-                    is_init = torch.zeros(1, n * t_len, dtype=torch.bool)
-                    is_init[0, ::t_len] = True
-                    if k == "packed":  # ragged, as packed runs (equal lengths take ATen's much faster path)
-                        is_init[0, t_len] = False
-                        is_init[0, min(t_len + 1, n * t_len - 1)] = True
-                    fn = (lambda xx, m=is_init, k=k: sequence(xx, None, params, is_init=m, backend="pad",
-                                                              segment_layout=k))
-                    contenders[k, n, t_len] = _timed(fn, x.reshape(1, n * t_len, F_IN), grad)
-                elif k == "pad":
-                    contenders[k, n, t_len] = _timed(lambda xx: sequence(xx, None, params, backend="pad"), x, grad)
-                else:  # the loops as routes run them: a reset mask read at every step
-                    resets = torch.zeros(n, t_len, dtype=torch.bool)
-                    resets[:, ::4] = True
-                    contenders[k, n, t_len] = _timed(
-                        lambda xx, k=k, m=resets: sequence(xx, None, params, is_init=m, backend=k), x, grad)
-            contenders["move", n, t_len] = _move(n * t_len, grad)
-    times = interleaved({repr(key): fn for key, fn in contenders.items()}, CPU, repeats=repeats, shuffle=True)
     out: dict = {}
-    for key in contenders:
-        k, n, t_len = key
-        out.setdefault(k, {}).setdefault(n, {})[t_len] = times[repr(key)]["min_s"]  # noise only adds time
+    for group in ([n for n in rows if n <= MANY], [n for n in rows if n > MANY]):  # apart: a call over thousands
+        contenders = {}  # of rows leaves the heap and caches to the next call, which a few rows' call would pay for
+        for n in group:
+            for k in kernels if n <= MANY else [k for k in kernels if k != "buckets"]:  # buckets: its call cost only
+                for t_len in step_counts(k, n):
+                    x = torch.randn(n, t_len, F_IN)
+                    contenders[k, n, t_len] = _kernel_call(sequence, params, k, x, grad)
+                    contenders["move", n, t_len] = _move(n * t_len, grad)
+        times = interleaved({repr(key): fn for key, fn in contenders.items()}, CPU, repeats=repeats, shuffle=True)
+        for key in contenders:
+            k, n, t_len = key
+            out.setdefault(k, {}).setdefault(n, {})[t_len] = times[repr(key)]["min_s"]  # noise only adds time
     return out
 
 
@@ -134,6 +152,8 @@ def table_row(times: dict) -> dict:
         if k == "packed":  # call + (T+1) * step + fill * (T+1) * (n * T): three times per n solve it; one fill for all
             fills = []
             for n, ts in by_rows.items():
+                if n > MANY:  # two step counts there (the fill is per element, solved where three were timed)
+                    continue
                 t_len = np.array(sorted(ts), dtype=float)
                 solved = np.linalg.solve(np.stack([np.ones(3), t_len + 1, n * t_len * (t_len + 1)], 1),
                                          [ts[t] for t in sorted(ts)])
@@ -145,7 +165,8 @@ def table_row(times: dict) -> dict:
             t_len = np.array(sorted(ts), dtype=float)
             step, call = np.polyfit(t_len + longest, [ts[t] - fill * n * t * (t + longest) for t in sorted(ts)], 1)
             steps.append((n, round(max(float(step), 0.0) * 1e6, 3)))
-            calls.append(max(float(call), 0.0) * 1e6)
+            if n <= MANY:  # a fixed cost: the intercept of a call over thousands of rows is mostly their noise
+                calls.append(max(float(call), 0.0) * 1e6)
         row[k] = (round(statistics.median(calls), 3), tuple(steps))
     return row
 
@@ -201,7 +222,9 @@ def main() -> None:
     table = {th: {cell: {mode: table_row(t) for mode, t in modes.items()} for cell, modes in cells.items()}
              for th, cells in times.items()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"environment": env, "hidden": HIDDEN, "input": F_IN, "steps": [SHORT, MID, LONG],
+    steps = {f"rows <= {MANY}": step_counts("pad", MANY), f"packed, rows <= {MANY}": step_counts("packed", MANY),
+             f"rows > {MANY}": step_counts("pad", MANY + 1)}
+    args.out.write_text(json.dumps({"environment": env, "hidden": HIDDEN, "input": F_IN, "steps": steps,
                                     "times_s": times, "table_us": table}, indent=1))
     if args.write or args.refit:
         write_table(table, f"{env['device_name']}, torch {env['torch']}")

@@ -385,11 +385,13 @@ def bucketed(p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, r
     x_rows = _block(x, dest, int(steps_sorted.sum()))
     h0 = _initial_carries(p, carry, is_init, reset, order_d)
     run = pad.aten_kernels(layout).sequence
-    ys, finals, row = [], [], 0
-    for first, end, steps, full in cut:
-        xb = x_rows[row: row + (end - first) * steps].view(end - first, steps, -1)
-        row += (end - first) * steps
-        hb = tuple(s[first:end] for s in h0)
+    # The buckets' inputs by one split each, not a slice per bucket: a slice's backward zero-fills a gradient of
+    # the whole buffer, once per bucket (200 buckets over [256, 256]: 84% of an LSTM's backward).
+    x_b = x_rows.split((rows_per_bucket * np.array([steps for *_, steps, _ in cut])).tolist())
+    h0_b = tuple(zip(*(s.split(rows_per_bucket.tolist()) for s in h0)))
+    ys, finals = [], []
+    for (first, end, steps, full), x_flat, hb in zip(cut, x_b, h0_b):
+        xb = x_flat.view(end - first, steps, -1)
         yb, hx = run(layout, params, xb, pad.to_layer_major(hb), *pad.kernel_mode(xb, opts), None)
         lb = len_d[first:end]
         h_last = yb.gather(1, (lb - 1).view(-1, 1, 1).expand(-1, 1, yb.shape[-1]))  # [Sb, 1, P]

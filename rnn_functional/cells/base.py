@@ -175,8 +175,8 @@ class Cell(abc.ABC):
         ``h`` more cheaply overrides it.
         """
         carry, rest = rest0, []
-        for t in range(gi.shape[1]):
-            carry = self.layer_step(gi[:, t], (h_prev[:, t], *carry), w)[1:]
+        for gi_t, h_t in zip(gi.unbind(1), h_prev.unbind(1)):  # not [:, t]: see backends/reference.py
+            carry = self.layer_step(gi_t, (h_t, *carry), w)[1:]
             rest.append(carry)
         return tuple(torch.stack(parts, dim=1) for parts in zip(*rest))
 

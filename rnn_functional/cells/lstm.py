@@ -86,8 +86,8 @@ class LSTMCell(Cell):
         ``c``'s elementwise recurrence alone over ``T``."""
         (_, candidate), (_, f, *_) = self.layer_step_saving(gi, (h_prev, torch.zeros_like(h_prev[..., :1])), w)
         c, cs = rest0[0], []  # candidate: the cell update from c = 0, i * g
-        for t in range(gi.shape[1]):
-            c = _cell_update(f[:, t], c, candidate[:, t])
+        for f_t, candidate_t in zip(f.unbind(1), candidate.unbind(1)):  # not [:, t]: see backends/reference.py
+            c = _cell_update(f_t, c, candidate_t)
             cs.append(c)
         return (torch.stack(cs, dim=1),)
 

@@ -341,18 +341,21 @@ def layer_ref(x: Tensor, w_ih: Tensor, b_ih: Optional[Tensor], w: Tensor, b: Opt
     x, w_ih, b_ih, w, b, h, c, rh, rc = (None if t is None else t.to(acc) for t in (x, w_ih, b_ih, w, b, h0, c0, rh, rc))
     gx = _input_projection(x, w_ih, b_ih)  # [E, N, T, G*H]
     hs, cs = [h], [c]
-    for t in range(x.shape[2]):
+    steps = x.shape[2]  # per-step views by one unbind each, not [:, :, t]: see backends/reference.py
+    gx_t = gx.unbind(2)
+    m_t, rh_t, rc_t = ((None,) * steps if t is None else t.unbind(2) for t in (is_init, rh, rc))
+    for t in range(steps):
         if is_init is not None:
-            m = is_init[:, :, t, None]
-            h = torch.where(m, 0.0 if rh is None else rh[:, :, t], h)
-            c = torch.where(m, 0.0 if rc is None else rc[:, :, t], c) if lstm else c
+            m = m_t[t][:, :, None]
+            h = torch.where(m, 0.0 if rh is None else rh_t[t], h)
+            c = torch.where(m, 0.0 if rc is None else rc_t[t], c) if lstm else c
         gh = torch.matmul(h, w.transpose(-1, -2)) + (0.0 if b is None else b[:, None, :])
         if lstm:
-            i, f, g, o = (gx[:, :, t] + gh).chunk(4, -1)
+            i, f, g, o = (gx_t[t] + gh).chunk(4, -1)
             c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
             h = torch.sigmoid(o) * torch.tanh(c)
         else:
-            (xr, xz, xn), (ar, az, an) = gx[:, :, t].chunk(3, -1), gh.chunk(3, -1)
+            (xr, xz, xn), (ar, az, an) = gx_t[t].chunk(3, -1), gh.chunk(3, -1)
             r, z = torch.sigmoid(xr + ar), torch.sigmoid(xz + az)
             n = torch.tanh(xn + r * an)
             h = n + z * (h - n)
