@@ -375,7 +375,8 @@ def bucketed(p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, r
     cut = buckets(p, layout, records_grad)
     dev = x.device
     rows_per_bucket = np.array([end - first for first, end, _, _ in cut])
-    steps_sorted = np.repeat(np.array([steps for *_, steps, _ in cut]), rows_per_bucket)
+    steps_per_bucket = np.array([steps for *_, steps, _ in cut])
+    steps_sorted = np.repeat(steps_per_bucket, rows_per_bucket)
     base = np.empty_like(steps_sorted)
     base[order] = np.cumsum(steps_sorted) - steps_sorted  # each segment's first row in the buffer
     rank = np.empty_like(order)
@@ -387,7 +388,7 @@ def bucketed(p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, r
     run = pad.aten_kernels(layout).sequence
     # The buckets' inputs by one split each, not a slice per bucket: a slice's backward zero-fills a gradient of
     # the whole buffer, once per bucket (200 buckets over [256, 256]: 84% of an LSTM's backward).
-    x_b = x_rows.split((rows_per_bucket * np.array([steps for *_, steps, _ in cut])).tolist())
+    x_b = x_rows.split((rows_per_bucket * steps_per_bucket).tolist())
     h0_b = tuple(zip(*(s.split(rows_per_bucket.tolist()) for s in h0)))
     ys, finals = [], []
     for (first, end, steps, full), x_flat, hb in zip(cut, x_b, h0_b):
