@@ -18,11 +18,18 @@ __all__ = ["init_lstm_params", "init_gru_params", "params_from_module"]
 def params_from_module(module: nn.LSTM | nn.GRU) -> TensorDict:
     """The parameters of an ``nn.LSTM`` / ``nn.GRU`` as a TensorDict sharing their storage.
 
-    Gradients computed through the returned TensorDict land in ``module``'s ``.grad``.
+    Any ``nn.RNNBase`` in LSTM or GRU mode serves, as the modules' ``lstm=``/``gru=`` accept: e.g. TorchRL's
+    Python ``torchrl.modules.LSTM``/``GRU`` (the child of its ``python_based`` modules), which hold the same
+    parameters under the same names. Gradients computed through the returned TensorDict land in ``module``'s
+    ``.grad``.
     """
-    if not isinstance(module, (nn.LSTM, nn.GRU)):
+    if not (isinstance(module, nn.RNNBase) and module.mode in (nn.LSTM.__name__, nn.GRU.__name__)):  # as build_rnn
+        kind = type(module)
+        mode = f" in mode {module.mode!r}" if isinstance(module, nn.RNNBase) else ""
         raise TypeError(
-            f"params_from_module expects a torch.nn.LSTM or torch.nn.GRU, got {type(module).__name__}."
+            f"params_from_module(module): expected a torch.nn.LSTM or torch.nn.GRU (or another nn.RNNBase in LSTM "
+            f"or GRU mode), got {kind.__module__}.{kind.__qualname__}{mode}. Pass the recurrent layer itself, e.g. "
+            f"the .lstm/.gru child of an LSTMModule/GRUModule."
         )
     if module.bidirectional:
         raise ValueError(

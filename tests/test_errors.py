@@ -49,6 +49,11 @@ def test_state_shapes_and_kind(lstm) -> None:
         rf.lstm_sequence(x, torch.zeros(B, L, H), params)
     with expect(TypeError, "state: expected a tensor h for GRU", "got tuple"):
         rf.gru_sequence(x, (torch.zeros(B, L, H),), rf.init_gru_params(F, H, L))
+    with expect(TypeError, "state: expected a tuple (h, c)", "got tuple of length 2 whose c is NoneType",
+                "Pass state=None for zeros in every entry."):
+        rf.lstm_sequence(x, (torch.zeros(B, L, H), None), params)
+    with expect(TypeError, "reset_state: expected a tuple (h, c)", "got list of length 2 whose h is int, c is int."):
+        rf.lstm_sequence(x, None, params, is_init=torch.zeros(B, T, dtype=torch.bool), reset_state=[0, 1])
 
 
 def test_is_init_dtype_and_shape(lstm) -> None:
@@ -141,8 +146,11 @@ def test_init_params_arguments() -> None:
         rf.init_lstm_params(F, H, proj_size=5)
     with expect(ValueError, "input_size, hidden_size and num_layers must be positive", "num_layers=0"):
         rf.init_gru_params(F, H, 0)
-    with expect(TypeError, "expects a torch.nn.LSTM or torch.nn.GRU, got Linear"):
+    with expect(TypeError, "params_from_module(module): expected a torch.nn.LSTM or torch.nn.GRU",
+                "got torch.nn.modules.linear.Linear."):
         rf.params_from_module(torch.nn.Linear(2, 2))
+    with expect(TypeError, "got torch.nn.modules.rnn.RNN in mode 'RNN_TANH'"):
+        rf.params_from_module(torch.nn.RNN(2, 2))
     with expect(ValueError, "bidirectional modules are not supported"):
         rf.params_from_module(torch.nn.GRU(2, 2, bidirectional=True))
 

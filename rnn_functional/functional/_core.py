@@ -52,11 +52,13 @@ def _as_carry(cell: Cell, value, arg: str) -> Carry:
             raise TypeError(f"{arg}: expected a tensor {names[0]} for {cell.title}, got {type(value).__name__}.")
         return (value,)
     if not (isinstance(value, (tuple, list)) and len(value) == len(names) and all(isinstance(v, torch.Tensor) for v in value)):
+        got = type(value).__name__
+        if isinstance(value, (tuple, list)):
+            wrong = [f"{n} is {type(v).__name__}" for n, v in zip(names, value) if not isinstance(v, torch.Tensor)]
+            got += f" of length {len(value)}" + (f" whose {', '.join(wrong)}" if len(value) == len(names) else "")
         raise TypeError(
-            f"{arg}: expected a tuple ({', '.join(names)}) of {_COUNT[len(names)]} tensors for {cell.title}, "
-            f"got {type(value).__name__}"
-            + (f" of length {len(value)}" if isinstance(value, (tuple, list)) else "")
-            + "."
+            f"{arg}: expected a tuple ({', '.join(names)}) of {_COUNT[len(names)]} tensors for {cell.title}, got {got}."
+            + (f" Pass {arg}=None for zeros in every entry." if arg == "state" else "")
         )
     return tuple(value)
 

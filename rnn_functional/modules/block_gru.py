@@ -19,6 +19,7 @@ from ..backends import SequenceOptions
 from ..cells.block_gru import init_weight_
 from ..functional._core import execute, flatten, run_step, run_validated_step
 from ..functional.block_gru import configured_cell
+from ._options import checked_option
 
 __all__ = ["DreamerV3BlockGRU", "DreamerV3BlockGRUCell"]
 
@@ -164,18 +165,23 @@ class DreamerV3BlockGRU(nn.Module):
         device: torch.device | str | int | None = None,
     ):
         super().__init__()
-        if recurrent_backend not in RECURRENT_BACKENDS:
-            raise ValueError(f"recurrent_backend must be one of {list(RECURRENT_BACKENDS)}, got {recurrent_backend!r}.")
-        if recurrent_backend == "triton":
-            raise ValueError(
-                "recurrent_backend='triton': rnn_functional has no Triton kernel for the block GRU. Use 'auto' (the "
-                "default), 'scan' or 'reference'."
-            )
+        self.recurrent_backend = recurrent_backend
         self.cell = DreamerV3BlockGRUCell(
             input_size, hidden_size, projection_size=projection_size, num_blocks=num_blocks, num_layers=num_layers,
             activation_class=activation_class, norm_eps=norm_eps, update_bias=update_bias, device=device,
         )
-        self.recurrent_backend = recurrent_backend
+
+    recurrent_backend = checked_option("recurrent_backend")
+
+    @staticmethod
+    def _check_option(name: str, value) -> None:
+        if value not in RECURRENT_BACKENDS:
+            raise ValueError(f"{name} must be one of {list(RECURRENT_BACKENDS)}, got {value!r}.")
+        if value == "triton":
+            raise ValueError(
+                f"{name}='triton': rnn_functional has no Triton kernel for the block GRU. Use 'auto' (the "
+                "default), 'scan' or 'reference'."
+            )
 
     def forward(
         self, input: torch.Tensor, hidden: torch.Tensor | None = None, is_init: torch.Tensor | None = None

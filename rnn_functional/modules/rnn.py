@@ -45,6 +45,7 @@ from ._cells import GRU_CELL, LSTM_CELL
 from ._compat import TorchRLCompat
 from ._forward import bound_layout, read_inputs, run_sequence, run_step, write_outputs
 from ._keys import resolve_keys
+from ._options import checked_option
 from ._weights import RNNChild, build_rnn
 
 __all__ = ["LSTMModule", "GRUModule"]
@@ -55,6 +56,9 @@ __all__ = ["LSTMModule", "GRUModule"]
 # compiled forward guard on that one entry instead.
 is_tensorclass(torch.Tensor)
 
+# the options checked on assignment (``checked_option``)
+_OPTIONS = ("recurrent_backend", "recurrent_recompute", "recurrent_compute_dtype", "recurrent_matmul_precision")
+
 
 class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
     """What :class:`LSTMModule` and :class:`GRUModule` share; each sets ``_cell``."""
@@ -64,11 +68,9 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
                in_key, in_keys, out_key, out_keys, device, default_recurrent_mode,
                recurrent_slice_len=None, recurrent_num_slices=None) -> None:
         cell = self._cell
-        check_options(backend=recurrent_backend, recompute=recurrent_recompute, dropout=given["dropout"],
-                      matmul_precision=recurrent_matmul_precision, compute_dtype=recurrent_compute_dtype,
-                      owner=f"{cell.module_name}: ")
-        if recurrent_backend != "auto" and recurrent_backend not in backends_for(cell.core):
-            raise no_kernel_for(recurrent_backend, cell.core)
+        self._check_options(dropout=given["dropout"], recurrent_backend=recurrent_backend,
+                            recurrent_recompute=recurrent_recompute, recurrent_compute_dtype=recurrent_compute_dtype,
+                            recurrent_matmul_precision=recurrent_matmul_precision)
         check_value(recurrent_slice_len, f"{cell.module_name}: recurrent_slice_len")
         check_value(recurrent_num_slices, f"{cell.module_name}: recurrent_num_slices")
         check_pair(recurrent_slice_len, recurrent_num_slices, f"{cell.module_name}: ", "recurrent_")
@@ -80,13 +82,32 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
         self.python_based = False
         if python_based:
             self.make_python_based()
-        self.recurrent_backend = recurrent_backend
-        self.recurrent_compute_dtype = recurrent_compute_dtype
-        self.recurrent_recompute = recurrent_recompute
-        self.recurrent_matmul_precision = recurrent_matmul_precision
+        self._recurrent_backend = recurrent_backend  # checked together above; assignments later check each
+        self._recurrent_compute_dtype = recurrent_compute_dtype
+        self._recurrent_recompute = recurrent_recompute
+        self._recurrent_matmul_precision = recurrent_matmul_precision
         self.recurrent_slice_len = recurrent_slice_len
         self.recurrent_num_slices = recurrent_num_slices
         self._recurrent_mode = default_recurrent_mode
+
+    recurrent_backend = checked_option("recurrent_backend")
+    recurrent_recompute = checked_option("recurrent_recompute")
+    recurrent_compute_dtype = checked_option("recurrent_compute_dtype")
+    recurrent_matmul_precision = checked_option("recurrent_matmul_precision")
+
+    def _check_options(self, *, recurrent_backend: str, recurrent_recompute: str, recurrent_compute_dtype,
+                       recurrent_matmul_precision, dropout: float = 0.0) -> None:
+        """Raise unless these recurrent options could serve a call: each value, their combination (``recompute``
+        with ``pad``) and the backend for this cell."""
+        cell = self._cell
+        check_options(backend=recurrent_backend, recompute=recurrent_recompute, dropout=dropout,
+                      matmul_precision=recurrent_matmul_precision, compute_dtype=recurrent_compute_dtype,
+                      owner=f"{cell.module_name}: ")
+        if recurrent_backend != "auto" and recurrent_backend not in backends_for(cell.core):
+            raise no_kernel_for(recurrent_backend, cell.core)
+
+    def _check_option(self, name: str, value) -> None:
+        self._check_options(**{**{option: getattr(self, option) for option in _OPTIONS}, name: value})
 
     def forward(self, *args, **kwargs) -> TensorDictBase:
         """Read the input, hidden and ``is_init`` keys, run one step or a sequence, write outputs.

@@ -266,10 +266,24 @@ def test_forward_errors_match_torchrl(mistake: str) -> None:
         FORWARD_MISTAKES[mistake](ours)
 
 
-@pytest.mark.parametrize("backend", ["pad", "triton_typo", "bogus", "Scan"])
+@pytest.mark.parametrize("backend", ["pad", "triton_typo", "bogus", "Scan", "triton"])
 def test_bad_recurrent_backend_raises(backend: str) -> None:
-    with pytest.raises(ValueError, match="backend"):
+    """Refused by the constructor, and when assigned later (not first by the next call); the module keeps its own."""
+    with pytest.raises(ValueError, match="recurrent_backend"):
         rf.DreamerV3BlockGRU(F_IN, H, **_kwargs(), recurrent_backend=backend)
+    ours = rf.DreamerV3BlockGRU(F_IN, H, **_kwargs(), recurrent_backend="scan")
+    with pytest.raises(ValueError, match="recurrent_backend"):
+        ours.recurrent_backend = backend
+    assert ours.recurrent_backend == "scan"
+
+
+def test_recurrent_backend_assigned_later_runs() -> None:
+    ours = rf.DreamerV3BlockGRU(F_IN, H, **_kwargs()).double()
+    x, is_init = torch.randn(B, T, F_IN, dtype=torch.float64), torch.rand(B, T) < 0.3
+    want = ours(x, None, is_init)[0]
+    ours.recurrent_backend = "scan"
+    assert ours.recurrent_backend == "scan"
+    torch.testing.assert_close(ours(x, None, is_init)[0], want)
 
 
 def test_unsupported_activation_names_the_supported_ones() -> None:

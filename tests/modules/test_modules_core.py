@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import re
 import subprocess
 import sys
 
@@ -349,6 +350,41 @@ def test_options_reach_the_core(monkeypatch):
     assert opts.compute_dtype is torch.bfloat16 and opts.matmul_precision == "tf32x3"
     assert opts.segment_states is True
     assert seen["layout"] is module._layout  # the weights' layout, checked when bound, not re-read per call
+
+
+@pytest.mark.parametrize("option, value, exc, message", [
+    ("recurrent_backend", "cudnn", ValueError, "GRUModule: recurrent_backend must be one of ['auto', "),
+    ("recurrent_backend", "parallel", ValueError, "backend 'parallel' cannot serve the GRU cell"),
+    ("recurrent_recompute", "yes", ValueError, "GRUModule: recurrent_recompute must be one of ['none', 'full'], got 'yes'"),
+    ("recurrent_compute_dtype", torch.int32, TypeError, "GRUModule: recurrent_compute_dtype must be None"),
+    ("recurrent_matmul_precision", "fastest", ValueError, "GRUModule: recurrent_matmul_precision: expected one of"),
+])
+def test_options_assigned_later_are_checked(option, value, exc, message):
+    """An option assigned after construction is checked as the constructor checks it, at the assignment: a bad value
+    is not left for the next call to trip on (a bare KeyError) or to ignore (recompute, compute dtype)."""
+    module = make_module("gru", default_recurrent_mode=True)
+    before = getattr(module, option)
+    with pytest.raises(exc, match=re.escape(message)):
+        setattr(module, option, value)
+    assert getattr(module, option) == before
+
+
+def test_options_assigned_later_are_checked_together_and_reach_the_core():
+    module = make_module("lstm", default_recurrent_mode=True, recurrent_recompute="full")
+    td = make_td("lstm", (2, 5), seed=12)
+    want = module(td.clone())["y"]
+    with pytest.raises(ValueError, match=re.escape("recurrent_recompute='full' cannot be served by recurrent_backend='pad'")):
+        module.recurrent_backend = "pad"
+    module.recurrent_recompute = "none"
+    module.recurrent_backend = "pad"
+    with torch.autograd.profiler.profile() as prof:
+        got = module(td.clone())["y"]
+    assert "aten::lstm" in {e.name for e in prof.function_events}  # the pad backend ran
+    torch.testing.assert_close(got, want)
+    for copied in (copy.deepcopy(module), pickle.loads(pickle.dumps(module))):
+        assert (copied.recurrent_backend, copied.recurrent_recompute) == ("pad", "none")
+        with pytest.raises(ValueError, match="recurrent_backend must be one of"):
+            copied.recurrent_backend = "cudnn"
 
 
 @pytest.mark.skipif("triton" not in rf.available_backends(), reason="triton backend not available here")

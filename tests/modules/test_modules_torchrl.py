@@ -62,6 +62,23 @@ def test_parity_with_torchrl(cell, layers, proj, python_based, batch_shape, mode
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_params_from_torchrl_python_based_child(cell):
+    """``params_from_module`` takes what ``lstm=``/``gru=`` take: TorchRL's Python ``LSTM``/``GRU`` (the child of its
+    ``python_based`` modules), whose outputs ours then equal; its gradients land in TorchRL's parameters."""
+    torch.manual_seed(0)
+    theirs = (trm.LSTMModule if cell == "lstm" else trm.GRUModule)(4, 5, 2, python_based=True, **KEYS[cell]).double()
+    child = getattr(theirs, cell)
+    assert type(child) not in (nn.LSTM, nn.GRU)  # TorchRL's own Python class
+    params = rf.params_from_module(child)
+    x = torch.randn(3, 6, 4, dtype=torch.float64)
+    want = child(x)[0]
+    got = (rf.lstm_sequence if cell == "lstm" else rf.gru_sequence)(x, None, params)[0]
+    torch.testing.assert_close(got, want)
+    got.sum().backward()
+    assert all(p.grad is not None for p in child.parameters())
+
+
 def test_contexts_drive_both_libraries():
     theirs, ours = _pair("gru", 1, 0, False)
     with trm.set_recurrent_mode(True):
