@@ -18,3 +18,12 @@ def checked_option(name: str) -> property:
         object.__setattr__(self, private, value)
 
     return property(get, set, doc=f"``{name}``, checked on assignment as the constructor checks it.")
+
+
+def options_state(state: dict, names: tuple[str, ...]) -> dict:
+    """A pickled module's ``__dict__`` with the options ``names`` under their private names: a module pickled whole
+    before they were :func:`checked_option` properties holds them under their public names."""
+    for name in names:
+        if name in state:
+            state[f"_{name}"] = state.pop(name)
+    return state

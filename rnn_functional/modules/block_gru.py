@@ -19,7 +19,7 @@ from ..backends import SequenceOptions
 from ..cells.block_gru import init_weight_
 from ..functional._core import execute, flatten, run_step, run_validated_step
 from ..functional.block_gru import configured_cell
-from ._options import checked_option
+from ._options import checked_option, options_state
 
 __all__ = ["DreamerV3BlockGRU", "DreamerV3BlockGRUCell"]
 
@@ -172,6 +172,9 @@ class DreamerV3BlockGRU(nn.Module):
         )
 
     recurrent_backend = checked_option("recurrent_backend")
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(options_state(state, ("recurrent_backend",)))
 
     @staticmethod
     def _check_option(name: str, value) -> None:

@@ -45,7 +45,7 @@ from ._cells import GRU_CELL, LSTM_CELL
 from ._compat import TorchRLCompat
 from ._forward import bound_layout, read_inputs, run_sequence, run_step, write_outputs
 from ._keys import resolve_keys
-from ._options import checked_option
+from ._options import checked_option, options_state
 from ._weights import RNNChild, build_rnn
 
 __all__ = ["LSTMModule", "GRUModule"]
@@ -108,6 +108,9 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
 
     def _check_option(self, name: str, value) -> None:
         self._check_options(**{**{option: getattr(self, option) for option in _OPTIONS}, name: value})
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(options_state(state, _OPTIONS))
 
     def forward(self, *args, **kwargs) -> TensorDictBase:
         """Read the input, hidden and ``is_init`` keys, run one step or a sequence, write outputs.

@@ -284,6 +284,11 @@ def test_recurrent_backend_assigned_later_runs() -> None:
     ours.recurrent_backend = "scan"
     assert ours.recurrent_backend == "scan"
     torch.testing.assert_close(ours(x, None, is_init)[0], want)
+    state = {("recurrent_backend" if k == "_recurrent_backend" else k): v for k, v in ours.__dict__.items()}
+    loaded = rf.DreamerV3BlockGRU.__new__(rf.DreamerV3BlockGRU)
+    loaded.__setstate__(state)  # pickled before the option became a checked property
+    assert loaded.recurrent_backend == "scan"
+    torch.testing.assert_close(loaded(x, None, is_init)[0], want)
 
 
 def test_unsupported_activation_names_the_supported_ones() -> None:

@@ -387,6 +387,21 @@ def test_options_assigned_later_are_checked_together_and_reach_the_core():
             copied.recurrent_backend = "cudnn"
 
 
+def test_module_pickled_with_public_option_names_loads():
+    """A module pickled whole before the options were checked properties (``__dict__`` holding
+    ``recurrent_backend``, not ``_recurrent_backend``) loads and runs with its options."""
+    module = make_module("gru", default_recurrent_mode=True, recurrent_backend="scan")
+    td = make_td("gru", (2, 5), seed=13)
+    want = module(td.clone())["y"]
+    old = {(k[1:] if k.lstrip("_") in ("recurrent_backend", "recurrent_recompute", "recurrent_compute_dtype",
+                                       "recurrent_matmul_precision") else k): v for k, v in module.__dict__.items()}
+    assert "recurrent_backend" in old and "_recurrent_backend" not in old
+    loaded = type(module).__new__(type(module))
+    loaded.__setstate__(copy.copy(old))
+    assert loaded.recurrent_backend == "scan" and loaded.recurrent_recompute == "none"
+    torch.testing.assert_close(loaded(td.clone())["y"], want)
+
+
 @pytest.mark.skipif("triton" not in rf.available_backends(), reason="triton backend not available here")
 def test_triton_backend_module_matches_nn():
     module = make_module("lstm", recurrent_backend="triton", recurrent_matmul_precision="ieee")
