@@ -15,7 +15,6 @@ the cost table's (``rnn_functional/backends/costs.py``) ranking, measured.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rnn_functional, not an installed one
-from _timing import environment, interleaved  # noqa: E402
+from _timing import environment, interleaved, write_json  # noqa: E402
 
 import rnn_functional as rf  # noqa: E402
 from rnn_functional.backends import LAYOUTS_OF  # noqa: E402
@@ -108,9 +107,8 @@ def main(argv: list[str] | None = None) -> None:
                 for prob in args.reset_probs:
                     rows.append({"threads": threads, **measure(cell, args.batch, args.steps, prob, grad, args.repeats)})
                     print(table(rows[-1:]).splitlines()[-1], flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"environment": env, "shape": {"B": args.batch, "T": args.steps, "F": F_IN,
-                                                                  "H": HIDDEN}, "rows": rows}, indent=1))
+    write_json(args.out, {"environment": env, "shape": {"B": args.batch, "T": args.steps, "F": F_IN, "H": HIDDEN},
+                          "rows": rows})
     print(table(rows))
 
 
