@@ -135,11 +135,14 @@ def build_rnn(
         f"is_init resets causally. Use bidirectional=False."
     )
     if rnn is None:
+        takes_child = issubclass(cell.nn_class, nn.RNNBase)  # LSTMModule(lstm=...), GRUModule(gru=...); not the linear cells
         if not batch_first:
-            raise ValueError(f"The input {arg} must have batch_first=True.")
+            raise ValueError(f"The input {arg} must have batch_first=True." if takes_child else
+                             f"{owner}: batch_first=False is not supported: inputs are [*B, T, F]. Use batch_first=True.")
         for name in ("input_size", "hidden_size"):  # TorchRL (nn.RNNBase) raises TypeError, input_size first
             if given[name] is None:
-                raise TypeError(f"{owner}: {name} must be passed (an int), got None; or pass a built {arg}=nn.{kind}(...).")
+                raise TypeError(f"{owner}: {name} must be passed (an int), got None"
+                                + (f"; or pass a built {arg}=nn.{kind}(...)." if takes_child else "."))
         if bidirectional:
             raise ValueError(bidirectional_msg)
         return cell.nn_class(**given, batch_first=True, device=device)

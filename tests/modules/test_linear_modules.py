@@ -86,6 +86,18 @@ def test_constructor_errors_and_backends():
 
 
 @pytest.mark.parametrize("cell", list(MODULES))
+def test_constructor_errors_offer_only_fixes_that_exist(cell):
+    # these modules take no built child (no min_gru= / rglru= argument, no torch.nn class to build one)
+    module, child = MODULES[cell][0], MODULES[cell][2]
+    for kwargs, missing in ((dict(hidden_size=4), "input_size"), (dict(input_size=3), "hidden_size")):
+        with pytest.raises(TypeError, match=rf"^{module.__name__}: {missing} must be passed \(an int\), got None\.$"):
+            module(**kwargs, in_key="x", out_key="y")
+    with pytest.raises(ValueError, match=rf"^{module.__name__}: batch_first=False is not supported.*batch_first=True\.$") as err:
+        module(3, 4, batch_first=False, in_key="x", out_key="y")
+    assert f"{child}=" not in str(err.value) and "nn." not in str(err.value)
+
+
+@pytest.mark.parametrize("cell", list(MODULES))
 @pytest.mark.parametrize("recurrent", [False, True], ids=["step", "recurrent"])
 def test_torch_export_equals_eager_and_leaves_the_module_real(cell, recurrent):
     """Non-strict ``torch.export`` (it swaps the parameters for fakes while it traces) of a keyword-tensor call: the
