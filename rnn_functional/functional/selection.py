@@ -201,10 +201,10 @@ def resolve_step(name: str, layout: Layout, x: torch.Tensor):
             aten = not ctx.traced and layout.cell.aten is not None and not layout.proj_size
             if not aten and not ctx.differentiated and triton_backend.serves(layout, x.device):
                 return triton_backend.step
-        if torch.compiler.is_compiling() or layout.cell.aten is None:
+        if layout.cell.aten is None:
             return multi_layer_step
         name = "pad"
-    if name == "pad":
+    if name == "pad":  # traced (compile, vmap, torch.func): pad's kernels cannot run, its reference step can
         return multi_layer_step if layout.proj_size or call_context().traced else pad.step
     if name == "triton":
         _check_triton(layout, x, SequenceOptions(), step=True)
