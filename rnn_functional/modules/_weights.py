@@ -51,7 +51,8 @@ class LiveParams:
 class RNNChild:
     """Mixin for an ``nn.Module`` whose weights live in the child named ``_cell.child_attr``.
 
-    Assigning that child (in ``__init__`` or later, e.g. ``module.lstm = nn.LSTM(...)``)
+    Assigning that child (in ``__init__`` or later, e.g. ``module.lstm = nn.LSTM(...)``, ``add_module``,
+    ``set_submodule``; a direct write of the module dict is seen by the next eager call)
     re-binds the references the forward reads: the child's parameter dict, the
     hyper-parameters the forward needs and the params' layout, checked once (a snapshot taken at
     assignment and after ``.to()``).
@@ -64,7 +65,14 @@ class RNNChild:
         if name == self._cell.child_attr:
             self._bind_rnn(value)
 
+    def add_module(self, name: str, module: nn.Module | None) -> None:
+        """``add_module``/``register_module`` write the child dict without ``__setattr__``: re-bind here too."""
+        super().add_module(name, module)
+        if name == self._cell.child_attr:
+            self._bind_rnn(module)
+
     def _bind_rnn(self, rnn: nn.RNNBase) -> None:
+        check_child(self._cell, rnn)
         self._live = LiveParams(rnn)
         self._layout = self._cell.core.read_layout(self._weights)  # checked once, read by the step and the sequence
         self._input_size = int(rnn.input_size)
@@ -89,6 +97,11 @@ class RNNChild:
         (``torch.nn.utils.parametrizations.weight_norm``, ``spectral_norm``, ``parametrize``) through their
         ``ParametrizationList`` (a module Dynamo traces), pruned ones (``torch.nn.utils.prune``, whose pre-hook
         the child would run) as ``orig * mask``."""
+        child = self._modules.get(self._cell.child_attr) if not torch.compiler.is_compiling() else None
+        if child is not None and child.__dict__ is not self._live.attrs:
+            # the child was replaced by a direct write of the module dict (``quantize_dynamic``'s swap does this),
+            # which no hook sees; compiled calls cannot check (Dynamo graph-breaks on any access to the child)
+            self._bind_rnn(child)
         params, attrs = self._live.params, self._live.attrs
         parametrized, hooks = attrs["_modules"].get("parametrizations"), attrs["_forward_pre_hooks"]
         if parametrized is None and not hooks:
@@ -112,6 +125,25 @@ class RNNChild:
     def _rnn(self) -> nn.RNNBase:
         """The ``torch.nn`` child holding the weights (``self.lstm`` / ``self.gru``)."""
         return getattr(self, self._cell.child_attr)
+
+
+def check_child(cell: ModuleCell, rnn) -> None:
+    """Raise unless ``rnn`` can hold ``cell``'s weights: an ``nn.RNNBase`` in the cell's mode (``nn.LSTM``, or e.g.
+    ``torchrl.modules.LSTM``) for the ``torch.nn`` cells, else a ``cell.nn_class``: the forward reads their
+    float parameters by name."""
+    cls = cell.nn_class
+    if issubclass(cls, nn.RNNBase):
+        name = f"torch.nn.{cls.__name__}"
+        ok, alt = isinstance(rnn, nn.RNNBase) and rnn.mode == cls.__name__, f" (or an nn.RNNBase in {cls.__name__} mode)"
+    else:
+        name, alt = f"{cls.__module__}.{cls.__qualname__}", ""
+        ok = isinstance(rnn, cls)
+    if not ok:
+        raise TypeError(
+            f"{cell.module_name}: {cell.child_attr} must be a {name}{alt}, got {type(rnn).__module__}."
+            f"{type(rnn).__qualname__}. The forward computes with the child's float parameters, read by name: "
+            f"assign a {name} (quantized children are not supported)."
+        )
 
 
 def build_rnn(
@@ -146,10 +178,7 @@ def build_rnn(
         if bidirectional:
             raise ValueError(bidirectional_msg)
         return cell.nn_class(**given, batch_first=True, device=device)
-    if not (isinstance(rnn, nn.RNNBase) and rnn.mode == kind):  # nn.LSTM, or e.g. torchrl.modules.LSTM
-        raise TypeError(
-            f"{owner}: {arg}= must be a torch.nn.{kind} (or an nn.RNNBase in {kind} mode), got {type(rnn).__name__}."
-        )
+    check_child(cell, rnn)
     if not rnn.batch_first:
         raise ValueError(f"The input {arg} must have batch_first=True.")
     if given["input_size"] is not None or given["hidden_size"] is not None:

@@ -117,8 +117,22 @@ def _double(module, cell):
 
 
 def _new_child(module, cell):
-    child = module._rnn
-    setattr(module, "lstm" if cell == "lstm" else "gru", type(child)(F_IN, H, batch_first=True))
+    setattr(module, cell, nn.LSTM(F_IN, H, batch_first=True) if cell == "lstm" else nn.GRU(F_IN, H, batch_first=True))
+    return module
+
+
+def _add_module(module, cell):  # writes the module dict without __setattr__; register_module calls it
+    module.add_module(cell, nn.LSTM(F_IN, H, batch_first=True) if cell == "lstm" else nn.GRU(F_IN, H, batch_first=True))
+    return module
+
+
+def _set_submodule(module, cell):
+    module.set_submodule(cell, nn.LSTM(F_IN, H, batch_first=True) if cell == "lstm" else nn.GRU(F_IN, H, batch_first=True))
+    return module
+
+
+def _module_dict_write(module, cell):  # as torch.ao.quantization's module swap writes a child: no hook sees it
+    module._modules[cell] = nn.LSTM(F_IN, H, batch_first=True) if cell == "lstm" else nn.GRU(F_IN, H, batch_first=True)
     return module
 
 
@@ -132,7 +146,8 @@ def _pickle(module, cell):
     return pickle.loads(buffer.getvalue())
 
 
-ROUTES = [_swap_functional_call, _swap_to_module, _load_state_dict_assign, _double, _new_child, _deepcopy, _pickle]
+ROUTES = [_swap_functional_call, _swap_to_module, _load_state_dict_assign, _double, _new_child, _add_module,
+          _set_submodule, _module_dict_write, _deepcopy, _pickle]
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=lambda r: r.__name__.lstrip("_"))
@@ -141,6 +156,28 @@ def test_parameter_routes_leave_the_module_right(cell, route):
     module = _module(cell)
     _call(module, cell)  # a call before the route
     _check(route(module, cell), cell)
+
+
+@pytest.mark.parametrize("route", [_new_child, _add_module, _set_submodule], ids=lambda r: r.__name__.lstrip("_"))
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_a_compiled_module_computes_with_a_new_child(cell, route):
+    """A new child assigned after the module was compiled: the compiled call re-reads its weights."""
+    module = _module(cell)
+    compiled = torch.compile(module, fullgraph=True)
+    compiled(TensorDict(_inputs(cell), batch_size=[B]))
+    route(module, cell)
+    got = compiled(TensorDict(_inputs(cell), batch_size=[B]))["y"]
+    torch.testing.assert_close(got, _call(_fresh_like(module, cell), cell)[0])
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_a_quantized_child_is_refused(cell):
+    """``quantize_dynamic`` swaps in a child without float ``torch.nn`` parameters: the call says so, it does not
+    compute with the float weights the module held before."""
+    module = _module(cell)
+    quantized = torch.ao.quantization.quantize_dynamic(module, {nn.LSTM, nn.GRU}, dtype=torch.qint8)
+    with pytest.raises(TypeError, match=rf"{cell} must be a torch.nn.{cell.upper()} .*got torch.ao.nn.quantized"):
+        quantized(TensorDict(_inputs(cell), batch_size=[B]))
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
