@@ -135,14 +135,14 @@ def check_child(cell: ModuleCell, rnn) -> None:
     if issubclass(cls, nn.RNNBase):
         name = f"torch.nn.{cls.__name__}"
         ok, alt = isinstance(rnn, nn.RNNBase) and rnn.mode == cls.__name__, f" (or an nn.RNNBase in {cls.__name__} mode)"
+        note = " (a quantized one cannot serve: the forward computes with the child's float parameters, read by name)"
     else:
-        name, alt = f"{cls.__module__}.{cls.__qualname__}", ""
+        name, alt, note = f"{cls.__module__}.{cls.__qualname__}", "", ""
         ok = isinstance(rnn, cls)
     if not ok:
         raise TypeError(
             f"{cell.module_name}: {cell.child_attr} must be a {name}{alt}, got {type(rnn).__module__}."
-            f"{type(rnn).__qualname__}. The forward computes with the child's float parameters, read by name: "
-            f"assign a {name} (quantized children are not supported)."
+            f"{type(rnn).__qualname__}. Assign a {name}{note}."
         )
 
 
