@@ -194,3 +194,78 @@ def test_policy_does_not_recompile_when_modules_are_imported():
     importlib.import_module("xml.dom.minidom")  # a module imported after the first compile
     with torch._dynamo.config.patch(error_on_recompile=True):
         policy(td.copy())
+
+
+@pytest.mark.usefixtures("reset_mode_mirrors")
+def test_mode_contexts_of_two_threads_stay_apart_in_compiled_calls():
+    """An actor thread in ``set_recurrent_mode(False)`` and a learner thread in ``set_recurrent_mode(True)``,
+    both calling one compiled policy: each call runs in its own thread's mode (the compile-time mirror of the
+    flag is per thread; a single shared one ran the learner's batch in the actor's sequential mode)."""
+    import threading
+
+    policy = make_policy("lstm")
+    batch_td, step_td = policy_input("lstm", "batch"), policy_input("lstm", "step")
+    want_batch = call_policy(policy, batch_td, "batch")["logits"]
+    want_step = call_policy(policy, step_td, "step")["logits"]
+    compiled = torch.compile(policy, fullgraph=True, backend=FAST)
+    learner_in, actor_in, learner_done = threading.Event(), threading.Event(), threading.Event()
+    got = {}
+
+    def learner():
+        with rf.set_recurrent_mode(True):
+            learner_in.set()
+            actor_in.wait()  # the actor entered its context after this one
+            try:
+                got["batch"] = compiled(batch_td.clone())["logits"]
+            finally:
+                learner_done.set()
+
+    def actor():
+        learner_in.wait()
+        with rf.set_recurrent_mode(False):
+            actor_in.set()
+            learner_done.wait()  # still inside its context while the learner calls
+            got["step"] = compiled(step_td.clone())["logits"]
+
+    threads = [threading.Thread(target=learner), threading.Thread(target=actor)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    torch.testing.assert_close(got["batch"], want_batch, **FP32_TOL)
+    torch.testing.assert_close(got["step"], want_step, **FP32_TOL)
+
+
+def test_compiled_call_in_a_thread_without_context_runs_sequential_without_torchrl(tmp_path):
+    """Without TorchRL loaded, a compiled step in a thread with no context runs in sequential mode while
+    another thread holds ``set_recurrent_mode(True)`` (in a fresh process: this suite loads TorchRL, whose own
+    compile-time flag is one per process; see ``docs/compile.md``)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "threads.py"
+    script.write_text(
+        "import sys, threading, torch\n"
+        "from tensordict import TensorDict\n"
+        "import rnn_functional as rf\n"
+        "torch.manual_seed(0)\n"
+        "m = rf.GRUModule(input_size=3, hidden_size=4, in_key='obs', out_key='feat')\n"
+        "c = torch.compile(m, fullgraph=True, backend='aot_eager')\n"
+        "td = TensorDict({'obs': torch.randn(4, 3), 'is_init': torch.zeros(4, 1, dtype=torch.bool),\n"
+        "                 'recurrent_state': torch.randn(4, 1, 4)}, [4])\n"
+        "want = m(td.clone())['feat']\n"
+        "inside, done = threading.Event(), threading.Event()\n"
+        "def learner():\n"
+        "    with rf.set_recurrent_mode(True):\n"
+        "        inside.set(); done.wait()\n"
+        "t = threading.Thread(target=learner); t.start(); inside.wait()\n"
+        "try:\n"
+        "    got = c(td.clone())['feat']\n"
+        "finally:\n"
+        "    done.set(); t.join()\n"
+        "assert 'torchrl' not in sys.modules\n"
+        "torch.testing.assert_close(got, want)\n"
+        "print('sequential')\n"
+    )
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and "sequential" in run.stdout, run.stderr[-2000:]

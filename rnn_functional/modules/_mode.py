@@ -12,14 +12,17 @@ call) is chosen, from innermost to outermost, by:
 
 TorchRL is never imported here: its flag is read only if ``torchrl`` is already in
 ``sys.modules``. The flag is context-local in eager mode (each thread and each worker
-process has its own) and a plain attribute under ``torch.compile``, which cannot trace
-``ContextVar.get``.
+process has its own) and, under ``torch.compile``, which cannot trace ``ContextVar.get``, a
+per-thread mirror (a ``threading.local``, which Dynamo reads and guards per calling thread).
+TorchRL's own compile-time flag is one per process, so a thread that entered none of our
+contexts can see another thread's through it (docs/compile.md).
 """
 
 from __future__ import annotations
 
 import contextvars
 import sys
+import threading
 from typing import Literal
 
 import torch
@@ -32,8 +35,16 @@ __all__ = ["set_recurrent_mode", "recurrent_mode"]
 _TORCHRL_RNN = "torchrl.modules.tensordict_module.rnn"
 
 
+class _Mirror(threading.local):
+    """Each thread's copy of the flag for compiled code: Dynamo reads a ``threading.local`` (its guards read the
+    calling thread's value), so a compiled call in one thread does not see a context entered in another."""
+
+    def __init__(self) -> None:
+        self.traced: dict[str, bool | None] = {"mode": None}
+
+
 class _ModeState:
-    """Context-local flag in eager mode, mirrored in a plain dict entry for ``torch.compile``.
+    """Context-local flag in eager mode, mirrored in a per-thread dict entry for ``torch.compile``.
 
     The mirror is a dict entry, not an attribute: torch 2.13's Dynamo routes an attribute write on an
     existing object through a ``__dict__`` proxy bound to the side-effect table of its first access,
@@ -46,15 +57,15 @@ class _ModeState:
         self._var: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
             "rnn_functional_recurrent_mode", default=None
         )
-        self._traced: dict[str, bool | None] = {"mode": None}
+        self._mirror = _Mirror()
 
     def get(self) -> bool | None:
         if torch.compiler.is_compiling():
-            return self._traced["mode"]
+            return self._mirror.traced["mode"]
         return self._var.get()
 
     def set(self, mode: bool | None) -> None:
-        self._traced["mode"] = mode
+        self._mirror.traced["mode"] = mode
         if not torch.compiler.is_compiling():
             self._var.set(mode)
 
@@ -102,7 +113,7 @@ def recurrent_mode() -> bool | None:
     """
     trl = _torchrl_module if _torchrl_loaded() else None
     if torch.compiler.is_compiling():  # the traced mirror read directly: each traced call adds guards per compiled call
-        mode = _STATE._traced["mode"]
+        mode = _STATE._mirror.traced["mode"]
         return trl.recurrent_mode() if mode is None and trl is not None else mode
     if trl is not None:
         mode = trl.recurrent_mode()
