@@ -133,17 +133,15 @@ def check_child(cell: ModuleCell, rnn) -> None:
     float parameters by name."""
     cls = cell.nn_class
     if issubclass(cls, nn.RNNBase):
-        name = f"torch.nn.{cls.__name__}"
-        ok, alt = isinstance(rnn, nn.RNNBase) and rnn.mode == cls.__name__, f" (or an nn.RNNBase in {cls.__name__} mode)"
+        ok = isinstance(rnn, nn.RNNBase) and rnn.mode == cls.__name__
+        want = f"a torch.nn.{cls.__name__}"
+        alt = f" (or an nn.RNNBase in {cls.__name__} mode)"
         note = " (a quantized one cannot serve: the forward computes with the child's float parameters, read by name)"
     else:
-        name, alt, note = f"{cls.__module__}.{cls.__qualname__}", "", ""
-        ok = isinstance(rnn, cls)
+        ok, want, alt, note = isinstance(rnn, cls), f"a {cls.__module__}.{cls.__qualname__}", "", ""
     if not ok:
-        raise TypeError(
-            f"{cell.module_name}: {cell.child_attr} must be a {name}{alt}, got {type(rnn).__module__}."
-            f"{type(rnn).__qualname__}. Assign a {name}{note}."
-        )
+        raise TypeError(f"{cell.module_name}: {cell.child_attr} must be {want}{alt}, got {type(rnn).__module__}."
+                        f"{type(rnn).__qualname__}. Assign {want}{note}.")
 
 
 def build_rnn(

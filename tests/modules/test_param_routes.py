@@ -116,23 +116,28 @@ def _double(module, cell):
     return module.double()
 
 
+def _child(cell):
+    """A new ``torch.nn`` child for the module (the child's attribute is the cell's name)."""
+    return (nn.LSTM if cell == "lstm" else nn.GRU)(F_IN, H, batch_first=True)
+
+
 def _new_child(module, cell):
-    setattr(module, cell, nn.LSTM(F_IN, H, batch_first=True) if cell == "lstm" else nn.GRU(F_IN, H, batch_first=True))
+    setattr(module, cell, _child(cell))
     return module
 
 
 def _add_module(module, cell):  # writes the module dict without __setattr__; register_module calls it
-    module.add_module(cell, nn.LSTM(F_IN, H, batch_first=True) if cell == "lstm" else nn.GRU(F_IN, H, batch_first=True))
+    module.add_module(cell, _child(cell))
     return module
 
 
 def _set_submodule(module, cell):
-    module.set_submodule(cell, nn.LSTM(F_IN, H, batch_first=True) if cell == "lstm" else nn.GRU(F_IN, H, batch_first=True))
+    module.set_submodule(cell, _child(cell))
     return module
 
 
 def _module_dict_write(module, cell):  # as torch.ao.quantization's module swap writes a child: no hook sees it
-    module._modules[cell] = nn.LSTM(F_IN, H, batch_first=True) if cell == "lstm" else nn.GRU(F_IN, H, batch_first=True)
+    module._modules[cell] = _child(cell)
     return module
 
 
