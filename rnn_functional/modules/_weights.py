@@ -97,11 +97,16 @@ class RNNChild:
         (``torch.nn.utils.parametrizations.weight_norm``, ``spectral_norm``, ``parametrize``) through their
         ``ParametrizationList`` (a module Dynamo traces), pruned ones (``torch.nn.utils.prune``, whose pre-hook
         the child would run) as ``orig * mask``."""
-        child = self._modules.get(self._cell.child_attr) if not torch.compiler.is_compiling() else None
-        if child is not None and child.__dict__ is not self._live.attrs:
-            # the child was replaced by a direct write of the module dict (``quantize_dynamic``'s swap does this),
-            # which no hook sees; compiled calls cannot check (Dynamo graph-breaks on any access to the child)
-            self._bind_rnn(child)
+        if not torch.compiler.is_compiling():
+            attr = self._cell.child_attr
+            child = self._modules.get(attr)
+            if child is None:  # a RuntimeError: an AttributeError raised in a property reads as a missing property
+                raise RuntimeError(f"{self._cell.module_name}: the child module.{attr} holding the weights was "
+                                   f"deleted; assign a new one to module.{attr}.")
+            if child.__dict__ is not self._live.attrs:
+                # replaced by a direct write of the module dict (``quantize_dynamic``'s swap does this), which no hook
+                # sees; compiled calls cannot check (Dynamo graph-breaks on any access to the child)
+                self._bind_rnn(child)
         params, attrs = self._live.params, self._live.attrs
         parametrized, hooks = attrs["_modules"].get("parametrizations"), attrs["_forward_pre_hooks"]
         if parametrized is None and not hooks:

@@ -176,6 +176,16 @@ def test_a_compiled_module_computes_with_a_new_child(cell, route):
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_a_deleted_child_is_an_error_not_the_old_weights(cell):
+    """``del module.lstm``: the call raises, naming the child; it does not compute with the weights bound before
+    (TorchRL raises an ``AttributeError``)."""
+    module = _module(cell)
+    delattr(module, cell)
+    with pytest.raises(RuntimeError, match=rf"module\.{cell} holding the weights was deleted"):
+        module(TensorDict(_inputs(cell), batch_size=[B]))
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_a_quantized_child_is_refused(cell):
     """``quantize_dynamic`` swaps in a child without float ``torch.nn`` parameters: the call says so, it does not
     compute with the float weights the module held before."""
