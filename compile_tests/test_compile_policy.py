@@ -29,9 +29,6 @@ from compile_helpers import (
     policy_loss,
 )
 
-TORCH_VERSION = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
-
-
 def _outputs(out, cell):
     return [out["feat"], out["logits"], out["action"], *(out["next", k] for k in hidden_keys(cell))]
 
@@ -130,18 +127,13 @@ def test_mode_context_inside_compiled_code_leaves_eager_calls_sequential(kind):
         torch.testing.assert_close(out[key], want_step[key])
 
 
-@pytest.mark.parametrize("kind", [
-    "ours",
-    pytest.param("torchrl", marks=pytest.mark.xfail(
-        (2, 13) <= TORCH_VERSION < (2, 15), strict=True, raises=AssertionError, reason=(
-            "torch 2.13 and 2.14 drop TorchRL's restoring attribute write after our scan (pytorch/pytorch#195866; "
-            "2.11 and 2.15 keep it: scripts/version_matrix.py): TorchRL's compile-time mirror stays True; see "
-            "rnn_functional.modules._mode.recurrent_mode"))),
-])
+@pytest.mark.parametrize("kind", ["ours", "torchrl"])
 @pytest.mark.usefixtures("reset_mode_mirrors")
 def test_mode_context_inside_compiled_code_is_restored(kind):
     """``set_recurrent_mode(True)`` entered and exited inside compiled code around a recurrent-mode
-    (``scan``) call leaves no mode behind: a policy compiled afterwards runs in sequential mode."""
+    (``scan``) call leaves no mode behind: a policy compiled afterwards runs in sequential mode. With TorchRL's
+    context too: torch 2.13 and 2.14 drop TorchRL's restoring attribute write after our ``scan``
+    (pytorch/pytorch#195866), and our modules read their thread's mirror of TorchRL's flag, a dict entry."""
     policy = make_policy("lstm")
     batch_td, step_td = policy_input("lstm", "batch"), policy_input("lstm", "step")
     want_batch = call_policy(policy, batch_td, "batch")["logits"]
@@ -234,6 +226,38 @@ def test_mode_contexts_of_two_threads_stay_apart_in_compiled_calls():
         t.join()
     torch.testing.assert_close(got["batch"], want_batch, **FP32_TOL)
     torch.testing.assert_close(got["step"], want_step, **FP32_TOL)
+
+
+@pytest.mark.usefixtures("reset_mode_mirrors")
+@pytest.mark.parametrize("kind", ["ours", "torchrl"])
+def test_compiled_step_in_a_thread_without_context_ignores_another_threads_context(kind):
+    """TorchRL loaded (as in every TorchRL pipeline): a compiled policy step in a thread that entered no context (a
+    collector's background thread, ``collector.start()``) runs in sequential mode while the learner thread holds
+    ``set_recurrent_mode(True)``, ours or TorchRL's. TorchRL's compile-time flag is one per process: read there, the
+    step ran as a recurrent sequence over the batch (TorchRL's own modules still do)."""
+    import threading
+
+    policy = make_policy("lstm")
+    step_td = policy_input("lstm", "step")
+    want_step = call_policy(policy, step_td, "step")["logits"]
+    compiled = torch.compile(policy, fullgraph=True, backend=FAST)
+    inside, done = threading.Event(), threading.Event()
+
+    def learner():
+        with _mode_context(kind)(True):
+            inside.set()
+            done.wait()
+
+    thread = threading.Thread(target=learner)
+    thread.start()
+    inside.wait()
+    try:
+        with torch.no_grad():
+            got = compiled(step_td.clone())["logits"]  # this thread: no context
+    finally:
+        done.set()
+        thread.join()
+    torch.testing.assert_close(got, want_step, **FP32_TOL)
 
 
 def test_compiled_call_in_a_thread_without_context_runs_sequential_without_torchrl(tmp_path):

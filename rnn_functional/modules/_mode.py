@@ -14,8 +14,10 @@ TorchRL is never imported here: its flag is read only if ``torchrl`` is already 
 ``sys.modules``. The flag is context-local in eager mode (each thread and each worker
 process has its own) and, under ``torch.compile``, which cannot trace ``ContextVar.get``, a
 per-thread mirror (a ``threading.local``, which Dynamo reads and guards per calling thread).
-TorchRL's own compile-time flag is one per process, so a thread that entered none of our
-contexts can see another thread's through it (docs/compile.md).
+TorchRL's flag is mirrored per thread too (:func:`_watch`): TorchRL's own compile-time copy is
+one per process, through which a compiled call in one thread saw a context entered in another
+(an actor thread's policy step ran as a recurrent sequence while a learner held
+``set_recurrent_mode(True)``; TorchRL's modules still do, docs/compile.md).
 """
 
 from __future__ import annotations
@@ -35,12 +37,38 @@ __all__ = ["set_recurrent_mode", "recurrent_mode"]
 _TORCHRL_RNN = "torchrl.modules.tensordict_module.rnn"
 
 
+_torchrl_module = None  # TorchRL's rnn module, set by _torchrl_loaded()
+
+
+@mark_constant_result
+def _torchrl_loaded() -> bool:
+    """Whether TorchRL's rnn module is imported (never imports it); caches it in ``_torchrl_module`` and, when it is
+    new, starts mirroring its flag (:func:`_watch`).
+
+    A constant under ``torch.compile``: reading ``sys.modules`` in traced code would guard on it, and
+    every later import (Inductor imports modules as it compiles) would force a recompile.
+    """
+    global _torchrl_module
+    found = sys.modules.get(_TORCHRL_RNN)
+    if found is not _torchrl_module:
+        _torchrl_module = found
+        if found is not None:
+            _watch(found)
+    return found is not None
+
+
+def _torchrl_context(trl) -> bool | None:
+    """TorchRL's flag in the calling thread's context (``None`` without TorchRL)."""
+    return None if trl is None else trl.recurrent_mode_state_manager._context_mode.get()
+
+
 class _Mirror(threading.local):
-    """Each thread's copy of the flag for compiled code: Dynamo reads a ``threading.local`` (its guards read the
-    calling thread's value), so a compiled call in one thread does not see a context entered in another."""
+    """Each thread's copy of the flags for compiled code, ours (``mode``) and TorchRL's (``torchrl``): Dynamo reads a
+    ``threading.local`` (its guards read the calling thread's value), so a compiled call in one thread does not see a
+    context entered in another."""
 
     def __init__(self) -> None:
-        self.traced: dict[str, bool | None] = {"mode": None}
+        self.traced: dict[str, bool | None] = {"mode": None, "torchrl": _torchrl_context(_torchrl_module)}
 
 
 class _ModeState:
@@ -81,19 +109,20 @@ _MIRRORED: contextvars.ContextVar[bool] = contextvars.ContextVar("rnn_functional
 _ENTRIES: contextvars.ContextVar[tuple] = contextvars.ContextVar("rnn_functional_mode_entries", default=())
 
 
-_torchrl_module = None  # TorchRL's rnn module, set by _torchrl_loaded()
+def _watch(trl) -> None:
+    """Mirror TorchRL's flag in each thread's :class:`_Mirror` for compiled code: every entry and exit of TorchRL's
+    ``set_recurrent_mode`` (ours enters one too) goes through its state manager's ``set_mode``, which this wraps.
+    The calling thread's mirror starts from TorchRL's flag now (a context entered before TorchRL was first seen)."""
+    manager = trl.recurrent_mode_state_manager
+    set_mode = manager.set_mode
+    if not getattr(set_mode, "_mirrored", False):
+        def mirrored(mode: bool | None) -> None:
+            set_mode(mode)
+            _STATE._mirror.traced["torchrl"] = mode
 
-
-@mark_constant_result
-def _torchrl_loaded() -> bool:
-    """Whether TorchRL's rnn module is imported (never imports it); caches it in ``_torchrl_module``.
-
-    A constant under ``torch.compile``: reading ``sys.modules`` in traced code would guard on it, and
-    every later import (Inductor imports modules as it compiles) would force a recompile.
-    """
-    global _torchrl_module
-    _torchrl_module = sys.modules.get(_TORCHRL_RNN)
-    return _torchrl_module is not None
+        mirrored._mirrored = True
+        manager.set_mode = mirrored
+    _STATE._mirror.traced["torchrl"] = _torchrl_context(trl)
 
 
 def _torchrl_rnn():
@@ -105,16 +134,13 @@ def recurrent_mode() -> bool | None:
     """The recurrent mode set by the innermost active context, or ``None`` outside any.
 
     Reads TorchRL's ``set_recurrent_mode`` flag too when TorchRL is loaded. Under ``torch.compile``
-    our flag is read first (see :class:`set_recurrent_mode`), then TorchRL's compile-time mirror, an
-    attribute: TorchRL's own ``set_recurrent_mode`` entered inside compiled code around a recurrent-mode
-    call leaves that mirror set after the call (pytorch/pytorch#195866, see :class:`_ModeState`), so
-    later compiled calls without a context run in recurrent mode until a context is entered eagerly;
-    eager calls read the context-local flags and are unaffected.
+    our flag is read first (see :class:`set_recurrent_mode`), then the calling thread's mirror of TorchRL's
+    (:func:`_watch`).
     """
     trl = _torchrl_module if _torchrl_loaded() else None
     if torch.compiler.is_compiling():  # the traced mirror read directly: each traced call adds guards per compiled call
-        mode = _STATE._mirror.traced["mode"]
-        return trl.recurrent_mode() if mode is None and trl is not None else mode
+        traced = _STATE._mirror.traced
+        return traced["torchrl"] if traced["mode"] is None else traced["mode"]
     if trl is not None:
         mode = trl.recurrent_mode()
         if mode is not None or _MIRRORED.get():
@@ -179,3 +205,6 @@ class set_recurrent_mode(_DecoratorContextManager):
             torchrl_ctx.__exit__(exc_type, exc_value, traceback)
         _MIRRORED.reset(mirrored_token)
         _STATE.set(prev)
+
+
+_torchrl_loaded()  # TorchRL imported first: its flag is mirrored from here on, in every thread
