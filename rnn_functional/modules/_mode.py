@@ -137,7 +137,7 @@ def recurrent_mode() -> bool | None:
     our flag is read first (see :class:`set_recurrent_mode`), then the calling thread's mirror of TorchRL's
     (:func:`_watch`).
     """
-    trl = _torchrl_module if _torchrl_loaded() else None
+    trl = _torchrl_rnn()
     if torch.compiler.is_compiling():  # the traced mirror read directly: each traced call adds guards per compiled call
         traced = _STATE._mirror.traced
         return traced["torchrl"] if traced["mode"] is None else traced["mode"]

@@ -143,7 +143,9 @@ def check_child(cell: ModuleCell, rnn) -> None:
         alt = f" (or an nn.RNNBase in {cls.__name__} mode)"
         note = " (a quantized one cannot serve: the forward computes with the child's float parameters, read by name)"
     else:
-        ok, want, alt, note = isinstance(rnn, cls), f"a {cls.__module__}.{cls.__qualname__}", "", ""
+        ok = isinstance(rnn, cls)
+        want = f"a {cls.__module__}.{cls.__qualname__}"
+        alt = note = ""
     if not ok:
         raise TypeError(f"{cell.module_name}: {cell.child_attr} must be {want}{alt}, got {type(rnn).__module__}."
                         f"{type(rnn).__qualname__}. Assign {want}{note}.")
