@@ -5,7 +5,7 @@ Inductor lowers ``scan`` to a ``while_loop`` whose index is read with ``.item()`
 shape environment allows that only for ``fullgraph=True`` (see ``backends/scan_parts.py``,
 ``_scan``). Here the functions and modules are compiled with the configurations
 users write (defaults; ``fullgraph``; ``dynamic`` True/False/None; ``max-autotune-no-cudagraphs``;
-``aot_eager``; ``reduce-overhead`` on CUDA), under grad, ``no_grad`` and ``inference_mode``, and
+``aot_eager``; ``reduce-overhead`` on CUDA; compiled autograd), under grad, ``no_grad`` and ``inference_mode``, and
 compared with the eager call on outputs and gradients. ``capture_scalar_outputs`` is False in
 every test (``conftest.py``), as in a process where TorchRL never built a ``scan`` module.
 
@@ -24,7 +24,7 @@ import torch
 from tensordict import TensorDict
 
 import rnn_functional as rf
-from compile_helpers import FP32_TOL, SEQUENCE, STEP, compile_stats, hidden_keys, reset_mask
+from compile_helpers import FAST, FP32_TOL, SEQUENCE, STEP, compile_stats, hidden_keys, reset_mask
 
 B, T, F_IN, H = 3, 6, 4, 5
 GRAD_MODES = {"grad": contextlib.nullcontext, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
@@ -166,6 +166,81 @@ def test_compiled_torch_func_grad(cell, transform):
     for backend in ("scan", "auto"):
         torch._dynamo.reset()
         torch.testing.assert_close(torch.compile(transformed(backend), fullgraph=True)(x), want)
+
+
+def _compiled_autograd_cases():
+    available = "triton" in rf.available_backends(torch.device("cpu"))
+    triton = pytest.mark.skipif(not available, reason="triton needs CUDA or TRITON_INTERPRET=1")
+    return [*((cell, "auto") for cell in FUNC_CELLS), ("gru", "pad"), pytest.param("lstm", "triton", marks=triton)]
+
+
+@pytest.mark.parametrize(("cell", "backend"), _compiled_autograd_cases())
+def test_compiled_autograd_train_step(cell, backend):
+    """A compiled training step, ``loss.backward()`` inside, with ``torch._dynamo.config.compiled_autograd``: it traces
+    the backward graph, which cannot hold a ``scan`` (torch's own autograd of ``scan`` fails there too), so ``auto``
+    and ``pad`` run ``reference``'s loop; every parameter's gradient equals eager (fp64, defaults)."""
+    init, sequence = FUNC_CELLS[cell]
+    params = init(F_IN, H, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    params = {k: v.detach().requires_grad_() for k, v in params.items()}
+    x, is_init = _sequence_inputs(batch=2)
+    x = x.double()
+
+    def train(params, x):
+        loss = sequence(x, None, params, is_init=is_init, backend=backend)[0].pow(2).sum()
+        loss.backward()
+        return loss.detach()
+
+    want = train(params, x)
+    want_grads = {k: v.grad for k, v in params.items()}
+    for v in params.values():
+        v.grad = None
+    with torch._dynamo.config.patch(compiled_autograd=True):
+        got = torch.compile(train, backend=FAST)(params, x)
+    torch.testing.assert_close(got, want)
+    for k, v in params.items():
+        torch.testing.assert_close(v.grad, want_grads[k])
+
+
+def test_compiled_autograd_refuses_scan():
+    """A named ``scan`` says it cannot serve compiled autograd and names what can; without grad it still runs."""
+    params = _params("gru")
+    x, is_init = _sequence_inputs()
+
+    def train(params, x):
+        loss = rf.gru_sequence(x, None, params, is_init=is_init, backend="scan")[0].sum()
+        loss.backward()
+        return loss
+
+    with torch._dynamo.config.patch(compiled_autograd=True):
+        with pytest.raises(ValueError, match=r"backend 'scan' cannot serve torch's compiled autograd.*'reference'"):
+            torch.compile(train, backend=FAST)(params, x)
+        with torch.no_grad():
+            got = torch.compile(_user_sequence("gru", "scan"), backend=FAST)(x, is_init, params)
+    torch.testing.assert_close(got, _user_sequence("gru", "reference")(x, is_init, params), **FP32_TOL)
+
+
+def test_compiled_autograd_module_and_ensemble_train_step():
+    """TorchRL's way of training a recurrent policy with compiled autograd (its modules run there): our modules in
+    recurrent mode and a vmapped ensemble, one compiled step each with ``backward()`` inside, equal to eager."""
+    module = _module("lstm", "auto")
+    ens = rf.EnsembleModule(_module("gru", "auto"), 3, generator=torch.Generator().manual_seed(0))
+    td = _module_input("lstm", (B, T), reset_mask(B, T)).exclude("recurrent_state_h", "recurrent_state_c")
+    for net, params in ((module, list(module.parameters())), (ens, list(ens.params.values(True, True)))):
+        def train(td):
+            out = net(td.clone())["feat"]
+            (out * torch.linspace(-1, 1, H)).sum().backward()
+            return out.detach()
+
+        want = train(td)
+        want_grads = [p.grad.clone() for p in params]
+        for p in params:
+            p.grad = None
+        torch._dynamo.reset()
+        with torch._dynamo.config.patch(compiled_autograd=True):
+            got = torch.compile(train, backend=FAST)(td)
+        torch.testing.assert_close(got, want, **FP32_TOL)
+        for p, w in zip(params, want_grads, strict=True):
+            torch.testing.assert_close(p.grad, w, **FP32_TOL)
 
 
 @CUDA

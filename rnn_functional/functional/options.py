@@ -19,7 +19,8 @@ from ..precision import check_mode
 BACKEND_CHOICES = ("auto", *BACKENDS)
 _RECOMPUTE_BACKENDS = ("reference", "scan", "triton")
 
-__all__ = ["BACKEND_CHOICES", "RECOMPUTE_MODES", "CallContext", "call_context", "check_options", "recompute_backends"]
+__all__ = ["BACKEND_CHOICES", "RECOMPUTE_MODES", "CallContext", "call_context", "check_options", "compiled_autograd",
+           "recompute_backends"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,15 @@ def call_context() -> CallContext:
         return _CONTEXTS[True, False, False]
     kinds = transforms()
     return _CONTEXTS[False, VMAP in kinds, GRAD in kinds or forward_mode(kinds)]
+
+
+def compiled_autograd() -> bool:
+    """Whether torch's compiled autograd will trace the backward of the call being compiled (read under
+    ``torch.compile`` only): ``torch._dynamo.config.compiled_autograd`` was set before ``torch.compile``, or its
+    context is entered. It cannot trace a ``scan`` in a backward graph, torch's own autograd of ``scan`` nor our
+    reverse scan ("UncapturedHigherOrderOpError ... _LazyGraphModule._lazy_forward"), so :func:`.selection.choose`
+    runs ``reference``'s loop there."""
+    return torch._dynamo.compiled_autograd.compiled_autograd_enabled
 
 
 def check_options(

@@ -14,7 +14,7 @@ import torch
 from ..backends import LAYOUTS_OF, Route, SegmentPlan, SequenceOptions, available_backends, pad, parallel, triton_backend
 from ..backends.base import backends_for, forward_mode, no_kernel_for, transforms
 from ..cells import Layout, multi_layer_step
-from .options import GRAD, CallContext, call_context, recompute_backends
+from .options import GRAD, CallContext, call_context, compiled_autograd, recompute_backends
 
 STEP_BACKENDS = ("auto", "reference", "pad", "triton", "parallel")
 
@@ -136,6 +136,19 @@ def reads_segments(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOpt
     return name == "pad"
 
 
+def _backward_compiled() -> bool:
+    """Under ``torch.compile``: grad mode is on and compiled autograd will trace the backward, which cannot hold a
+    ``scan`` (:func:`~.options.compiled_autograd`). Grad mode, not ``records_grad``: a vmapped tensor reports
+    ``requires_grad=False`` whatever its base."""
+    return torch.is_grad_enabled() and compiled_autograd()
+
+
+def _compiled() -> Route:
+    """The route of ``auto`` and ``pad`` under ``torch.compile``: ``scan``, or ``reference``'s loop (unrolled in the
+    graph, as torch's decomposition of ``nn.LSTM`` unrolls its loop) where compiled autograd traces the backward."""
+    return Route("reference" if _backward_compiled() else "scan")
+
+
 def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, plan: SegmentPlan | None,
            records_grad: bool, ctx: CallContext, segment_layout: str = "auto") -> Route:
     """The route serving backend ``name`` for this call (options already checked).
@@ -144,11 +157,12 @@ def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, pl
     resets (eager ``pad``/``auto``, or a forced ``segment_layout``), else ``None``; ``records_grad``:
     autograd records the call. ``auto``: ``parallel`` for a cell linear in its state, in every context (``scan``
     for ``recompute="full"`` under eager ``torch.func`` transforms); for the others ``triton`` on CUDA where it serves the call (it compiles whole
-    and vmaps in one launch); ``scan`` under ``torch.compile``; under eager ``torch.func`` transforms
+    and vmaps in one launch); ``scan`` under ``torch.compile`` (``reference`` where compiled autograd traces the
+    backward: :func:`_compiled`); under eager ``torch.func`` transforms
     ``reference`` (``scan`` for ``recompute="full"``: reference's checkpointing cannot cross them); in
     plain eager mode the cheapest route of every backend that serves the call, by the cost table.
     ``pad`` runs ATen's kernels eagerly (its cheapest layout), and computes the same result through
-    ``scan`` under ``torch.compile`` and ``reference`` under eager ``torch.func`` transforms, where those
+    ``auto``'s route under ``torch.compile`` and ``reference`` under eager ``torch.func`` transforms, where those
     kernels cannot run (no vmap batching rule, data-dependent splits).
     """
     shape = (x.shape[0], x.shape[1])
@@ -158,7 +172,7 @@ def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, pl
         if _auto_runs_triton(layout, x, opts, ctx):
             return Route("triton")
         if ctx.compiling:
-            return Route("scan")
+            return _compiled()
         if not ctx.traced:
             return _cheapest(("reference", "scan") + ("pad",) * _aten_serves(layout, opts), layout, plan,
                              records_grad, shape, "auto", x.is_cuda)
@@ -166,11 +180,17 @@ def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, pl
     elif name == "pad":
         pad.aten_kernels(layout)  # raises for a cell without ATen kernels, in every context
         if ctx.traced:
-            return Route("scan" if ctx.compiling else "reference")
+            return _compiled() if ctx.compiling else Route("reference")
         return _cheapest(("pad",), layout, plan, records_grad, shape, segment_layout, x.is_cuda)
     if name == "triton":
         _check_triton(layout, x, opts)
         return Route("triton")
+    if name == "scan" and ctx.compiling and _backward_compiled():
+        raise ValueError(
+            "backend 'scan' cannot serve torch's compiled autograd (torch._dynamo.config.compiled_autograd): it cannot "
+            "trace a scan in the backward graph. Use backend 'reference' or 'auto' (which runs reference's loop there), "
+            "or differentiate without compiled autograd."
+        )
     if name == "parallel":
         parallel.check_cell(layout.cell)
     if name in ("reference", "parallel") and opts.recompute == "full" and ctx.traced and not ctx.compiling:
