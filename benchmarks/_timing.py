@@ -17,6 +17,7 @@ outside PyTorch's allocator (e.g. oneDNN's internal scratchpad, Python objects).
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import gc
 import json
@@ -38,6 +39,7 @@ __all__ = [
     "peak_memory",
     "environment",
     "write_section",
+    "section_main",
     "Budget",
     "write_json",
 ]
@@ -242,3 +244,23 @@ def write_section(page: Path, begin: str, end: str, section: str) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     page.write_text(text)
+
+
+def section_main(description: str, results: Path, page: Path, begin: str, end: str,
+                 measure: Callable[[bool, list[int]], dict], section: Callable[[dict], str]) -> None:
+    """The command line of a benchmark that owns a generated section of ``page``: ``measure(quick, threads)`` writes
+    its JSON (``--out``, default ``results``) and prints ``section`` of it; ``--report`` only rewrites the section
+    from the JSON."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--report", action="store_true", help="write the docs table from the results JSON")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: few rounds of a small size")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--out", type=Path, default=results)
+    args = parser.parse_args()
+    if args.report:
+        write_section(page, begin, end, section(json.loads(args.out.read_text())))
+        return
+    doc = measure(args.quick, args.threads)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(section(doc))

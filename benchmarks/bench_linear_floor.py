@@ -18,7 +18,6 @@ the ratio a free scan would give ``parallel``'s coefficient code. Writes ``resul
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -27,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import environment, interleaved, write_section  # noqa: E402
+from _timing import environment, interleaved, section_main  # noqa: E402
 from bench_linear import CELLS, PAGE, ROOT, _inputs  # noqa: E402
 
 from rnn_functional.cells.min_gru import MIN_GRU  # noqa: E402
@@ -98,19 +97,8 @@ def section(doc: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--report", action="store_true", help="write the docs table from the results JSON")
-    parser.add_argument("--quick", action="store_true", help="a tiny shape, few rounds (a smoke run)")
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
-    if args.report:
-        write_section(PAGE, BEGIN, END, section(json.loads(args.out.read_text())))
-        return
-    doc = run(QUICK_SHAPE if args.quick else SHAPE, args.threads, 3 if args.quick else 9)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(section(doc))
+    section_main(__doc__.splitlines()[0], RESULTS, PAGE, BEGIN, END,
+                 lambda quick, threads: run(QUICK_SHAPE if quick else SHAPE, threads, 3 if quick else 9), section)
 
 
 if __name__ == "__main__":

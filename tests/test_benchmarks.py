@@ -253,6 +253,38 @@ def test_linear_floor_section_is_generated(benchmarks_on_path) -> None:
         "docs/linear_recurrences.md is out of date: run `python benchmarks/bench_linear_floor.py --report`")
 
 
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_step_floor_inline_checks_compute_our_step(benchmarks_on_path, cell) -> None:
+    """The floor's ``inline checks`` contender computes the step ours computes, bit for bit: a floor of the same work.
+    It has no grad-mode path (it is timed under ``no_grad``), and says so rather than skip what ours would do."""
+    import bench_step_floor
+
+    calls = bench_step_floor.contenders(cell)
+    with torch.no_grad():
+        y, carry = calls["inline checks"]()
+        want_y, want_state = calls["ours"]()
+    torch.testing.assert_close((y, carry), (want_y, want_state if cell == "lstm" else (want_state,)), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="timed under no_grad"):
+        calls["inline checks"]()
+
+
+def test_step_floor_section_is_generated(benchmarks_on_path) -> None:
+    """The floor table of docs/benchmarks.md comes from the committed JSON, every ratio the measured times' ratio."""
+    results = BENCHMARKS / "results" / "step_floor_cpu.json"
+    if not results.exists():
+        pytest.skip("no step floor benchmark committed under benchmarks/results/")
+    import bench_step_floor
+
+    doc = json.loads(results.read_text())
+    assert {(r["cell"], r["threads"]) for r in doc["rows"]} == {(c, n) for c in bench_step_floor.CELLS for n in (1, 2)}
+    for row in doc["rows"]:
+        us = row["us"]
+        assert row["ratio"] == {n: round(us[n] / us["nn cell"], 3) for n in bench_step_floor.NAMES[1:]}
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert bench_step_floor.section(doc) in page, (
+        "docs/benchmarks.md is out of date: run `python benchmarks/bench_step_floor.py --report`")
+
+
 def test_block_gru_sequence_floor_runs_the_cells_products(benchmarks_on_path) -> None:
     """The block GRU's sequence floor multiplies exactly what the cell multiplies (the same FLOPs as our module's
     forward), only without the elementwise work between the products."""
