@@ -40,6 +40,7 @@ B, F, H = 32, 64, 128
 CELLS = {"lstm": (rf.init_lstm_params, rf.lstm_step, torch.nn.LSTMCell, torch.lstm_cell),
          "gru": (rf.init_gru_params, rf.gru_step, torch.nn.GRUCell, torch.gru_cell)}
 NAMES = ("nn cell", "kernel", "resets + kernel", "inline checks", "ours")
+WEIGHTS = ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")  # one layer's, in the kernels' order
 
 
 def contenders(cell: str) -> dict:
@@ -50,7 +51,7 @@ def contenders(cell: str) -> dict:
     x, is_init = torch.randn(B, F, generator=g), torch.rand(B, generator=g) < 0.1
     parts = tuple(torch.randn(B, 1, H, generator=g) for _ in range(2 if lstm else 1))
     state = parts if lstm else parts[0]
-    weights = tuple(params[k] for k in ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0"))
+    weights = tuple(params[k] for k in WEIGHTS)
     bare = nn_cell(F, H)
     flat = tuple(p[:, 0].clone() for p in parts)
     c = _core.CELLS[cell]
@@ -83,7 +84,7 @@ def contenders(cell: str) -> dict:
             raise ValueError("timed under no_grad")
         selection.resolve_step("auto", layout, x)
         x = c.prepare_input(p, x)
-        return reset_and_run(x, carry, mask, (p["weight_ih_l0"], p["weight_hh_l0"], p["bias_ih_l0"], p["bias_hh_l0"]))
+        return reset_and_run(x, carry, mask, tuple(p[k] for k in WEIGHTS))
 
     with torch.no_grad():
         y, new = step(x, state, params, is_init=is_init)

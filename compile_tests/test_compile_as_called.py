@@ -29,6 +29,8 @@ from compile_helpers import FAST, FP32_TOL, SEQUENCE, STEP, compile_stats, hidde
 B, T, F_IN, H = 3, 6, 4, 5
 GRAD_MODES = {"grad": contextlib.nullcontext, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="mode='reduce-overhead' needs CUDA graphs")
+TRITON = pytest.mark.skipif("triton" not in rf.available_backends(torch.device("cpu")),
+                            reason="triton needs CUDA or TRITON_INTERPRET=1")
 
 # the configurations users write; "default" is torch.compile(f)
 CONFIGS = {
@@ -168,13 +170,11 @@ def test_compiled_torch_func_grad(cell, transform):
         torch.testing.assert_close(torch.compile(transformed(backend), fullgraph=True)(x), want)
 
 
-def _compiled_autograd_cases():
-    available = "triton" in rf.available_backends(torch.device("cpu"))
-    triton = pytest.mark.skipif(not available, reason="triton needs CUDA or TRITON_INTERPRET=1")
-    return [*((cell, "auto") for cell in FUNC_CELLS), ("gru", "pad"), pytest.param("lstm", "triton", marks=triton)]
+COMPILED_AUTOGRAD_CASES = [*((cell, "auto") for cell in FUNC_CELLS), ("gru", "pad"),
+                           pytest.param("lstm", "triton", marks=TRITON)]
 
 
-@pytest.mark.parametrize(("cell", "backend"), _compiled_autograd_cases())
+@pytest.mark.parametrize(("cell", "backend"), COMPILED_AUTOGRAD_CASES)
 def test_compiled_autograd_train_step(cell, backend):
     """A compiled training step, ``loss.backward()`` inside, with ``torch._dynamo.config.compiled_autograd``: it traces
     the backward graph, which cannot hold a ``scan`` (torch's own autograd of ``scan`` fails there too), so ``auto``
@@ -321,13 +321,7 @@ def _check_module(cell: str, backend: str, grad_mode: str, layout: str = "batch"
     assert stats.breaks == 0 and stats.graphs == 1, stats
 
 
-def _module_backends():
-    available = "triton" in rf.available_backends(torch.device("cpu"))
-    triton = pytest.mark.skipif(not available, reason="triton needs CUDA or TRITON_INTERPRET=1")
-    return ["auto", "scan", "pad", "reference", pytest.param("triton", marks=triton)]
-
-
-@pytest.mark.parametrize("backend", _module_backends())
+@pytest.mark.parametrize("backend", ["auto", "scan", "pad", "reference", pytest.param("triton", marks=TRITON)])
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_default_compile_module_recurrent_every_backend(cell, backend):
     """The issue's failing call: ``torch.compile(module)`` in recurrent mode with resets, under no_grad."""

@@ -10,6 +10,8 @@ TorchRL's modules graph-break on the same policies: their counts are in benchmar
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from tensordict import TensorDict
@@ -193,8 +195,6 @@ def test_mode_contexts_of_two_threads_stay_apart_in_compiled_calls():
     """An actor thread in ``set_recurrent_mode(False)`` and a learner thread in ``set_recurrent_mode(True)``,
     both calling one compiled policy: each call runs in its own thread's mode (the compile-time mirror of the
     flag is per thread; a single shared one ran the learner's batch in the actor's sequential mode)."""
-    import threading
-
     policy = make_policy("lstm")
     batch_td, step_td = policy_input("lstm", "batch"), policy_input("lstm", "step")
     want_batch = call_policy(policy, batch_td, "batch")["logits"]
@@ -235,8 +235,6 @@ def test_compiled_step_in_a_thread_without_context_ignores_another_threads_conte
     collector's background thread, ``collector.start()``) runs in sequential mode while the learner thread holds
     ``set_recurrent_mode(True)``, ours or TorchRL's. TorchRL's compile-time flag is one per process: read there, the
     step ran as a recurrent sequence over the batch (TorchRL's own modules still do)."""
-    import threading
-
     policy = make_policy("lstm")
     step_td = policy_input("lstm", "step")
     want_step = call_policy(policy, step_td, "step")["logits"]
