@@ -129,5 +129,5 @@ def check_options(
             raise ValueError(
                 f"segment_layout={segment_layout!r} is not a layout of backend {backend!r}: "
                 + (f"it lays out calls as one of {list(serving)}." if serving else
-                   "with backend='auto' the layout is chosen by the cost table; name a backend to force one.")
+                   "with backend='auto' the layout follows auto's rule; name a backend to force one.")
             )
