@@ -128,6 +128,18 @@ class Cell(abc.ABC):
         Raises ``KeyError``/``ValueError`` naming the key, the expected and the actual value.
         """
 
+    def layout_of(self, params: Mapping[str, torch.Tensor], known: Layout | None) -> Layout:
+        """``known`` when the caller checked the params against it (a module's own weights, checked when bound) and
+        their dtype, device, sizes and layer count have not moved since (``TensorDict.to_module``,
+        ``load_state_dict(assign=True)`` and ``.to()`` swap the tensors in place); else :meth:`read_layout`."""
+        weight, w_in = params.get("weight_hh_l0"), params.get("weight_ih_l0")
+        if (known is None or weight is None or w_in is None or weight.dtype != known.dtype
+                or weight.device != known.device or w_in.shape[-1] != known.input_size
+                or weight.shape[-1] != known.state_sizes[0] or weight.shape[0] != self.num_gates * known.hidden_size
+                or f"weight_hh_l{known.num_layers - 1}" not in params or f"weight_hh_l{known.num_layers}" in params):
+            return self.read_layout(params)
+        return known
+
     @abc.abstractmethod
     def layer_weights(self, params: Mapping[str, torch.Tensor], layout: Layout, k: int) -> LayerWeights:
         """Weights of layer ``k``."""

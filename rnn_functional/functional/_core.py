@@ -18,7 +18,7 @@ import torch.utils._pytree as pytree
 
 from .. import backends
 from ..backends import Route, SegmentPlan, SequenceOptions, ensemble_scan, segments
-from ..cells import Carry, Cell, Layout, apply_reset, final_at_last_step, keep_segment_ends
+from ..cells import Carry, Cell, Layout, apply_reset, final_at_last_step, keep_segment_ends, multi_layer_step
 from . import selection, slices
 from .options import call_context, check_options
 
@@ -138,21 +138,6 @@ class Canonical:
     carry: Carry
     is_init: torch.Tensor | None
     reset: Carry | None
-
-
-def current_layout(cell: Cell, params: Mapping[str, torch.Tensor], layout: Layout | None) -> Layout:
-    """``layout`` when the caller checked the params against it (a module's own weights, checked when bound)
-    and their dtype, device, sizes and layer count have not moved since (``TensorDict.to_module``,
-    ``load_state_dict(assign=True)`` and ``.to()`` swap the tensors in place); else the params' layout,
-    read and checked now."""
-    weight, w_in = params.get("weight_hh_l0"), params.get("weight_ih_l0")
-    if (layout is None or weight is None or w_in is None or weight.dtype != layout.dtype
-            or weight.device != layout.device or w_in.shape[-1] != layout.input_size
-            or weight.shape[-1] != layout.state_sizes[0]
-            or weight.shape[0] != layout.cell.num_gates * layout.hidden_size
-            or f"weight_hh_l{layout.num_layers - 1}" not in params or f"weight_hh_l{layout.num_layers}" in params):
-        return cell.read_layout(params)
-    return layout
 
 
 def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: bool) -> Canonical:
@@ -278,47 +263,33 @@ def _empty_call(c: Canonical, time: tuple) -> tuple[torch.Tensor, Carry, Carry]:
     return y, tuple(s + zero for s in c.carry), per_step
 
 
-def run_step(cell: Cell, x, state, params, is_init, backend: str) -> tuple[torch.Tensor, object]:
-    """Validate, reset to zeros where ``is_init``, run one step over all layers."""
-    if backend not in selection.STEP_BACKENDS:  # the unknown-name error first; resolve_step rejects 'scan'
-        check_options(backend=backend)
-    c = _canonicalize(cell, x, state, params, is_init, None, sequence=False)
-    step = selection.resolve_step(backend, c.layout, c.x)
+def _carry_of(state) -> Carry | None:
+    """A checked state (a tensor, a tuple, or ``None`` for zeros) as a carry tuple."""
+    return None if state is None else (state,) if isinstance(state, torch.Tensor) else tuple(state)
+
+
+def run_step(cell: Cell, x, state, params, is_init, backend: str, dropout: float = 0.0, training: bool = False,
+             layout: Layout | None = None) -> tuple[torch.Tensor, object]:
+    """The public step functions: validate once (unless ``layout``: the caller checked ``x``, ``state`` and
+    ``is_init`` against these params' layout, as the modules do), reset to zeros where ``is_init``, run one step over
+    all layers (with inter-layer dropout where ``training``, the ``reference`` step: no fused cell applies it)."""
+    if layout is None:
+        if backend not in selection.STEP_BACKENDS:  # the unknown-name error first; resolve_step rejects 'scan'
+            check_options(backend=backend)
+        check_options(dropout=dropout)
+        c = _canonicalize(cell, x, state, params, is_init, None, sequence=False)
+    else:
+        c = flatten(layout, dict(params), x, _carry_of(state), is_init, None, sequence=False)
     if c.x.shape[0] == 0:
         y, carry, _ = _empty_call(c, ())
     else:
-        y, carry = step(c.layout, c.params, cell.prepare_input(c.params, c.x), apply_reset(c.carry, c.is_init, None))
+        dropped = training and dropout > 0 and c.layout.num_layers > 1
+        step = multi_layer_step if dropped else selection.resolve_step(backend, c.layout, c.x)
+        x, carry = cell.prepare_input(c.params, c.x), apply_reset(c.carry, c.is_init, None)
+        y, carry = multi_layer_step(c.layout, c.params, x, carry, dropout, True) if dropped else step(
+            c.layout, c.params, x, carry)
     y, *carry = restore(c.batch_shape, (y, *carry))
     return y, _from_carry(cell, tuple(carry))
-
-
-def run_validated_step(
-    layout: Layout, params: Mapping[str, torch.Tensor], x: torch.Tensor, carry: Carry, is_init: torch.Tensor | None
-) -> tuple[torch.Tensor, Carry]:
-    """:func:`run_step` (``backend="auto"``) for a caller that has checked its inputs against ``layout``.
-
-    ``x [*B, F]`` with ``*B`` non-empty, carry tensors ``[*B, L, S]``, ``is_init`` bool ``[*B]`` or
-    ``[*B, 1]``; returns ``(y [*B, P], carry)``. The modules' compiled step: they check shapes
-    against their configuration and the params once, when the weights are bound, so the traced
-    step skips :func:`_canonicalize`, whose function and attribute reads each add a guard that every
-    compiled call re-checks (their dtype and device too).
-    """
-    if not torch.compiler.is_compiling() and torch.is_grad_enabled():
-        x, is_init, carry, _ = _saveable(x, is_init, carry, None)
-    layout, params, x, carry, _ = in_autocast_dtype(layout, params, x, carry, None)
-    batch_shape = tuple(x.shape[:-1])
-    if len(batch_shape) == 1:  # flat already (a policy step): ``is_init`` [N] or [N, 1] broadcasts as it is
-        flat, mask = tuple(carry), is_init
-    else:
-        n = math.prod(batch_shape)
-        flat = tuple(t.reshape(n, *t.shape[-2:]) for t in carry)
-        mask = None if is_init is None else is_init.reshape(n)
-        x = x.reshape(n, x.shape[-1])
-    step = selection.resolve_step("auto", layout, x)
-    x = layout.cell.prepare_input(params, x)
-    y, new_carry = step(layout, params, x, apply_reset(flat, mask, None))
-    y, *new_carry = restore(batch_shape, (y, *new_carry))
-    return y, tuple(new_carry)
 
 
 def _first_step_resets(x, carry: Carry, is_init: torch.Tensor, reset: Carry | None, host: np.ndarray):
@@ -424,13 +395,18 @@ def sequence_route(cell: str, x: torch.Tensor, params: Mapping[str, torch.Tensor
 
 
 def run_sequence(cell: Cell, x, state, params, is_init, reset_state, backend: str, opts: SequenceOptions,
-                 slice_len: int | None = None, num_slices: int | None = None, segment_layout: str = "auto"):
-    """The public sequence functions: check the options and the call once, :func:`execute` it. Returns
+                 slice_len: int | None = None, num_slices: int | None = None, segment_layout: str = "auto",
+                 layout: Layout | None = None):
+    """The public sequence functions: check the options and the call once (unless ``layout``: the caller checked
+    the options and the call against these params' layout, as the modules do), :func:`execute` it. Returns
     ``(y, state_T)`` or, with ``opts.segment_states``, ``(y, state_T, segment states)`` in the public format."""
-    check_options(backend=backend, recompute=opts.recompute, dropout=opts.dropout,
-                  matmul_precision=opts.matmul_precision, compute_dtype=opts.compute_dtype,
-                  segment_layout=segment_layout)
-    c = _canonicalize(cell, x, state, params, is_init, reset_state, sequence=True)
+    if layout is None:
+        check_options(backend=backend, recompute=opts.recompute, dropout=opts.dropout,
+                      matmul_precision=opts.matmul_precision, compute_dtype=opts.compute_dtype,
+                      segment_layout=segment_layout)
+        c = _canonicalize(cell, x, state, params, is_init, reset_state, sequence=True)
+    else:
+        c = flatten(layout, dict(params), x, _carry_of(state), is_init, _carry_of(reset_state))
     out = execute(c, backend, opts, slice_len, num_slices, segment_layout)
     y, *final = restore(c.batch_shape, (out.y, *out.final))
     if not opts.segment_states:
@@ -452,6 +428,11 @@ _STEP_DOC = """One time step of a multi-layer {title}.
             ``"reference"``, ``"pad"``, ``"triton"`` or ``"parallel"`` (one step of a linear recurrence: the
             ``reference`` step). See
             :func:`rnn_functional.functional.selection.resolve_step`.
+
+        dropout, training: dropout probability on the outputs of every layer but the last, applied only when
+            ``training`` (then the ``reference`` step runs: no fused cell applies it).
+        layout: the params' layout (``Cell.layout_of``) when the caller has checked ``x``, ``state`` (a tuple
+            of tensors) and ``is_init`` against it, as the modules do: the call skips its own checks.
 
     Returns:
         ``(y [*B, {out}], state)``: the top layer's output and the new state. As ``torch.nn.LSTMCell``'s
@@ -494,6 +475,8 @@ _SEQUENCE_DOC = """A multi-layer {title} over a sequence, with resets.
             ``reference``/``scan``; ``"packed"``, ``"buckets"`` (one layer) or ``"slices"`` (whole
             slices of one length) for ``pad``. Calls without interior resets, and traced calls,
             run their rows as they are.
+        layout: the params' layout (``Cell.layout_of``) when the caller has checked the options and ``x``,
+            ``state``, ``is_init`` and ``reset_state`` against it, as the modules do: the call skips its checks.
 
     Returns:
         ``(y [*B, T, {out}], state_T)``: top-layer outputs and the carry after the last step
@@ -512,8 +495,8 @@ def public_functions(cell: Cell) -> tuple[Callable, Callable]:
     register(cell)
 
     def step(x: torch.Tensor, state, params: Mapping[str, torch.Tensor], *, is_init: torch.Tensor | None = None,
-             backend: str = "auto"):
-        return run_step(cell, x, state, params, is_init, backend)
+             backend: str = "auto", dropout: float = 0.0, training: bool = False, layout: Layout | None = None):
+        return run_step(cell, x, state, params, is_init, backend, dropout, training, layout)
 
     def sequence(
         x: torch.Tensor,
@@ -532,10 +515,11 @@ def public_functions(cell: Cell) -> tuple[Callable, Callable]:
         slice_len: int | None = None,
         num_slices: int | None = None,
         segment_layout: str = "auto",
+        layout: Layout | None = None,
     ):
         opts = SequenceOptions(dropout, training, recompute, compute_dtype, matmul_precision, return_segment_states)
         return run_sequence(cell, x, state, params, is_init, reset_state, backend, opts, slice_len, num_slices,
-                            segment_layout)
+                            segment_layout, layout)
 
     for fn, kind, doc in ((step, "step", _STEP_DOC), (sequence, "sequence", _SEQUENCE_DOC)):
         fn.__name__ = fn.__qualname__ = f"{cell.name}_{kind}"

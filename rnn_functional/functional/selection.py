@@ -22,10 +22,10 @@ __all__ = ["choose", "reads_segments", "resolve_step", "STEP_BACKENDS"]
 def _route(backend: str, layout: Layout, plan: SegmentPlan | None, records_grad: bool, forced: str,
            cuda: bool) -> Route:
     """``backend``'s route for an eager call with the segments ``plan`` (``None``: no interior reset), laid out as
-    ``forced`` (``segment_layout``) or by the rule: ``pad`` runs whole slices as a view of the call, else (on the CPU,
-    one layer, under autograd) length buckets, whose unpacked calls keep oneDNN's fused kernels and a backward
-    linear in the steps, else one packed call (one cuDNN call on CUDA); the loops run the right-aligned segments
-    where they at least halve the steps, else the rows as they are."""
+    ``forced`` (``segment_layout``) or by the rule: ``pad`` runs whole slices as a view of the call, else (one layer
+    under autograd, a kernel fused on the CPU: oneDNN's LSTM) length buckets, whose unpacked calls keep the fused
+    kernel and a backward linear in the steps, else one packed call (one cuDNN call on CUDA); the loops run the
+    right-aligned segments where they at least halve the steps, else the rows as they are."""
     if plan is None:
         return Route(backend)
     if forced == "auto":
@@ -34,7 +34,8 @@ def _route(backend: str, layout: Layout, plan: SegmentPlan | None, records_grad:
         elif plan.slice_len is not None:
             forced = "slices"
         else:
-            forced = "buckets" if records_grad and layout.num_layers == 1 and not cuda else "packed"
+            fused = layout.cell.aten.fused_on_cpu and not cuda
+            forced = "buckets" if records_grad and layout.num_layers == 1 and fused else "packed"
     why = {"buckets": f"it serves one layer (these params have {layout.num_layers})",
            "slices": "this batch is not whole slices of one length from t = 0 (SliceSampler(strict_length=True))"}
     serves = {"buckets": layout.num_layers == 1, "slices": plan.slice_len is not None}
@@ -132,8 +133,9 @@ def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, pl
     and vmaps in one launch); ``scan`` under ``torch.compile`` (``reference`` where compiled autograd traces the
     backward: :func:`_compiled`); under eager ``torch.func`` transforms
     ``reference`` (``scan`` for ``recompute="full"``: reference's checkpointing cannot cross them); in
-    plain eager mode ``pad`` for a cell with ATen kernels and ``recompute="none"``, else ``scan`` where autograd
-    records the call and ``reference`` where not, each laid out by :func:`_route`.
+    plain eager mode ``pad`` for a cell with ATen kernels and ``recompute="none"`` (but for a call under autograd
+    of a cell whose kernel is not fused on the CPU, the GRU, whose segments do not halve the steps), else ``scan``
+    where autograd records the call and ``reference`` where not, each laid out by :func:`_route`.
     ``pad`` runs ATen's kernels eagerly (its cheapest layout), and computes the same result through
     ``auto``'s route under ``torch.compile`` and ``reference`` under eager ``torch.func`` transforms, where those
     kernels cannot run (no vmap batching rule, data-dependent splits).
@@ -147,7 +149,12 @@ def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, pl
             return _compiled()
         if not ctx.traced:
             loop = "scan" if records_grad else "reference"  # scan keeps the activations its backward reads
-            return _route("pad" if _aten_serves(layout, opts) else loop, layout, plan, records_grad, "auto", x.is_cuda)
+            pad_serves = _aten_serves(layout, opts) and not (
+                # ATen's GRU on the CPU is a loop of per-step ops: under autograd, where the segments barely shorten
+                # the time, the scan loop over the rows does the same steps without re-batching them
+                records_grad and plan is not None and plan.slice_len is None and not x.is_cuda
+                and not layout.cell.aten.fused_on_cpu and 2 * plan.max_len > plan.shape[1])
+            return _route("pad" if pad_serves else loop, layout, plan, records_grad, "auto", x.is_cuda)
         name = "scan" if opts.recompute == "full" else "reference"  # scan's recompute crosses vmap and grad
     elif name == "pad":
         pad.aten_kernels(layout)  # raises for a cell without ATen kernels, in every context

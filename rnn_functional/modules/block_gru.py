@@ -17,7 +17,7 @@ from torch import nn
 
 from ..backends import SequenceOptions
 from ..cells.block_gru import init_weight_
-from ..functional._core import execute, flatten, run_step, run_validated_step
+from ..functional._core import execute, flatten, run_step
 from ..functional.block_gru import configured_cell
 from ._options import checked_option, options_state
 
@@ -134,9 +134,7 @@ class DreamerV3BlockGRUCell(nn.Module):
         params = self.params(dtype)
         cell = self.functional_cell()
         h = input.new_zeros((*batch, 1, self.hidden_size), dtype=dtype) if hidden is None else hidden.to(dtype).unsqueeze(-2)
-        if 0 in batch:  # no rows for the validated step: the public step returns the empty result, as TorchRL's
-            return run_step(cell, input.to(dtype), h, params, None, "auto")[1].squeeze(-2)
-        _, (h,) = run_validated_step(cell.read_layout(params), params, input.to(dtype), (h,), None)
+        _, h = run_step(cell, input.to(dtype), h, params, None, "auto", layout=cell.read_layout(params))
         return h.squeeze(-2)
 
 

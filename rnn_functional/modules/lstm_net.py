@@ -27,9 +27,8 @@ import torch
 from torch import nn
 
 from ..functional.options import BACKEND_CHOICES, check_options
-from ._cells import LSTM_CELL
-from ._forward import bound_layout, run_sequence, run_step
-from ._weights import RNNChild
+from ..functional import lstm_sequence, lstm_step
+from .rnn import LSTM_CELL, RNNChild
 
 __all__ = ["LSTMNet", "MLP"]
 
@@ -196,15 +195,18 @@ class LSTMNet(RNNChild, nn.Module):
                     f"LSTMNet: {name} must have shape {[*lead, L, width]} ([*batch{', T' if sequence else ''}, "
                     f"num_layers, {'P' if name == 'hidden0_in' else 'H'}]), got {list(h.shape)}."
                 )
+        dropout = self._dropout if self.training else 0.0
         if sequence:  # outputs the final state at the last step, zeros before it
             # the state entering step 0 ([B, 0, ...] when T = 0: zeros, no step reads them)
             first = tuple(h[:, 0] if h.shape[1] else h.new_zeros(h.shape[0], *h.shape[2:]) for h in (hidden0_in, hidden1_in))
-            params, layout = bound_layout(LSTM_CELL, self._weights, self._layout, x, first,
-                                          ["input", "hidden0_in", "hidden1_in"], self._state_shapes, owner="LSTMNet")
-            y, (h, c) = run_sequence(x, first, None, params, layout, None, backend=self.lstm_backend,
-                                     dropout=self._dropout, training=self.training)
+            params, layout = self._checked(self._weights, self._layout, x, first, ["input", "hidden0_in", "hidden1_in"])
+            y, _, (h, c) = lstm_sequence(x, first, params, backend=self.lstm_backend, dropout=dropout,
+                                         training=self.training, return_segment_states=True, layout=layout)
         else:
-            y, (h, c) = run_step(LSTM_CELL, x, (hidden0_in, hidden1_in), self._weights, None, dropout=self._dropout,
-                                 training=self.training, backend=self.lstm_backend)
+            params, layout = self._checked(self._weights, self._layout, x, (hidden0_in, hidden1_in),
+                                           ["input", "hidden0_in", "hidden1_in"])
+            y, (h, c) = lstm_step(x, (hidden0_in, hidden1_in), params, dropout=dropout, training=self.training,
+                                  layout=layout)
+            y = y.clone()
         out = (self.linear(y), hidden0_in, hidden1_in, h, c)
         return tuple(o.squeeze(0) for o in out) if unbatched else out
