@@ -186,29 +186,34 @@ def flatten(layout: Layout, params: dict[str, torch.Tensor], x: torch.Tensor, ca
             is_init: torch.Tensor | None, reset: Carry | None, sequence: bool = True) -> Canonical:
     """A checked call (shapes against ``layout``, ``is_init`` ``[*B(, T)]`` or with a trailing 1) with its batch
     dims ``*B`` flattened into ``N``; ``carry`` ``None`` for zeros."""
-    if torch.compiler.is_exporting():
-        # torch's ``scan`` clones the tensors its step reads to trace it, and under non-strict export fails on one the
-        # graph holds as a constant (a global closed over: "Cannot access data pointer of Tensor"); a view is an op
-        params, x, is_init, carry, reset = pytree.tree_map_only(
-            torch.Tensor, lambda t: t.view_as(t), (params, x, is_init, carry, reset))
-    if not torch.compiler.is_compiling() and torch.is_grad_enabled():
-        x, is_init, carry, reset = _saveable(x, is_init, carry, reset)
-    layout, params, x, carry, reset = in_autocast_dtype(layout, params, x, carry, reset)
+    if torch.compiler.is_compiling():
+        if torch.compiler.is_exporting():
+            # torch's ``scan`` clones the tensors its step reads to trace it, and under non-strict export fails on one
+            # the graph holds as a constant (a global closed over: "Cannot access data pointer of Tensor"); a view is
+            # an op
+            params, x, is_init, carry, reset = pytree.tree_map_only(
+                torch.Tensor, lambda t: t.view_as(t), (params, x, is_init, carry, reset))
+    elif torch.is_grad_enabled():
+        for t in (x, is_init, *(carry or ()), *(reset or ())):
+            if t is not None and t.is_inference():
+                x, is_init, carry, reset = _saveable(x, is_init, carry, reset)
+                break
+    if layout.cell.aten is not None and torch.is_autocast_enabled(layout.device.type):
+        layout, params, x, carry, reset = in_autocast_dtype(layout, params, x, carry, reset)
     lead = 2 if sequence else 1
     batch_shape = tuple(x.shape[:-lead])
     if len(batch_shape) == 1 and carry is not None and (is_init is None or is_init.ndim == lead):
         return Canonical(layout, params, batch_shape, x, tuple(carry), is_init, reset)  # flat already: a policy step
     n = math.prod(batch_shape)
     time = tuple(x.shape[-2:-1]) if sequence else ()
-    L, sizes = layout.num_layers, layout.state_sizes
+    flat = [_flat(x, (n, *x.shape[len(batch_shape):])), None if is_init is None else _flat(is_init, (n, *time))]
+    for states, lead_shape in ((carry, (n,)), (reset, (n, *time))):
+        if states is not None:
+            states = tuple([_flat(t, (*lead_shape, layout.num_layers, t.shape[-1])) for t in states])
+        flat.append(states)
     if carry is None:
-        carry = tuple(x.new_zeros((n, L, s)) for s in sizes)
-    else:
-        carry = tuple(_flat(t, (n, L, s)) for t, s in zip(carry, sizes))
-    mask = None if is_init is None else _flat(is_init, (n,) + time)
-    if reset is not None:
-        reset = tuple(_flat(t, (n,) + time + (L, s)) for t, s in zip(reset, sizes))
-    return Canonical(layout, params, batch_shape, _flat(x, (n,) + tuple(x.shape[len(batch_shape):])), carry, mask, reset)
+        flat[2] = tuple([x.new_zeros((n, layout.num_layers, size)) for size in layout.state_sizes])
+    return Canonical(layout, params, batch_shape, flat[0], flat[2], flat[1], flat[3])
 
 
 def in_autocast_dtype(layout: Layout, params: Mapping[str, torch.Tensor], x: torch.Tensor, carry: Carry | None,
@@ -224,7 +229,7 @@ def in_autocast_dtype(layout: Layout, params: Mapping[str, torch.Tensor], x: tor
 
 
 def _saveable(x: torch.Tensor, is_init, carry: Carry | None, reset: Carry | None):
-    """The call's tensors with any made under ``torch.inference_mode()`` copied to normal tensors: autograd cannot
+    """The call's tensors with those made under ``torch.inference_mode()`` copied to normal tensors: autograd cannot
     save an inference tensor for backward, and a call that trains on data collected in inference mode is one
     ``nn.LSTM`` and TorchRL serve (their kernels keep only their own buffers)."""
     def own(t):
@@ -284,7 +289,7 @@ def run_step(cell: Cell, x, state, params, is_init, backend: str, dropout: float
         y, carry, _ = _empty_call(c, ())
     else:
         dropped = training and dropout > 0 and c.layout.num_layers > 1
-        step = multi_layer_step if dropped else selection.resolve_step(backend, c.layout, c.x)
+        step = multi_layer_step if dropped else selection.resolve_step(backend, c.layout, c.x, call_context())
         x, carry = cell.prepare_input(c.params, c.x), apply_reset(c.carry, c.is_init, None)
         y, carry = multi_layer_step(c.layout, c.params, x, carry, dropout, True) if dropped else step(
             c.layout, c.params, x, carry)

@@ -182,7 +182,7 @@ def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, pl
     return _route(name, layout, plan, records_grad, segment_layout, x.is_cuda)
 
 
-def resolve_step(name: str, layout: Layout, x: torch.Tensor):
+def resolve_step(name: str, layout: Layout, x: torch.Tensor, ctx: CallContext):
     """The one-step function ``(layout, params, x [N, F], carry) -> (y, carry)`` for ``name``.
 
     ``auto``: ATen's fused cells (``pad``, cuDNN's on CUDA) in plain eager mode without projection; else the fused
@@ -196,7 +196,6 @@ def resolve_step(name: str, layout: Layout, x: torch.Tensor):
         raise no_kernel_for(name, layout.cell, _step_backends(layout, x))
     if name == "auto":
         if x.is_cuda:
-            ctx = call_context()
             aten = not ctx.traced and layout.cell.aten is not None and not layout.proj_size
             if not aten and not ctx.differentiated and triton_backend.serves(layout, x.device):
                 return triton_backend.step
@@ -204,7 +203,7 @@ def resolve_step(name: str, layout: Layout, x: torch.Tensor):
             return multi_layer_step
         name = "pad"
     if name == "pad":  # traced (compile, vmap, torch.func): pad's kernels cannot run, its reference step can
-        return multi_layer_step if layout.proj_size or call_context().traced else pad.step
+        return multi_layer_step if layout.proj_size or ctx.traced else pad.step
     if name == "triton":
         _check_triton(layout, x, SequenceOptions(), step=True)
         return triton_backend.step

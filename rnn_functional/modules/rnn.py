@@ -50,6 +50,7 @@ from ..cells.gru import GRU
 from ..cells.lstm import LSTM
 from ..ensemble import ensemble_init_gru_params, ensemble_init_lstm_params
 from ..functional import gru_sequence, gru_step, lstm_sequence, lstm_step
+from ..functional._core import autocast_dtype
 from ..functional.options import call_context, check_options
 from ..functional.slices import check_pair, check_value
 from ._mode import _TORCHRL_RNN
@@ -225,7 +226,7 @@ class RNNChild:
                 f"states {[list(s) for s in self._state_shapes]}. Load weights of the module's sizes (or build the "
                 f"module for these).")
         for key, t in zip(in_keys, (x, *(states or ()))):
-            if t.dtype != layout.dtype or t.device != layout.device:
+            if (t.dtype != layout.dtype and t.dtype != autocast_dtype(layout)) or t.device != layout.device:
                 raise ValueError(f"{owner}: key {key!r}: expected dtype {layout.dtype} on {layout.device} (the "
                                  f"params'), got {t.dtype} on {t.device}. Convert the TensorDict (td.to(...)) or the "
                                  f"module (module.to(...)).")
