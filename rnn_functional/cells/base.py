@@ -219,10 +219,12 @@ def apply_reset(carry: Carry, mask: torch.Tensor | None, reset: Carry | None) ->
     """
     if mask is None:
         return carry
-    mask = broadcast_mask(mask, carry[0])  # every carry tensor has the same ndim
-    if reset is None:
-        return tuple([torch.where(mask, 0.0, s) for s in carry])
-    return tuple([torch.where(mask, r, s) for s, r in zip(carry, reset)])
+    missing = carry[0].ndim - mask.ndim  # every carry tensor has the same ndim; a view fits any strides
+    mask = mask.view(*mask.shape, *(1,) * missing) if missing else mask
+    out = []
+    for i, s in enumerate(carry):
+        out.append(torch.where(mask, 0.0 if reset is None else reset[i], s))
+    return tuple(out)
 
 
 def segment_ends(is_init: torch.Tensor) -> torch.Tensor:

@@ -268,11 +268,6 @@ def _empty_call(c: Canonical, time: tuple) -> tuple[torch.Tensor, Carry, Carry]:
     return y, tuple(s + zero for s in c.carry), per_step
 
 
-def _carry_of(state) -> Carry | None:
-    """A checked state (a tensor, a tuple, or ``None`` for zeros) as a carry tuple."""
-    return None if state is None else (state,) if isinstance(state, torch.Tensor) else tuple(state)
-
-
 def run_step(cell: Cell, x, state, params, is_init, backend: str, dropout: float = 0.0, training: bool = False,
              layout: Layout | None = None) -> tuple[torch.Tensor, object]:
     """The public step functions: validate once (unless ``layout``: the caller checked ``x``, ``state`` and
@@ -284,17 +279,19 @@ def run_step(cell: Cell, x, state, params, is_init, backend: str, dropout: float
         check_options(dropout=dropout)
         c = _canonicalize(cell, x, state, params, is_init, None, sequence=False)
     else:
-        c = flatten(layout, dict(params), x, _carry_of(state), is_init, None, sequence=False)
+        carry = None if state is None else (state,) if isinstance(state, torch.Tensor) else tuple(state)
+        c = flatten(layout, params if isinstance(params, dict) else dict(params), x, carry, is_init, None, False)
     if c.x.shape[0] == 0:
         y, carry, _ = _empty_call(c, ())
+    elif training and dropout > 0 and c.layout.num_layers > 1:
+        carry = apply_reset(c.carry, c.is_init, None)
+        y, carry = multi_layer_step(c.layout, c.params, cell.prepare_input(c.params, c.x), carry, dropout, True)
     else:
-        dropped = training and dropout > 0 and c.layout.num_layers > 1
-        step = multi_layer_step if dropped else selection.resolve_step(backend, c.layout, c.x, call_context())
-        x, carry = cell.prepare_input(c.params, c.x), apply_reset(c.carry, c.is_init, None)
-        y, carry = multi_layer_step(c.layout, c.params, x, carry, dropout, True) if dropped else step(
-            c.layout, c.params, x, carry)
-    y, *carry = restore(c.batch_shape, (y, *carry))
-    return y, _from_carry(cell, tuple(carry))
+        step = selection.resolve_step(backend, c.layout, c.x, call_context())
+        y, carry = step(c.layout, c.params, cell.prepare_input(c.params, c.x), apply_reset(c.carry, c.is_init, None))
+    if len(c.batch_shape) != 1:
+        y, *carry = restore(c.batch_shape, (y, *carry))
+    return y, (carry[0] if len(carry) == 1 else tuple(carry))
 
 
 def _first_step_resets(x, carry: Carry, is_init: torch.Tensor, reset: Carry | None, host: np.ndarray):
@@ -411,7 +408,9 @@ def run_sequence(cell: Cell, x, state, params, is_init, reset_state, backend: st
                       segment_layout=segment_layout)
         c = _canonicalize(cell, x, state, params, is_init, reset_state, sequence=True)
     else:
-        c = flatten(layout, dict(params), x, _carry_of(state), is_init, _carry_of(reset_state))
+        carry, reset = ((None if t is None else (t,) if isinstance(t, torch.Tensor) else tuple(t))
+                        for t in (state, reset_state))
+        c = flatten(layout, params if isinstance(params, dict) else dict(params), x, carry, is_init, reset)
     out = execute(c, backend, opts, slice_len, num_slices, segment_layout)
     y, *final = restore(c.batch_shape, (out.y, *out.final))
     if not opts.segment_states:

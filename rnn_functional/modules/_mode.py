@@ -137,15 +137,18 @@ def recurrent_mode() -> bool | None:
     our flag is read first (see :class:`set_recurrent_mode`), then the calling thread's mirror of TorchRL's
     (:func:`_watch`).
     """
-    trl = _torchrl_rnn()
     if torch.compiler.is_compiling():  # the traced mirror read directly: each traced call adds guards per compiled call
+        _torchrl_loaded()  # a constant of the graph: starts mirroring TorchRL's flag when it is newly loaded
         traced = _STATE._mirror.traced
         return traced["torchrl"] if traced["mode"] is None else traced["mode"]
+    trl = sys.modules.get(_TORCHRL_RNN)
+    if trl is not _torchrl_module:
+        _torchrl_loaded()
     if trl is not None:
         mode = trl.recurrent_mode()
         if mode is not None or _MIRRORED.get():
             return mode
-    return _STATE.get()
+    return _STATE._var.get()
 
 
 class set_recurrent_mode(_DecoratorContextManager):

@@ -195,7 +195,7 @@ class LSTMNet(RNNChild, nn.Module):
                     f"LSTMNet: {name} must have shape {[*lead, L, width]} ([*batch{', T' if sequence else ''}, "
                     f"num_layers, {'P' if name == 'hidden0_in' else 'H'}]), got {list(h.shape)}."
                 )
-        dropout = self._dropout if self.training else 0.0
+        dropout = float(self._live.attrs["dropout"]) if self.training else 0.0
         if sequence:  # outputs the final state at the last step, zeros before it
             # the state entering step 0 ([B, 0, ...] when T = 0: zeros, no step reads them)
             first = tuple(h[:, 0] if h.shape[1] else h.new_zeros(h.shape[0], *h.shape[2:]) for h in (hidden0_in, hidden1_in))

@@ -114,10 +114,6 @@ class LiveParams:
     def __init__(self, module: nn.Module) -> None:
         self.attrs = module.__dict__
 
-    @property
-    def params(self) -> dict:
-        return self.attrs["_parameters"]
-
     def __reduce__(self):
         """Copied or pickled empty: the owner re-binds it to its own child (the attribute dict holds weak refs)."""
         return object.__new__, (LiveParams,)
@@ -162,6 +158,7 @@ class RNNChild:
         self._layout = self._cell.core.read_layout(self._weights)
         self._input_size = int(rnn.input_size)
         self._state_shapes = tuple((int(rnn.num_layers), width) for width in self._cell.state_widths(rnn))
+        self._sizes = (int(rnn.num_layers), tuple(w for _, w in self._state_shapes))
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
@@ -184,7 +181,8 @@ class RNNChild:
                                    f"deleted; assign a new one to module.{attr}.")
             if child.__dict__ is not self._live.attrs:  # replaced by a direct module-dict write (quantize_dynamic)
                 self._bind_rnn(child)
-        params, attrs = self._live.params, self._live.attrs
+        attrs = self._live.attrs
+        params = attrs["_parameters"]
         parametrized, hooks = attrs["_modules"].get("parametrizations"), attrs["_forward_pre_hooks"]
         if parametrized is None and not hooks:
             return params
@@ -196,11 +194,6 @@ class RNNChild:
                 name = hook._tensor_name
                 weights[name] = weights.pop(name + "_orig") * attrs["_buffers"][name + "_mask"]
         return weights
-
-    @property
-    def _dropout(self) -> float:
-        """The child's ``dropout`` now (``module.lstm.dropout = p`` takes effect, as in TorchRL)."""
-        return float(self._live.attrs["dropout"])
 
     @property
     def _rnn(self) -> nn.Module:
@@ -218,8 +211,7 @@ class RNNChild:
                 f"as its template: the members' weights are in ens.params). Run a member with "
                 f"ens.params[e].to_module(module), or load weights with module.to_empty(device=...) and "
                 f"load_state_dict(...).")
-        if layout.input_size != x.shape[-1] or tuple((layout.num_layers, s) for s in layout.state_sizes) \
-                != tuple(self._state_shapes):
+        if layout.input_size != x.shape[-1] or (layout.num_layers, layout.state_sizes) != self._sizes:
             raise ValueError(
                 f"{owner}: the weights are for input_size={layout.input_size}, num_layers={layout.num_layers} and "
                 f"state widths {list(layout.state_sizes)}, but the module is built for input_size={x.shape[-1]}, "
@@ -469,8 +461,11 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
             raise ValueError(f"{owner}: key {in_keys[-1]!r} holds shape {list(is_init.shape)}; expected "
                              f"{list(lead) + [1]} or {list(lead)} ({dims}(, 1)], the input's leading dims). Store one "
                              f"flag per {'step' if recurrent else 'batch element'}.")
-        states = tuple(td.get(key, None) for key in in_keys[1:1 + n])
-        missing = [key for key, s in zip(in_keys[1:1 + n], states) if s is None]
+        states, missing = [], []
+        for key in in_keys[1:1 + n]:
+            states.append(td.get(key, None))
+            if states[-1] is None:
+                missing.append(key)
         if len(missing) == n:
             states = None  # zeros, as TorchRL
         elif missing:
@@ -478,6 +473,7 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
                                f"{[k for k in in_keys[1:1 + n] if k not in missing]} are present; provide all of "
                                f"{in_keys[1:1 + n]} or none (zeros).")
         else:
+            states = tuple(states)
             for key, state, (layers, width) in zip(in_keys[1:], states, self._state_shapes):
                 if tuple(state.shape) != (*lead, layers, width):
                     hint = (f" It lacks the layer dim: store td[{key!r}] = td[{key!r}].unsqueeze(-2)."
@@ -486,7 +482,7 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
                     raise ValueError(f"{owner}: hidden state key {key!r} holds shape {list(state.shape)}; expected "
                                      f"{[*lead, layers, width]} ({dims}, num_layers, {width}]).{hint}")
         params, layout = self._checked(params, layout, x, states, in_keys)
-        dropout = self._dropout if self.training else 0.0
+        dropout = float(self._live.attrs["dropout"]) if self.training else 0.0  # the child's, now (as TorchRL)
         if recurrent:
             # the states at t = 0 (none for an empty time dim: empty outputs, as the functional sequence returns)
             first = None if states is None or states[0].shape[-3] == 0 else tuple(s.select(-3, 0) for s in states)
