@@ -155,7 +155,7 @@ def plan(is_init: np.ndarray, device: torch.device) -> SegmentPlan:
 
 def _to(a: np.ndarray, device: torch.device) -> torch.Tensor:
     """``a`` as an int64 tensor on ``device``. To CUDA through pinned memory, without waiting: a copy from pageable
-    memory synchronises the stream (CUDA's sync debug mode counted each one on an H200, docs/gpu.md)."""
+    memory synchronises the stream (CUDA's sync debug mode counts each one)."""
     t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
     return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 

@@ -27,7 +27,7 @@ Carry = tuple[torch.Tensor, ...]
 Saved = tuple[torch.Tensor, ...]  # a step's activations kept for its backward (see Cell.layer_step_saving)
 
 
-@dataclass(unsafe_hash=True, slots=True)  # not frozen: a frozen init costs 0.6 us, and every call reads a layout
+@dataclass(unsafe_hash=True, slots=True)  # not frozen: a frozen init is slower, and every call reads a layout
 class Layout:
     """Static description of a stack of layers of one cell, read from its params (treat as immutable)."""
 
@@ -207,7 +207,7 @@ class Cell(abc.ABC):
 
 def broadcast_mask(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``mask`` with trailing singleton dims so that it broadcasts against ``like`` (a view: trailing singleton dims
-    fit any strides, and ``view`` costs a policy step 0.8 us less than ``reshape``)."""
+    fit any strides, and ``view`` is cheaper than ``reshape`` on a policy step)."""
     missing = like.ndim - mask.ndim
     return mask.view(*mask.shape, *(1,) * missing) if missing else mask
 

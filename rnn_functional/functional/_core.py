@@ -474,7 +474,7 @@ _SEQUENCE_DOC = """A multi-layer {title} over a sequence, with resets.
             A hint that does not match the batch raises (``ValueError`` eagerly, ``RuntimeError``
             from the compiled call); see ``docs/compile.md``.
         segment_layout: how an eager call with interior resets lays out its segments: ``"auto"``
-            (the cheapest by the cost table, ``docs/backends.md``), or, with a named backend, one of
+            (``auto``'s rule, ``docs/backends.md``), or, with a named backend, one of
             its layouts: ``"rows"`` (as they are) or ``"aligned"`` (right-aligned segments) for
             ``reference``/``scan``; ``"packed"``, ``"buckets"`` (one layer) or ``"slices"`` (whole
             slices of one length) for ``pad``. Calls without interior resets, and traced calls,

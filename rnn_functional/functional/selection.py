@@ -88,8 +88,7 @@ def _aten_serves(layout: Layout, opts: SequenceOptions) -> bool:
 
 def _auto_runs_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, ctx: CallContext) -> bool:
     """``auto`` runs ``triton`` on CUDA where it serves the call under ``torch.compile`` or ``torch.vmap`` (it compiles
-    whole and vmaps in one launch), but not in plain eager mode where cuDNN (``pad``) serves it: there cuDNN was 1.03-10x
-    faster on an H200 (docs/gpu.md)."""
+    whole and vmaps in one launch), but not in plain eager mode where cuDNN (``pad``) serves it faster (docs/gpu.md)."""
     if not x.is_cuda or ctx.differentiated:
         return False
     cudnn = not ctx.traced and _aten_serves(layout, opts)
@@ -136,7 +135,7 @@ def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, pl
     plain eager mode ``pad`` for a cell with ATen kernels and ``recompute="none"`` (but for a call under autograd
     of a cell whose kernel is not fused on the CPU, the GRU, whose segments do not halve the steps), else ``scan``
     where autograd records the call and ``reference`` where not, each laid out by :func:`_route`.
-    ``pad`` runs ATen's kernels eagerly (its cheapest layout), and computes the same result through
+    ``pad`` runs ATen's kernels eagerly (laid out by :func:`_route`), and computes the same result through
     ``auto``'s route under ``torch.compile`` and ``reference`` under eager ``torch.func`` transforms, where those
     kernels cannot run (no vmap batching rule, data-dependent splits).
     """
@@ -186,7 +185,7 @@ def resolve_step(name: str, layout: Layout, x: torch.Tensor, ctx: CallContext):
     """The one-step function ``(layout, params, x [N, F], carry) -> (y, carry)`` for ``name``.
 
     ``auto``: ATen's fused cells (``pad``, cuDNN's on CUDA) in plain eager mode without projection; else the fused
-    ``triton`` step on CUDA where it serves the params (an eager ATen step was 2.5-3.3x faster than it on an H200,
+    ``triton`` step on CUDA where it serves the params (where both serve, ATen's eager step is the faster one,
     docs/gpu.md); else ``reference``.
     ``pad`` is eager-only like its sequence path and runs ``reference`` under
     ``torch.compile`` / ``torch.func`` transforms; it has no projection, so with
