@@ -352,7 +352,9 @@ def execute(c: Canonical, backend: str, opts: SequenceOptions, slice_len: int | 
         call = slices.split(slice_len, *call)
         host = None if host is None else host.reshape(call[2].shape)
     plan = None
-    if call[2] is not None and not (empty or ctx.traced) and selection.reads_segments(
+    if num_slices is not None and ctx.compiling and not empty:  # the segments in a [num_slices, slice_len] block
+        plan = segments.static_plan(c.is_init, slice_len, num_slices)
+    elif call[2] is not None and not (empty or ctx.traced) and selection.reads_segments(
             backend, c.layout, call[0], opts, ctx, segment_layout):
         host, plan = _read_mask(call[2], host)
         if plan is None:
@@ -361,8 +363,6 @@ def execute(c: Canonical, backend: str, opts: SequenceOptions, slice_len: int | 
     if empty:  # no step runs (the route was still chosen: a backend that cannot serve the call says so)
         y, final, seg = _empty_call(c, (t_len,))
         return SequenceOut(y, final, seg if opts.segment_states else None)
-    if num_slices is not None and ctx.compiling and route.backend != "parallel":  # the segments in a [num_slices, slice_len] block
-        route = Route(route.backend, "aligned", segments.static_plan(c.is_init, slice_len, num_slices))
     result = route.run(c.layout, c.params, *call, opts if call[2] is not None else opts.without_segment_states())
     y, final, seg = result.y, result.final, None
     if opts.segment_states:

@@ -123,7 +123,18 @@ def _compiled() -> Route:
 
 def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, plan: SegmentPlan | None,
            records_grad: bool, ctx: CallContext, segment_layout: str = "auto") -> Route:
-    """The route serving backend ``name`` for this call (options already checked).
+    """The route serving backend ``name`` for this call (options already checked): :func:`_choose`'s, over the
+    segments of a static ``plan`` (compiled, with ``num_slices``) right-aligned in its ``[num_slices, slice_len]``
+    block (``parallel`` serves any segment layout as it is)."""
+    if plan is None or not plan.static:
+        return _choose(name, layout, x, opts, plan, records_grad, ctx, segment_layout)
+    route = _choose(name, layout, x, opts, None, records_grad, ctx, segment_layout)
+    return route if route.backend == "parallel" else Route(route.backend, "aligned", plan)
+
+
+def _choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, plan: SegmentPlan | None,
+            records_grad: bool, ctx: CallContext, segment_layout: str = "auto") -> Route:
+    """The route serving backend ``name`` for this call.
 
     ``plan``: the call's segments where the caller read ``is_init`` on the host and found interior
     resets (eager ``pad``/``auto``, or a forced ``segment_layout``), else ``None``; ``records_grad``:
