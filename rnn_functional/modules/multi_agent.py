@@ -46,7 +46,7 @@ def _key(key: NestedKey) -> tuple[str, ...]:
 class _MultiAgentRNN(TensorDictModuleBase):
     """What :class:`MultiAgentGRU` and :class:`MultiAgentLSTM` share; each sets the class attributes below."""
 
-    _state_names: tuple[str, ...]
+    _state_suffixes: tuple[str, ...]
     _init: Callable
     _step: Callable
     _sequence: Callable
@@ -54,7 +54,7 @@ class _MultiAgentRNN(TensorDictModuleBase):
     def __init__(self, n_agent_inputs: int, hidden_size: int, n_agents: int, *, centralized: bool = False,
                  share_params: bool = True, num_layers: int = 1, bias: bool = True,
                  in_key: NestedKey = ("agents", "observation"), out_key: NestedKey = ("agents", "embed"),
-                 default_recurrent_mode: bool = False, recurrent_backend: str = "auto",
+                 state_key: str = "recurrent_state", default_recurrent_mode: bool = False, recurrent_backend: str = "auto",
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None,
                  generator: torch.Generator | None = None) -> None:
         super().__init__()
@@ -73,7 +73,7 @@ class _MultiAgentRNN(TensorDictModuleBase):
         self.centralized, self.share_params, self.recurrent_backend = centralized, share_params, recurrent_backend
         self._recurrent_mode = default_recurrent_mode
         self.group_init_key = (*group, "is_init")
-        state_keys = [(*group, s) for s in self._state_names]
+        state_keys = [(*group, state_key + suffix) for suffix in self._state_suffixes]
         self.in_keys = [in_key, *state_keys, self.group_init_key, "is_init"]
         self.out_keys = [out_key, *[("next", *k) for k in state_keys]]
         # nn.GRU / nn.LSTM state-dict names, a leading agent dim with per-agent weights
@@ -172,7 +172,7 @@ class _MultiAgentRNN(TensorDictModuleBase):
         if self.centralized:  # every agent reads all agents' inputs, concatenated in agent order
             x = x.flatten(-2).unsqueeze(-2).expand(*lead, n, n * self.n_agent_inputs)
         if states is None:
-            states = tuple(x.new_zeros(*lead, n, self.num_layers, self.hidden_size) for _ in self._state_names)
+            states = tuple(x.new_zeros(*lead, n, self.num_layers, self.hidden_size) for _ in self._state_suffixes)
         # agents first: [n, *B(, T), ...], a batch dim of the core's call or the vmapped dim
         x, is_init = x.movedim(-2, 0), is_init.movedim(-1, 0)
         states = tuple(s.movedim(-3, 0) for s in states)
@@ -216,6 +216,8 @@ class MultiAgentGRU(_MultiAgentRNN):
         in_key: the agents' input, nested under the agent group (default ``("agents", "observation")``); the
             state ``(*group, "recurrent_state")`` and ``(*group, "is_init")`` live in the same group.
         out_key: the output (default ``("agents", "embed")``).
+        state_key: the state's name in the group (``"recurrent_state"``; the LSTM adds ``_h`` and ``_c``): two
+            modules in one policy (an actor's and a critic's) need two names.
         default_recurrent_mode: the mode outside any ``set_recurrent_mode`` context.
         recurrent_backend: the core's ``backend`` in recurrent mode (``"auto"``, ``"scan"``, ``"pad"``, ...).
         device, dtype, generator: of the initial weights (``torch.nn.GRU``'s initialisation, one draw per agent).
@@ -224,7 +226,7 @@ class MultiAgentGRU(_MultiAgentRNN):
     ``share_params=False``; :meth:`agent_params` gives agent ``i``'s.
     """
 
-    _state_names = ("recurrent_state",)
+    _state_suffixes = ("",)
     _init, _step, _sequence = staticmethod(init_gru_params), staticmethod(gru_step), staticmethod(gru_sequence)
 
 
@@ -232,5 +234,5 @@ class MultiAgentLSTM(_MultiAgentRNN):
     """An LSTM per agent: :class:`MultiAgentGRU`'s arguments, with states ``(*group, "recurrent_state_h")`` and
     ``(*group, "recurrent_state_c")`` and ``nn.LSTM`` state-dict names."""
 
-    _state_names = ("recurrent_state_h", "recurrent_state_c")
+    _state_suffixes = ("_h", "_c")
     _init, _step, _sequence = staticmethod(init_lstm_params), staticmethod(lstm_step), staticmethod(lstm_sequence)
