@@ -5,7 +5,8 @@ trains on whole 600-step sequences: a minibatch of 400 frames rounds up to one `
 value pass over a batch is ``[10, 600]``. Both models see the same ``[B, T, n_agents, F]`` inputs, root
 ``is_init`` resets and zero start states (BenchMARL's training mode), hidden 128 (its ``gru.yaml``), shared
 weights (its default). BenchMARL's model runs as its ``MultiAgentGRU`` module (``compile=False``, its default;
-``compile=True`` compiles its 600-step Python loop unrolled). Ours is ``torch.compile(module)`` in recurrent mode.
+``compile=True`` compiles its 600-step Python loop unrolled). Ours is ``torch.compile(module)`` in recurrent mode,
+and the same module eager (``recurrent_backend="auto"``). Ratios are BenchMARL's time over ours.
 
 benchmarl 1.5.2 pins torchrl<0.12 and imports ``torchrl.collectors.SyncDataCollector`` (``Collector`` since
 torchrl 0.12); it is installed here with ``pip install --no-deps benchmarl`` and given that name before the import.
@@ -61,11 +62,15 @@ def contenders(n: int, B: int, T: int, backward: bool) -> dict:
             y.sum().backward()
         return y
 
-    def run_ours():
-        y = compiled(td.clone())["agents", "embed"]
-        if backward:
-            y.sum().backward()
-        return y
+    def runner(module):
+        def run():
+            y = module(td.clone())["agents", "embed"]
+            if backward:
+                y.sum().backward()
+            return y
+        return run
+
+    run_ours = runner(compiled)
 
     if not backward:  # the same computation (fp32, 600 steps: a looser tolerance than one step's)
         with torch.no_grad():
@@ -78,7 +83,7 @@ def contenders(n: int, B: int, T: int, backward: bool) -> dict:
                 fn()
         return call
 
-    return {"benchmarl": wrap(run_theirs), "ours_compiled": wrap(run_ours)}
+    return {"benchmarl": wrap(run_theirs), "ours_compiled": wrap(run_ours), "ours_eager": wrap(runner(ours))}
 
 
 def main() -> None:
@@ -90,15 +95,16 @@ def main() -> None:
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     rows = []
-    print(f"{'n_agents':>8} {'[B, T]':>10} {'pass':>8} {'BenchMARL ms':>13} {'ours ms':>9} {'ratio':>7}")
+    print(f"{'n_agents':>8} {'[B, T]':>10} {'pass':>8} {'BenchMARL ms':>13} {'compiled ms':>12} {'ratio':>7} "
+          f"{'eager ms':>9} {'ratio':>7}")
     for n in a.agents:
         for (B, T), backward in (((1, 600), False), ((1, 600), True), ((10, 600), False)):
             r = interleaved(contenders(n, B, T, backward), torch.device("cpu"), warmup=2, repeats=a.repeats)
-            theirs, ours = r["benchmarl"]["median_s"], r["ours_compiled"]["median_s"]
-            rows.append(dict(n_agents=n, B=B, T=T, backward=backward, benchmarl_s=theirs, ours_s=ours,
-                             ratio=theirs / ours, ours_first_call_s=r["ours_compiled"]["first_call_s"]))
+            theirs, ours, eager = (r[k]["median_s"] for k in ("benchmarl", "ours_compiled", "ours_eager"))
+            rows.append(dict(n_agents=n, B=B, T=T, backward=backward, benchmarl_s=theirs, ours_compiled_s=ours,
+                             ours_eager_s=eager, ours_first_call_s=r["ours_compiled"]["first_call_s"]))
             print(f"{n:>8} {str([B, T]):>10} {'fwd+bwd' if backward else 'fwd':>8} {theirs * 1e3:>13.1f} "
-                  f"{ours * 1e3:>9.1f} {theirs / ours:>6.1f}x", flush=True)
+                  f"{ours * 1e3:>12.1f} {theirs / ours:>6.1f}x {eager * 1e3:>9.1f} {theirs / eager:>6.1f}x", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps({"environment": environment(torch.device("cpu")), "threads": a.threads, "rows": rows},
                                            indent=1))

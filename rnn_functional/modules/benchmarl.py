@@ -20,28 +20,28 @@ from torch import nn
 from torchrl.data import Composite, Unbounded
 from torchrl.modules import MultiAgentMLP
 
-from ._mode import set_recurrent_mode
+from . import set_recurrent_mode
 from .multi_agent import MultiAgentGRU, MultiAgentLSTM
 
 __all__ = ["RecurrentGruConfig", "RecurrentLstmConfig"]
 
 
-class RecurrentModel(Model):
-    """BenchMARL ``Model``: a :class:`MultiAgentGRU` (or LSTM) then a ``MultiAgentMLP`` head."""
+class RecurrentGruModel(Model):
+    """BenchMARL ``Model``: a :class:`MultiAgentGRU` then a ``MultiAgentMLP`` head."""
 
-    def __init__(self, hidden_size: int, n_layers: int, bias: bool, recurrent_backend: str, cell: str, **kwargs):
+    rnn_class, tag = MultiAgentGRU, "gru"  # the layer, and BenchMARL's name for it in the state keys
+
+    def __init__(self, hidden_size: int, n_layers: int, bias: bool, recurrent_backend: str, **kwargs):
         model_args = {k: kwargs.pop(k) for k in ("input_spec", "output_spec", "agent_group", "input_has_agent_dim",
                                                  "n_agents", "centralised", "share_params", "device", "action_spec",
                                                  "model_index", "is_critic")}
         super().__init__(**model_args)
         self.hidden_size, self.n_layers = hidden_size, n_layers
         in_features = sum(spec.shape[-1] for spec in self.input_spec.values(True, True))
-        rnn = MultiAgentLSTM if cell == "lstm" else MultiAgentGRU
-        self.rnn = rnn(in_features, hidden_size, self.n_agents, centralized=self.centralised,
+        self.rnn = self.rnn_class(in_features, hidden_size, self.n_agents, centralized=self.centralised,
                        share_params=self.share_params, num_layers=n_layers, bias=bias, in_key=("agents", "x"),
                        out_key=("agents", "y"), state_key="h", recurrent_backend=recurrent_backend, device=self.device)
-        self.state_names = [f"_hidden_{cell}{suffix}_{self.model_index}" for suffix in
-                            (("_h", "_c") if cell == "lstm" else ("",))]
+        self.state_names = state_names(self.rnn_class, self.tag, self.model_index)
         self.rnn_keys = ["is_init", *[(self.agent_group, name) for name in self.state_names]]
         self.in_keys += self.rnn_keys
         self.mlp = MultiAgentMLP(hidden_size, self.output_leaf_spec.shape[-1], self.n_agents,
@@ -74,6 +74,17 @@ class RecurrentModel(Model):
         return tensordict
 
 
+class RecurrentLstmModel(RecurrentGruModel):
+    """BenchMARL ``Model``: a :class:`MultiAgentLSTM` then a ``MultiAgentMLP`` head."""
+
+    rnn_class, tag = MultiAgentLSTM, "lstm"
+
+
+def state_names(rnn_class, tag: str, model_index: int) -> list[str]:
+    """BenchMARL's names of a model's hidden states (``_hidden_gru_0``; ``_hidden_lstm_h_0``, ``_hidden_lstm_c_0``)."""
+    return [f"_hidden_{tag}{suffix}_{model_index}" for suffix in rnn_class._state_suffixes]
+
+
 @dataclass
 class RecurrentGruConfig(ModelConfig):
     """BenchMARL config of a :class:`MultiAgentGRU` model: ``GruConfig``'s fields without ``dropout``/``compile``
@@ -89,24 +100,25 @@ class RecurrentGruConfig(ModelConfig):
     mlp_activation_kwargs: Optional[dict] = None
     mlp_norm_class: Type[nn.Module] = None
     mlp_norm_kwargs: Optional[dict] = None
-    cell: str = "gru"
 
     @staticmethod
     def associated_class():
-        return RecurrentModel
+        return RecurrentGruModel
 
     @property
     def is_rnn(self) -> bool:
         return True
 
     def get_model_state_spec(self, model_index: int = 0) -> Composite:
-        suffixes = ("_h", "_c") if self.cell == "lstm" else ("",)
-        shape = (self.n_layers, self.hidden_size)
-        return Composite({f"_hidden_{self.cell}{s}_{model_index}": Unbounded(shape=shape) for s in suffixes})
+        model = self.associated_class()
+        return Composite({name: Unbounded(shape=(self.n_layers, self.hidden_size))
+                          for name in state_names(model.rnn_class, model.tag, model_index)})
 
 
 @dataclass
 class RecurrentLstmConfig(RecurrentGruConfig):
     """BenchMARL config of a :class:`MultiAgentLSTM` model (``RecurrentGruConfig``'s fields)."""
 
-    cell: str = "lstm"
+    @staticmethod
+    def associated_class():
+        return RecurrentLstmModel

@@ -32,7 +32,7 @@ from torch import nn
 
 from ..functional import gru_sequence, gru_step, lstm_sequence, lstm_step
 from ..params import init_gru_params, init_lstm_params
-from ._mode import recurrent_mode as _context_mode
+from . import recurrent_mode as _context_mode
 
 __all__ = ["MultiAgentGRU", "MultiAgentLSTM"]
 

@@ -342,21 +342,23 @@ def _benchmarl(monkeypatch):
 
     monkeypatch.setattr(torchrl.collectors, "SyncDataCollector", torchrl.collectors.Collector, raising=False)
     pytest.importorskip("benchmarl")
-    from benchmarl.models import GruConfig
+    from benchmarl.models import GruConfig, LstmConfig
 
-    from rnn_functional.modules.benchmarl import RecurrentGruConfig
+    from rnn_functional.modules.benchmarl import RecurrentGruConfig, RecurrentLstmConfig
 
-    return GruConfig, RecurrentGruConfig
+    return {"gru": (GruConfig, RecurrentGruConfig, "grus", ["_hidden_gru_0"]),
+            "lstm": (LstmConfig, RecurrentLstmConfig, "lstms", ["_hidden_lstm_h_0", "_hidden_lstm_c_0"])}
 
 
-@pytest.mark.parametrize(("share", "centralised"), [(True, False), (False, False), (False, True)])
-def test_benchmarl_config_computes_what_benchmarls_gru_computes(monkeypatch, share, centralised) -> None:
-    """Our BenchMARL model with the weights of BenchMARL's own GRU model: the same outputs in training (sequences
-    from zeros, resets from the root is_init) and in collection (one step, the stored hidden state)."""
+@pytest.mark.parametrize(("cell", "share", "centralised"),
+                         [("gru", True, False), ("gru", False, False), ("gru", False, True), ("lstm", False, True)])
+def test_benchmarl_config_computes_what_benchmarls_model_computes(monkeypatch, cell, share, centralised) -> None:
+    """Our BenchMARL model with the weights of BenchMARL's own GRU/LSTM model: the same outputs in training
+    (sequences from zeros, resets from the root is_init) and in collection (one step, the stored hidden state)."""
     from torch import nn
     from torchrl.data import Composite, Unbounded
 
-    GruConfig, RecurrentGruConfig = _benchmarl(monkeypatch)
+    config, our_config, layers, hidden = _benchmarl(monkeypatch)[cell]
     n, B, T = 3, 2, 6
     spec = dict(input_spec=Composite({"agents": Composite({"obs": Unbounded(shape=(n, F))}, shape=(n,))}),
                 output_spec=Composite({"agents": Composite({"out": Unbounded(shape=(n, 2))}, shape=(n,))}),
@@ -364,17 +366,18 @@ def test_benchmarl_config_computes_what_benchmarls_gru_computes(monkeypatch, sha
                 share_params=share, device="cpu", action_spec=None)
     mlp = dict(mlp_num_cells=[8], mlp_layer_class=nn.Linear, mlp_activation_class=nn.Tanh)
     torch.manual_seed(0)
-    theirs = GruConfig(hidden_size=H, n_layers=2, bias=True, dropout=0.0, compile=False, **mlp).get_model(**spec)
-    ours = RecurrentGruConfig(hidden_size=H, n_layers=2, **mlp).get_model(**spec)
+    theirs = config(hidden_size=H, n_layers=2, bias=True, dropout=0.0, compile=False, **mlp).get_model(**spec)
+    ours = our_config(hidden_size=H, n_layers=2, **mlp).get_model(**spec)
     ours.mlp.load_state_dict(theirs.mlp.state_dict())
     for k in range(2):
         for w in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
-            getattr(ours.rnn, f"{w}_l{k}").data.copy_(theirs.gru.params["grus", str(k), w])
+            getattr(ours.rnn, f"{w}_l{k}").data.copy_(getattr(theirs, cell).params[layers, str(k), w])
     td = TensorDict({"agents": TensorDict({"obs": torch.randn(B, T, n, F)}, [B, T, n]),
                      "is_init": torch.rand(B, T, 1) < 0.3}, [B, T])
     torch.testing.assert_close(ours(td.clone())["agents", "out"], theirs(td.clone())["agents", "out"])
     step = td[:, 2].clone()
-    step["agents", "_hidden_gru_0"] = torch.randn(B, n, 2, H)
+    for name in hidden:
+        step["agents", name] = torch.randn(B, n, 2, H)
     a, b = ours(step.clone()), theirs(step.clone())
-    for key in (("agents", "out"), ("next", "agents", "_hidden_gru_0")):
+    for key in [("agents", "out"), *[("next", "agents", name) for name in hidden]]:
         torch.testing.assert_close(a[key], b[key])
