@@ -104,10 +104,11 @@ def main() -> None:
             rows.append(dict(n_agents=n, B=B, T=T, backward=backward, benchmarl_s=theirs, ours_compiled_s=ours,
                              ours_eager_s=eager, ours_first_call_s=r["ours_compiled"]["first_call_s"]))
             print(f"{n:>8} {str([B, T]):>10} {'fwd+bwd' if backward else 'fwd':>8} {theirs * 1e3:>13.1f} "
-                  f"{ours * 1e3:>12.1f} {theirs / ours:>6.1f}x {eager * 1e3:>9.1f} {theirs / eager:>6.1f}x", flush=True)
+                  f"{ours * 1e3:>12.1f} {theirs / ours:>6.1f}x {eager * 1e3:>9.1f} {theirs / eager:>6.1f}x",
+                  flush=True)
     if a.json:
-        Path(a.json).write_text(json.dumps({"environment": environment(torch.device("cpu")), "threads": a.threads, "rows": rows},
-                                           indent=1))
+        env = environment(torch.device("cpu"))
+        Path(a.json).write_text(json.dumps({"environment": env, "threads": a.threads, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

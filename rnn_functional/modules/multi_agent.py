@@ -54,7 +54,8 @@ class _MultiAgentRNN(TensorDictModuleBase):
     def __init__(self, n_agent_inputs: int, hidden_size: int, n_agents: int, *, centralized: bool = False,
                  share_params: bool = True, num_layers: int = 1, bias: bool = True,
                  in_key: NestedKey = ("agents", "observation"), out_key: NestedKey = ("agents", "embed"),
-                 state_key: str = "recurrent_state", default_recurrent_mode: bool = False, recurrent_backend: str = "auto",
+                 state_key: str = "recurrent_state", default_recurrent_mode: bool = False,
+                 recurrent_backend: str = "auto",
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None,
                  generator: torch.Generator | None = None) -> None:
         super().__init__()
@@ -96,7 +97,8 @@ class _MultiAgentRNN(TensorDictModuleBase):
         """Agent ``i``'s weights with ``nn.GRU``/``nn.LSTM`` state-dict names, as the functional API takes them
         (the module's own tensors when shared; views of agent ``i``'s slice otherwise)."""
         if not -self.n_agents <= i < self.n_agents:
-            raise IndexError(f"{type(self).__name__}.agent_params: agent {i} out of range for n_agents={self.n_agents}.")
+            raise IndexError(f"{type(self).__name__}.agent_params: agent {i} out of range for "
+                             f"n_agents={self.n_agents}.")
         return TensorDict({k: getattr(self, k) if self.share_params else getattr(self, k)[i]
                            for k in self._param_names}, batch_size=[])
 
@@ -121,8 +123,8 @@ class _MultiAgentRNN(TensorDictModuleBase):
         lead = list(td.batch_size)
         dims = "[*B, T" if recurrent else "[*B"
         if recurrent and not lead:
-            raise ValueError(f"{name} in recurrent mode needs a TensorDict whose last batch dim is time; got batch_size "
-                             f"[]. Use sequential mode for single steps.")
+            raise ValueError(f"{name} in recurrent mode needs a TensorDict whose last batch dim is time; got "
+                             f"batch_size []. Use sequential mode for single steps.")
         x = td.get(in_key, None)
         if x is None:
             raise KeyError(f"{name}: input key {in_key!r} not found in the TensorDict. Store the agents' inputs there "
