@@ -220,15 +220,23 @@ def test_collector_carries_per_agent_states_on_vmas() -> None:
 
 
 @pytest.mark.parametrize("cell", sorted(CELLS))
-def test_every_backend_that_serves_the_cell_agrees_with_reference(cell) -> None:
-    td = make_td(cell, (2, 5), 3, dtype=torch.float32)
-    ref = make(cell, 3, share_params=False, dtype=torch.float32, recurrent_backend="reference")
+@pytest.mark.parametrize("share", [True, False])
+def test_every_backend_that_serves_the_cell_agrees_with_reference(cell, share) -> None:
+    """Outputs, next states and weight gradients, fp64 at assert_close defaults (triton computes fp32: its
+    fp32 defaults)."""
+    ref = make(cell, 3, layers=2, share_params=share, recurrent_backend="reference")
     for backend in [b for b in rf.available_backends() if b != "parallel"]:  # parallel serves linear cells only
-        module = make(cell, 3, share_params=False, dtype=torch.float32, recurrent_backend=backend)
-        for recurrent in (True, False):
-            got, want = run(module, td, recurrent), run(ref, td, recurrent)
-            for key in module.out_keys:
-                torch.testing.assert_close(got[key], want[key], msg=f"{backend}, recurrent={recurrent}: {key}")
+        dtype = torch.float32 if backend == "triton" else torch.float64
+        td = make_td(cell, (2, 5), 3, layers=2, dtype=dtype)
+        module = make(cell, 3, layers=2, share_params=share, recurrent_backend=backend).to(dtype)  # ref's weights
+        ref = ref.to(dtype)
+        outs = []
+        for m in (module, ref):
+            m.zero_grad()
+            out = run(m, td, True)
+            (out["agents", "embed"].square().sum() + out["next", "agents", CELLS[cell][2][0]].sum()).backward()
+            outs.append([*(out[k] for k in m.out_keys), *(p.grad for p in m.parameters())])
+        torch.testing.assert_close(outs[0], outs[1], msg=lambda m: f"{backend}: {m}")
 
 
 @pytest.mark.parametrize(("cell", "share"), [("gru", False), ("lstm", True)])  # both calls (vmapped, direct)
