@@ -55,9 +55,9 @@ class _MultiAgentRNN(TensorDictModuleBase):
                  share_params: bool = True, num_layers: int = 1, bias: bool = True,
                  in_key: NestedKey = ("agents", "observation"), out_key: NestedKey = ("agents", "embed"),
                  state_key: str = "recurrent_state", default_recurrent_mode: bool = False,
-                 recurrent_backend: str = "auto",
-                 device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                 generator: torch.Generator | None = None) -> None:
+                 recurrent_backend: str = "auto", recurrent_slice_len: int | None = None,
+                 recurrent_num_slices: int | None = None, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None, generator: torch.Generator | None = None) -> None:
         super().__init__()
         name = type(self).__name__
         for arg, value in (("n_agent_inputs", n_agent_inputs), ("hidden_size", hidden_size), ("n_agents", n_agents),
@@ -68,10 +68,17 @@ class _MultiAgentRNN(TensorDictModuleBase):
         if len(in_key) < 2 or len(out_key) < 2:
             raise ValueError(f"{name}: in_key and out_key must be nested under the agent group, e.g. ('agents', "
                              f"'observation'); got {in_key!r}, {out_key!r}. The group's entries carry the agent dim.")
+        if not share_params and (recurrent_slice_len, recurrent_num_slices) != (None, None):
+            raise ValueError(f"{name}: recurrent_slice_len/recurrent_num_slices need share_params=True: the core "
+                             f"checks the slice layout with an assert that torch.vmap (which runs per-agent weights) "
+                             f"cannot batch. Share the weights, or pass neither hint (flat batches still run).")
         group = in_key[:-1]
         self.n_agent_inputs, self.hidden_size, self.n_agents, self.num_layers = (n_agent_inputs, hidden_size,
                                                                                  n_agents, num_layers)
         self.centralized, self.share_params, self.recurrent_backend = centralized, share_params, recurrent_backend
+        self.recurrent_slice_len, self.recurrent_num_slices = recurrent_slice_len, recurrent_num_slices
+        # agents are rows of one core call: its segments are every agent's
+        self._num_slices = None if recurrent_num_slices is None else recurrent_num_slices * n_agents
         self._recurrent_mode = default_recurrent_mode
         self.group_init_key = (*group, "is_init")
         state_keys = [(*group, state_key + suffix) for suffix in self._state_suffixes]
@@ -199,7 +206,8 @@ class _MultiAgentRNN(TensorDictModuleBase):
     def _run_sequence(self, x: Tensor, states: tuple[Tensor, ...], is_init: Tensor, params: dict):
         first = self._pack(tuple(s.select(-3, 0) for s in states))  # the stored state at t = 0
         y, _, segment = type(self)._sequence(x, first, params, is_init=is_init, reset_state=self._pack(states),
-                                             backend=self.recurrent_backend, return_segment_states=True)
+                                             backend=self.recurrent_backend, return_segment_states=True,
+                                             slice_len=self.recurrent_slice_len, num_slices=self._num_slices)
         return y, (segment if isinstance(segment, tuple) else (segment,))
 
 
@@ -222,6 +230,9 @@ class MultiAgentGRU(_MultiAgentRNN):
             modules in one policy (an actor's and a critic's) need two names.
         default_recurrent_mode: the mode outside any ``set_recurrent_mode`` context.
         recurrent_backend: the core's ``backend`` in recurrent mode (``"auto"``, ``"scan"``, ``"pad"``, ...).
+        recurrent_slice_len, recurrent_num_slices: the core's ``slice_len``/``num_slices`` hints for flat
+            ``SliceSampler`` batches, as :class:`~rnn_functional.GRUModule`'s (static shapes under compile);
+            ``recurrent_num_slices`` counts one agent's segments (slices, and its own resets inside them).
         device, dtype, generator: of the initial weights (``torch.nn.GRU``'s initialisation, one draw per agent).
 
     Weights are parameters with ``nn.GRU`` state-dict names (``weight_ih_l0``, ...), with a leading agent dim when

@@ -181,12 +181,14 @@ def test_a_step_by_step_rollout_with_per_agent_resets_equals_recurrent_mode(cell
 
 
 @pytest.mark.parametrize("cell", sorted(CELLS))
-def test_flat_slice_sampler_batches_equal_batched_time(cell) -> None:
-    """SliceSampler's flat [N] batch (time the only batch dim, slices separated by is_init) == [B, T]."""
-    module = make(cell, 3, share_params=False)
-    td = make_td(cell, (3, 5), 3)
+@pytest.mark.parametrize("hint", [{}, dict(recurrent_slice_len=5), dict(recurrent_slice_len=5, recurrent_num_slices=4)])
+def test_flat_slice_sampler_batches_equal_batched_time(cell, hint) -> None:
+    """SliceSampler's flat [N] batch (time the only batch dim, slices separated by is_init) == [B, T], with and
+    without the slice hints."""
+    module = make(cell, 3, share_params=bool(hint), **hint)  # hints need shared weights (see the error test)
+    td = make_td(cell, (3, 5), 3, p_reset=0.0 if "recurrent_num_slices" in hint else 0.3)
     td["agents", "is_init"][:, 0] = True  # every slice starts a trajectory
-    bt, flat = run(module, td, True), run(module, td.reshape(-1), True)
+    bt, flat = run(make(cell, 3, share_params=bool(hint)), td, True), run(module, td.reshape(-1), True)
     for key in ["embed", *CELLS[cell][2]]:
         key = ("agents", key) if key == "embed" else ("next", "agents", key)
         torch.testing.assert_close(flat[key], bt[key].reshape(-1, *bt[key].shape[2:]))
@@ -341,6 +343,8 @@ def test_bad_inputs_name_the_key_the_shapes_and_the_fix() -> None:
         rf.MultiAgentGRU(F, H, 3, in_key="observation")
     with pytest.raises(ValueError, match="n_agents must be a positive int, got 0"):
         rf.MultiAgentGRU(F, H, 0)
+    with pytest.raises(ValueError, match="recurrent_slice_len/recurrent_num_slices need share_params=True"):
+        rf.MultiAgentGRU(F, H, 3, share_params=False, recurrent_slice_len=5)
 
 
 def _benchmarl(monkeypatch):
