@@ -393,3 +393,21 @@ def test_benchmarl_config_computes_what_benchmarls_model_computes(monkeypatch, c
     a, b = ours(step.clone()), theirs(step.clone())
     for key in [("agents", "out"), *[("next", "agents", name) for name in hidden]]:
         torch.testing.assert_close(a[key], b[key])
+
+
+def test_the_vmas_example_trains_both_policies_a_few_steps() -> None:
+    """examples/mappo_vmas_recurrent.py end to end at toy size (its learning results are in docs/multi_agent.md)."""
+    pytest.importorskip("vmas")
+    import argparse
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "mappo_vmas_recurrent.py"
+    spec = importlib.util.spec_from_file_location("mappo_vmas_recurrent", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    args = argparse.Namespace(iters=2, envs=4, max_steps=5, agents=2, cue_steps=1, hidden=8, epochs=1,
+                              minibatch_envs=2, lr=1e-3, gamma=0.9, lmbda=0.9)
+    for kind in ("gru", "mlp"):
+        curve = example.train(kind, True, 0, args)
+        assert [frames for frames, _ in curve] == [20, 40] and all(torch.isfinite(torch.tensor(r)) for _, r in curve)
