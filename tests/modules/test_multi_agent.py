@@ -411,3 +411,26 @@ def test_the_vmas_example_trains_both_policies_a_few_steps() -> None:
     for kind in ("gru", "mlp"):
         curve = example.train(kind, True, 0, args)
         assert [frames for frames, _ in curve] == [20, 40] and all(torch.isfinite(torch.tensor(r)) for _, r in curve)
+
+
+def test_collector_reads_the_groups_is_init_that_init_tracker_writes() -> None:
+    """An env whose done flags live in the agent group ("data" here): InitTracker writes ("data", "is_init")
+    [*B, n, 1] next to them, the module reads it, and a Collector's batch replays in recurrent mode."""
+    from tensordict.nn import TensorDictModule, TensorDictSequential
+    from torchrl.collectors import Collector
+    from torchrl.envs import Compose, InitTracker, TransformedEnv
+    from torchrl.testing.mocking_classes import NestedCountingEnv
+
+    module = rf.MultiAgentLSTM(1, H, 3, in_key=("data", "obs"), out_key=("data", "embed"))
+    env = TransformedEnv(NestedCountingEnv(max_steps=4, nested_dim=3, batch_size=[2]),
+                         Compose(InitTracker(), module.make_tensordict_primer()))
+    cast = TensorDictModule(lambda s: s.float(), in_keys=[("data", "states")], out_keys=[("data", "obs")])
+    act = TensorDictModule(lambda e: (e[..., :1] > 0).float(), in_keys=[("data", "embed")],
+                           out_keys=[("data", "action")])
+    collector = Collector(env, TensorDictSequential(cast, module, act), frames_per_batch=2 * 8, total_frames=16)
+    data = next(iter(collector))
+    collector.shutdown()
+    assert data["data", "is_init"].shape == (2, 8, 3, 1) and data["data", "is_init"][:, 0].all()
+    assert data["data", "recurrent_state_h"].shape == (2, 8, 3, 1, H)
+    replay = run(module, data.exclude("next"), True)
+    torch.testing.assert_close(replay["data", "embed"], data["data", "embed"])
