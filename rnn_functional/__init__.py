@@ -12,6 +12,7 @@ from .modules import (DreamerV3BlockGRU, DreamerV3BlockGRUCell, GRUModule, LSTMM
                       recurrent_mode, set_recurrent_mode)
 from .modules.ensemble import EnsembleModule
 from .modules.lstm_net import LSTMNet
+from .modules.multi_agent import MultiAgentGRU, MultiAgentLSTM
 from .params import init_gru_params, init_lstm_params, params_from_module
 from .precision import get_recurrent_matmul_precision, set_recurrent_matmul_precision
 
@@ -54,6 +55,8 @@ __all__ = [
     "MinGRUModule",
     "RGLRUModule",
     "EnsembleModule",
+    "MultiAgentGRU",
+    "MultiAgentLSTM",
     "set_recurrent_mode",
     "recurrent_mode",
 ]
