@@ -143,7 +143,7 @@ def test_any_activation_matches_torchrl_with_its_activation_swapped() -> None:
     want = torchrl_loop(theirs, s, a, h0, is_init)
     want_grads = grads(want, leaves)
     for backend in ("reference", "scan"):
-        ours = rf.RSSMCoreV3.from_torchrl(theirs, activation_class=nn.Sigmoid, backend=backend)
+        ours = rf.RSSMCoreV3.from_torchrl(theirs, activation_class=nn.Sigmoid)
         got = rf.rssm_core_sequence(torch.cat([s, a], -1), h0[:, None], dict(ours.named_parameters()), is_init=is_init,
                                     backend=backend, activation=ours.activation)
         got = (got[0], got[1][:, 0])
