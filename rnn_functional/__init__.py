@@ -4,7 +4,7 @@ from .ensemble import ensemble_init_gru_params, ensemble_init_lstm_params, stack
 from .cells.block_gru import init_block_gru_params
 from .cells.min_gru import init_min_gru_params
 from .cells.norm_gru import init_norm_gru_params
-from .cells.rglru import init_rglru_params
+from .cells.rglru import init_rglru_params, rglru_params_from_recurrentgemma
 from .cells.rssm import init_rssm_core_params
 from .functional import (available_backends, block_gru_sequence, block_gru_step, gru_sequence, gru_step, lstm_sequence, lstm_step,
                          min_gru_sequence, min_gru_step, norm_gru_sequence, norm_gru_step, rglru_sequence, rglru_step,
@@ -26,6 +26,7 @@ __all__ = [
     "init_block_gru_params",
     "init_min_gru_params",
     "init_rglru_params",
+    "rglru_params_from_recurrentgemma",
     "init_rssm_core_params",
     "params_from_module",
     "stack_params",
