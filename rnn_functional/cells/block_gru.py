@@ -386,14 +386,21 @@ def block_gru_cell(activation: str | Callable = "silu", norm_eps: float = 1e-4, 
     wrapper Dynamo does not trace). ``activation``: a name of :data:`ACTIVATIONS` or any elementwise callable (a
     parameter-free module or a function, held by identity; its derivative comes from ``torch.func.jvp``)."""
     key = (kind, activation, float(norm_eps), float(update_bias))
-    cell = _CELLS.get(key)
-    if cell is None:
-        if isinstance(activation, str) and activation not in ACTIVATIONS or not callable(activation) and not \
-                isinstance(activation, str):
-            raise ValueError(f"activation: expected one of {sorted(ACTIVATIONS)} or an elementwise callable (e.g. "
-                             f"torch.sin, nn.Sigmoid()), got {activation!r}.")
-        cell = _CELLS[key] = kind(*key[1:])
-    return cell
+    _make_cell(*key)
+    return _CELLS[key]
+
+
+@mark_constant_result
+def _make_cell(kind: type[BlockGRUCell], activation, *floats: float) -> None:
+    """Make the cell of these hyperparameters unless it exists: for real even while Dynamo traces (a callable
+    activation's cell is made on its first use, compiled or not), since its constants (:func:`_floats`) are read at
+    trace time, before Dynamo would replay the writes."""
+    if (kind, activation, *floats) in _CELLS:
+        return
+    if not (activation in ACTIVATIONS if isinstance(activation, str) else callable(activation)):
+        raise ValueError(f"activation: expected one of {sorted(ACTIVATIONS)} or an elementwise callable (e.g. "
+                         f"torch.sin, nn.Sigmoid()), got {activation!r}.")
+    _CELLS[(kind, activation, *floats)] = kind(activation, *floats)
 
 
 BLOCK_GRU = block_gru_cell()

@@ -163,11 +163,11 @@ class DreamerV3BlockGRU(nn.Module):
         self.recurrent_backend = recurrent_backend  # checked first, as TorchRL's
         self.cell = DreamerV3BlockGRUCell(*args, **kwargs)
 
-    # the cell's signature (one definition), with recurrent_backend before device
-    __init__.__signature__ = (lambda sig: sig.replace(parameters=[
-        *list(sig.parameters.values())[:-1],
-        inspect.Parameter("recurrent_backend", inspect.Parameter.KEYWORD_ONLY, default="auto", annotation="str"),
-        sig.parameters["device"]]))(inspect.signature(DreamerV3BlockGRUCell.__init__))
+    # the cell's signature (its one definition), recurrent_backend inserted before device as TorchRL lists it
+    _cell_args = list(inspect.signature(DreamerV3BlockGRUCell.__init__).parameters.values())
+    __init__.__signature__ = inspect.Signature([*_cell_args[:-1], inspect.Parameter(
+        "recurrent_backend", inspect.Parameter.KEYWORD_ONLY, default="auto", annotation=str), _cell_args[-1]])
+    del _cell_args
 
     recurrent_backend = checked_option("recurrent_backend")
 
