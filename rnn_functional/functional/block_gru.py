@@ -55,7 +55,8 @@ def block_gru_step(
         is_init: bool ``[*B]`` (or ``[*B, 1]``); where True the state is reset to zeros first.
         backend: ``"auto"`` or ``"reference"`` (``"pad"``/``"triton"`` have no kernel for this cell and say so).
         activation: ``"silu"`` (DreamerV3's), ``"tanh"``, ``"relu"`` or any elementwise callable (``torch.sin``, a
-            parameter-free module), whose derivative the hand-written backward takes by ``torch.func.jvp``.
+            parameter-free module), whose derivative the hand-written backward takes by ``torch.func.jvp``; it is
+            held by identity (one cell each, kept for the process): pass the same object on every call.
         norm_eps: the RMS norms' epsilon.
         update_bias: added to the update gate's logit.
 
