@@ -52,7 +52,7 @@ class RSSMCoreCell(BlockGRUCell):
         expected = {f"{name}.{i}.{t}" for name in PROJECTIONS for i, t in ((0, "weight"), (0, "bias"), (1, "weight"))}
         expected |= {key for k in range(max(layers, 1)) for key in self.dynamic_keys(k)} | {"gates.weight", "gates.bias"}
         check_keys(keys, expected, f"an {self.title} with {max(layers, 1)} dynamics layer(s)")
-        gates, (P, H) = params["gates.weight"], params["belief_projection.0.weight"].shape[-2:]
+        gates, P = params["gates.weight"], params["belief_projection.0.weight"].shape[0]
         S, A = params["state_projection.0.weight"].shape[-1], params["action_projection.0.weight"].shape[-1]
         if gates.ndim != 3:
             raise ValueError(f"params['gates.weight']: expected shape [nb, H/nb, 3H/nb], got {list(gates.shape)}.")
