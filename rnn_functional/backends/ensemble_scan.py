@@ -31,18 +31,12 @@ from __future__ import annotations
 
 import torch
 
-from ..cells import Carry, Cell
+from ..cells import CELLS, Carry, Cell
 from .scan_parts import HandWrittenLayer, Members, split_inputs
 
-__all__ = ["layer_states", "register_cell", "serves"]
+__all__ = ["layer_states", "serves"]
 
-_CELLS: dict[str, Cell] = {}  # the op names its cell by name (op schemas hold no Python objects)
 _OP = "rnn_functional::scan_ensemble_layer"
-
-
-def register_cell(cell: Cell) -> None:
-    """Make ``cell`` servable by the ensemble op (the functional layer registers every public cell)."""
-    _CELLS[cell.name] = cell
 
 
 def _vmapped(t: torch.Tensor | None) -> bool:
@@ -62,11 +56,9 @@ def layer_states(cell: Cell, recompute: bool, n_carry: int, has_reset: bool, inp
     The call of the ``scan`` backend's layer: ``(cell, recompute, n_carry, has_reset, inp [N, T, F],
     mask [T, N] | None, *carry0 ([N, S] each), *reset ([T, N, S] each, if has_reset), *LayerWeights.tensors())``.
     """
-    if cell.name not in _CELLS:
-        raise ValueError(
-            f"the {cell.title} cell has no compiled ensemble path: register it with "
-            f"rnn_functional.backends.ensemble_scan.register_cell (the public functions do this)."
-        )
+    if CELLS.get(cell.name) is not cell:
+        raise ValueError(f"the {cell.title} cell has no compiled ensemble path: register it where it is made "
+                         f"(rnn_functional.cells.register).")
     lead = lambda t: None if t is None else t.unsqueeze(0)  # noqa: E731 - the one-member ensemble dim
     carry0, reset, weights = split_inputs(rest, n_carry, has_reset)
     states = torch.ops.rnn_functional.scan_ensemble_layer(
@@ -86,7 +78,7 @@ def _layer_impl(cell: str, recompute: bool, inp, mask, carry0, reset, weights):
     # one member runs as one model (size-1 members dims in a scan's carry break Inductor's stride checks)
     one = (lambda t: None if t is None else t.squeeze(0)) if members == 1 else (lambda t: t)
     outs = HandWrittenLayer.apply(
-        _CELLS[cell], recompute, Members(0 if members == 1 else members, static_shapes=True), len(carry0),
+        CELLS[cell], recompute, Members(0 if members == 1 else members, static_shapes=True), len(carry0),
         reset is not None, *map(one, tensors),
     )
     # [T, N, S] -> [1, T, N, S], or [T, E, N, S] -> [E, T, N, S]

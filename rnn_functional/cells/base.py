@@ -202,6 +202,15 @@ class Cell(abc.ABC):
         return f"<{self.title} cell>"
 
 
+CELLS: dict[str, Cell] = {}  # every cell by name (the compiled ensemble op names its cell: op schemas hold no objects)
+
+
+def register(cell: Cell) -> Cell:
+    """Make ``cell`` known by its name; each cell file registers the cells it makes."""
+    CELLS[cell.name] = cell
+    return cell
+
+
 # ----------------------------------------------------------------------------- shared math
 
 

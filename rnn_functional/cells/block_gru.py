@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 
 from ..precision import mark_constant_result
-from .base import Carry, Cell, LayerWeights, Layout, Saved, StepGrads, check_keys, check_shapes
+from .base import Carry, Cell, LayerWeights, Layout, Saved, StepGrads, check_keys, check_shapes, register
 
 __all__ = ["ACTIVATIONS", "BLOCK_GRU", "block_gru_cell", "init_block_gru_params", "init_weight_"]
 
@@ -400,7 +400,7 @@ def _make_cell(kind: type[BlockGRUCell], activation, *floats: float) -> None:
     if not (activation in ACTIVATIONS if isinstance(activation, str) else callable(activation)):
         raise ValueError(f"activation: expected one of {sorted(ACTIVATIONS)} or an elementwise callable (e.g. "
                          f"torch.sin, nn.Sigmoid()), got {activation!r}.")
-    _CELLS[(kind, activation, *floats)] = kind(activation, *floats)
+    _CELLS[(kind, activation, *floats)] = register(kind(activation, *floats))
 
 
 BLOCK_GRU = block_gru_cell()

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 
 from . import _torch_rnn
-from .base import AtenKernels, Carry, Cell, LayerWeights, Layout, Saved, StepGrads, TritonKernels
+from .base import AtenKernels, Carry, Cell, LayerWeights, Layout, Saved, StepGrads, TritonKernels, register
 
 __all__ = ["GRU", "init_gru_params"]
 
@@ -91,4 +91,4 @@ class GRUCell(Cell):
         return StepGrads((torch.addmm(dh_new * z, d_gh, w.weight_hh),), dh3 * k_gi, d_gh, ())
 
 
-GRU = GRUCell()
+GRU = register(GRUCell())

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 
 from . import _torch_rnn
-from .base import AtenKernels, Carry, Cell, LayerWeights, Layout, Saved, StepGrads, TritonKernels
+from .base import AtenKernels, Carry, Cell, LayerWeights, Layout, Saved, StepGrads, TritonKernels, register
 
 __all__ = ["LSTM", "init_lstm_params"]
 
@@ -118,4 +118,4 @@ def _cell_update(f: torch.Tensor, c: torch.Tensor, candidate: torch.Tensor) -> t
     return torch.addcmul(candidate, f, c)
 
 
-LSTM = LSTMCell()
+LSTM = register(LSTMCell())

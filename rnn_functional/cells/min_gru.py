@@ -10,7 +10,7 @@ import torch
 from tensordict import TensorDict
 
 from ._linear_rnn import LinearRecurrentCell, init_linear_params
-from .base import Carry, LayerWeights, Saved, StepGrads
+from .base import Carry, LayerWeights, Saved, StepGrads, register
 
 __all__ = ["MIN_GRU", "init_min_gru_params"]
 
@@ -36,7 +36,7 @@ class MinGRUCell(LinearRecurrentCell):
         return StepGrads((g * (1 - z),), torch.cat([d_gate, g * z], dim=-1), None, ())
 
 
-MIN_GRU = MinGRUCell()
+MIN_GRU = register(MinGRUCell())
 
 
 def init_min_gru_params(

@@ -22,6 +22,7 @@ from tensordict import TensorDict
 
 from .base import (
     Carry, Cell, LayerWeights, Layout, Saved, StepGrads, check_keys, check_shapes, check_sizes, count_layers, uniform_,
+    register,
 )
 
 __all__ = ["NORM_GRU", "init_norm_gru_params"]
@@ -126,4 +127,4 @@ class NormGRUCell(Cell):
         return StepGrads((d_h,), d_z, None, ((d_zn * z_hat).sum(0), d_zn.sum(0)))
 
 
-NORM_GRU = NormGRUCell()
+NORM_GRU = register(NormGRUCell())

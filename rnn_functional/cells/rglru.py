@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 
 from ._linear_rnn import LinearRecurrentCell, init_linear_params
-from .base import Carry, LayerWeights, Saved, StepGrads
+from .base import Carry, LayerWeights, Saved, StepGrads, register
 
 __all__ = ["RGLRU", "init_rglru_params", "rglru_params_from_recurrentgemma"]
 
@@ -67,7 +67,7 @@ class RGLRUCell(LinearRecurrentCell):
         return StepGrads((g * a,), torch.cat([g * m * i, d_r, d_i], dim=-1), None, (d_lambda,))
 
 
-RGLRU = RGLRUCell()
+RGLRU = register(RGLRUCell())
 
 
 def _griffin_log_lambda(hidden_size: int, dtype, device, generator) -> torch.Tensor:

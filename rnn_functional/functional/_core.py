@@ -17,12 +17,10 @@ import torch
 import torch.utils._pytree as pytree
 
 from .. import backends
-from ..backends import Route, SegmentPlan, SequenceOptions, ensemble_scan, segments
-from ..cells import Carry, Cell, Layout, apply_reset, final_at_last_step, keep_segment_ends, multi_layer_step
+from ..backends import Route, SegmentPlan, SequenceOptions, segments
+from ..cells import CELLS, Carry, Cell, Layout, apply_reset, final_at_last_step, keep_segment_ends, multi_layer_step
 from . import selection, slices
 from .options import call_context, check_options
-
-CELLS: dict[str, Cell] = {}  # every cell with public functions, by name (filled by public_functions)
 
 _COUNT = ("no", "one", "two", "three", "four", "five")
 
@@ -488,15 +486,8 @@ _SEQUENCE_DOC = """A multi-layer {title} over a sequence, with resets.
     """
 
 
-def register(cell: Cell) -> None:
-    """Make ``cell`` known by name (:func:`sequence_route`, the compiled ensemble op)."""
-    CELLS[cell.name] = cell
-    ensemble_scan.register_cell(cell)
-
-
 def public_functions(cell: Cell) -> tuple[Callable, Callable]:
-    """``cell``'s public step and sequence functions (``{name}_step``, ``{name}_sequence``); registers the cell."""
-    register(cell)
+    """``cell``'s public step and sequence functions (``{name}_step``, ``{name}_sequence``)."""
 
     def step(x: torch.Tensor, state, params: Mapping[str, torch.Tensor], *, is_init: torch.Tensor | None = None,
              backend: str = "auto", dropout: float = 0.0, training: bool = False, layout: Layout | None = None):

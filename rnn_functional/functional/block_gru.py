@@ -2,7 +2,7 @@
 (:mod:`rnn_functional.cells.rssm`, the block GRU with another input stage).
 
 Their hyperparameters (``activation``, ``norm_eps``, ``update_bias``) are keywords, not params: each combination is
-one cell (:func:`~rnn_functional.cells.block_gru.block_gru_cell`), registered on first use like every public cell.
+one cell (:func:`~rnn_functional.cells.block_gru.block_gru_cell`), made and registered on first use.
 """
 
 from __future__ import annotations
@@ -14,25 +14,21 @@ import torch
 from ..backends import SequenceOptions
 from ..cells.block_gru import ACTIVATIONS, BlockGRUCell, block_gru_cell
 from ..cells.rssm import RSSMCoreCell
-from ._core import CELLS, register, run_sequence, run_step
+from ._core import run_sequence, run_step
 
 __all__ = ["block_gru_sequence", "block_gru_step", "configured_cell", "rssm_core_sequence", "rssm_core_step"]
 
-for _activation in ACTIVATIONS:  # the defaults of every activation, registered before any compile
-    register(block_gru_cell(_activation))
-    register(block_gru_cell(_activation, kind=RSSMCoreCell))
+for _activation in ACTIVATIONS:  # the defaults of every activation, made (and registered) before any compile
+    block_gru_cell(_activation), block_gru_cell(_activation, kind=RSSMCoreCell)
 
 Activation = str | Callable[[torch.Tensor], torch.Tensor]
 
 
 def configured_cell(activation: Activation, norm_eps: float, update_bias: float = -1.0,
                     kind: type[BlockGRUCell] = BlockGRUCell) -> BlockGRUCell:
-    """The registered cell for these hyperparameters (``ValueError`` naming ``activation`` if unknown); registered
-    on its first use only (a compiled call would otherwise replay the registry writes every time)."""
-    cell = block_gru_cell(activation, norm_eps, update_bias, kind)
-    if CELLS.get(cell.name) is not cell:
-        register(cell)
-    return cell
+    """The cell for these hyperparameters (``ValueError`` naming ``activation`` if unknown), made and registered by
+    :func:`~rnn_functional.cells.block_gru.block_gru_cell` on its first use."""
+    return block_gru_cell(activation, norm_eps, update_bias, kind)
 
 
 def block_gru_step(
