@@ -15,14 +15,8 @@ __all__ = ["GRU", "init_gru_params"]
 
 
 def init_gru_params(
-    input_size: int,
-    hidden_size: int,
-    num_layers: int = 1,
-    *,
-    bias: bool = True,
-    dtype: torch.dtype | None = None,
-    device: torch.device | str | None = None,
-    generator: torch.Generator | None = None,
+    input_size: int, hidden_size: int, num_layers: int = 1, *, bias: bool = True,
+    dtype: torch.dtype | None = None, device: torch.device | str | None = None, generator: torch.Generator | None = None,
 ) -> TensorDict:
     """GRU parameters initialised like ``torch.nn.GRU`` (uniform in ``[-1/sqrt(H), 1/sqrt(H)]``).
 
@@ -65,8 +59,8 @@ class GRUCell(Cell):
         return _torch_rnn.layer_weights(params, layout, k, projection=False)
 
     def layer_step_saving(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> tuple[Carry, Saved]:
-        """``gi [N, 3H]``, carry ``(h [N, H],)`` -> ``((h',), saved)``; ``saved = (r, z, n, h_n)``, the gates
-        and the recurrent projection's candidate block, each ``[N, H]``."""
+        """``gi [N, 3H]``, carry ``(h [N, H],)`` -> ``((h',), (r, z, n, h_n))``: the gates and the recurrent
+        projection's candidate block, each ``[N, H]``."""
         (h,) = carry
         gh = F.linear(h, w.weight_hh, w.bias_hh)
         hidden = gh.shape[-1] // 3
