@@ -72,7 +72,7 @@ def _layer_impl(cell: str, recompute: bool, inp, mask, carry0, reset, weights):
 
 def _fold_vmapped_dim(info, in_dims, cell, recompute, inp, mask, carry0, reset, weights):
     """vmap rule: every tensor's vmapped dim ``B`` joins its ensemble dim (``[B, e] -> [B * e]``); a tensor shared
-    at one level but not the other is expanded (a copy; only nested vmaps meet it), one shared at both stays ``e = 1``."""
+    at one level only is expanded (a copy; only nested vmaps meet it), one shared at both stays ``e = 1``."""
     batch = info.batch_size
     inner = max(t.shape[0] if d is None else t.movedim(d, 0).shape[1] for t, d in _pairs(in_dims, inp, mask, carry0, reset, weights))
 

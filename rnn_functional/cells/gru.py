@@ -16,7 +16,8 @@ __all__ = ["GRU", "init_gru_params"]
 
 def init_gru_params(
     input_size: int, hidden_size: int, num_layers: int = 1, *, bias: bool = True,
-    dtype: torch.dtype | None = None, device: torch.device | str | None = None, generator: torch.Generator | None = None,
+    dtype: torch.dtype | None = None, device: torch.device | str | None = None,
+    generator: torch.Generator | None = None,
 ) -> TensorDict:
     """GRU parameters initialised like ``torch.nn.GRU`` (uniform in ``[-1/sqrt(H), 1/sqrt(H)]``).
 

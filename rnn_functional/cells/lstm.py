@@ -16,7 +16,8 @@ __all__ = ["LSTM", "init_lstm_params"]
 
 def init_lstm_params(
     input_size: int, hidden_size: int, num_layers: int = 1, *, bias: bool = True, proj_size: int = 0,
-    dtype: torch.dtype | None = None, device: torch.device | str | None = None, generator: torch.Generator | None = None,
+    dtype: torch.dtype | None = None, device: torch.device | str | None = None,
+    generator: torch.Generator | None = None,
 ) -> TensorDict:
     """LSTM parameters initialised like ``torch.nn.LSTM`` (uniform in ``[-1/sqrt(H), 1/sqrt(H)]``).
 
