@@ -156,8 +156,7 @@ def _indexed_scan(step, init, xs, reads, reverse: bool):
     them) on every call, E times a member's ``[T, N, ·]``; closure reads are fused indexed loads."""
     leaves, spec = pytree.tree_flatten(xs)
     count = leaves[0].shape[0]
-    order = torch.arange(count - 1, -1, -1) if reverse else torch.arange(count)
-    order = order.to(leaves[0].device)
+    order = (torch.arange(count - 1, -1, -1) if reverse else torch.arange(count)).to(leaves[0].device)
 
     def indexed_step(carry, index):  # index: [] (int64)
         at = index.reshape(1)
@@ -240,10 +239,8 @@ def scan_states(cell: Cell, weights: tuple, carry: Carry, gi: torch.Tensor, mask
 
 def split_inputs(rest, n_carry: int, has_reset: bool):
     """``(*carry0, *reset, *weights)`` -> ``(carry0, reset or None, weights)``."""
-    carry0 = tuple(rest[:n_carry])
     reset = tuple(rest[n_carry : 2 * n_carry]) if has_reset else None
-    weights = tuple(rest[n_carry * (2 if has_reset else 1) :])
-    return carry0, reset, weights
+    return tuple(rest[:n_carry]), reset, tuple(rest[n_carry * (2 if has_reset else 1) :])
 
 
 def _amp_state(device: str) -> tuple[str, bool, torch.dtype]:
@@ -260,12 +257,10 @@ class HandWrittenLayer(torch.autograd.Function):
     (``[T, (E,) N, S]`` each), then, unless ``recompute``, the activations of
     :meth:`~rnn_functional.cells.Cell.layer_step_saving` (not differentiable).
 
-    The backward runs in reversed time carrying the carry's cotangent: each step applies the cell's
-    :meth:`~rnn_functional.cells.Cell.step_backward_saved` (or :meth:`~rnn_functional.cells.Cell.step_backward`,
-    recomputing from ``inp`` and the saved carry), emitting the projections' cotangents, from which the weight and
-    input gradients are whole-sequence GEMMs after the loop; the ``extra`` weights' per-step gradients are reduced
-    after the loop too (:meth:`~rnn_functional.cells.Cell.reduce_extra_grads`; summed in the scan's carry, Inductor
-    gave wrong norm-GRU gradients). Hand-written, not ``torch.func.vjp``, which refuses saved-tensor hooks.
+    The backward runs in reversed time, each step applying the cell's ``step_backward_saved`` (or ``step_backward``,
+    recomputing from ``inp`` and the saved carry); the weight and input gradients are whole-sequence GEMMs after the
+    loop, the ``extra`` weights' reduced after it too (summed in the scan's carry, Inductor gave wrong gradients).
+    Hand-written, not ``torch.func.vjp``, which refuses saved-tensor hooks.
     """
 
     generate_vmap_rule = True  # eager torch.vmap over stacked params runs forward and backward batched

@@ -85,9 +85,7 @@ def read_layout(cell: Cell, params: Mapping[str, torch.Tensor], num_gates: int, 
     bias = "bias_ih_l0" in keys
     proj = "weight_hr_l0" in keys
     if proj and not projection:
-        raise ValueError(
-            f"params: 'weight_hr_l0' is an LSTM projection weight; {cell.title} has no proj_size."
-        )
+        raise ValueError(f"params: 'weight_hr_l0' is an LSTM projection weight; {cell.title} has no proj_size.")
     expected = _keys(num_layers, bias, proj)
     if keys != expected:  # one comparison in C for a dict's keys; other mappings take the detailed check
         check_keys(set(keys), expected, f"a {num_layers}-layer {cell.title} (bias={bias}, proj={proj})")

@@ -62,9 +62,7 @@ class _ModeState:
         self._mirror = _Mirror()
 
     def get(self) -> bool | None:
-        if torch.compiler.is_compiling():
-            return self._mirror.traced["mode"]
-        return self._var.get()
+        return self._mirror.traced["mode"] if torch.compiler.is_compiling() else self._var.get()
 
     def set(self, mode: bool | None) -> None:
         self._mirror.traced["mode"] = mode
@@ -115,9 +113,8 @@ class set_recurrent_mode(_DecoratorContextManager):
     """Context manager / decorator switching our recurrent modules' mode.
 
     Args:
-        mode: ``True`` or ``"recurrent"``: modules process ``[*B, T]`` batches (time is
-            the last batch dim); ``False`` or ``"sequential"``: one step per call;
-            ``None``: each module's ``default_recurrent_mode``. Default ``True``.
+        mode: ``True`` or ``"recurrent"``: modules process ``[*B, T]`` batches (time the last batch dim);
+            ``False`` or ``"sequential"``: one step per call; ``None``: each module's ``default_recurrent_mode``.
 
     Same signature and meaning as ``torchrl.modules.set_recurrent_mode``, usable without TorchRL. When TorchRL is
     loaded it sets TorchRL's flag for the same scope too, except inside compiled code, where Dynamo would drop the
