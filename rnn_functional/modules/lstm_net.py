@@ -134,9 +134,8 @@ class LSTMNet(RNNChild, nn.Module):
         self.lstm = nn.LSTM(**kw, batch_first=True)
         self.linear = nn.Linear(self.lstm.proj_size or self.lstm.hidden_size, out_features, device=device)
 
-    def forward(
-        self, input: Tensor, hidden0_in: Tensor | None = None, hidden1_in: Tensor | None = None
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    def forward(self, input: Tensor, hidden0_in: Tensor | None = None,
+                hidden1_in: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """``(y, hidden0_in, hidden1_in, hidden0_out, hidden1_out)``, shapes in the module doc: ``hidden0``/``hidden1``
         are the LSTM's ``h``/``c``, both or neither given (neither = zeros, returned as the input hiddens)."""
         if input.ndim not in (1, 2, 3):
@@ -159,8 +158,7 @@ class LSTMNet(RNNChild, nn.Module):
         lead = tuple(x.shape[:2]) if sequence else tuple(x.shape[:1])
         (L, P), (_, H) = self._state_shapes
         if hidden0_in is None:
-            hidden0_in = x.new_zeros(*lead, L, P)
-            hidden1_in = x.new_zeros(*lead, L, H)
+            hidden0_in, hidden1_in = x.new_zeros(*lead, L, P), x.new_zeros(*lead, L, H)
         for name, h, width in (("hidden0_in", hidden0_in, P), ("hidden1_in", hidden1_in, H)):
             if tuple(h.shape) != (*lead, L, width):
                 raise ValueError(
@@ -168,17 +166,15 @@ class LSTMNet(RNNChild, nn.Module):
                     f"num_layers, {'P' if name == 'hidden0_in' else 'H'}]), got {list(h.shape)}."
                 )
         dropout = float(self._live.attrs["dropout"]) if self.training else 0.0
+        state = (hidden0_in, hidden1_in)
+        if sequence:  # the state entering step 0 ([B, 0, ...] when T = 0: zeros, no step reads them)
+            state = tuple(h[:, 0] if h.shape[1] else h.new_zeros(h.shape[0], *h.shape[2:]) for h in state)
+        params, layout = self._checked(self._weights, self._layout, x, state, ["input", "hidden0_in", "hidden1_in"])
         if sequence:  # outputs the final state at the last step, zeros before it
-            # the state entering step 0 ([B, 0, ...] when T = 0: zeros, no step reads them)
-            first = tuple(h[:, 0] if h.shape[1] else h.new_zeros(h.shape[0], *h.shape[2:]) for h in (hidden0_in, hidden1_in))
-            params, layout = self._checked(self._weights, self._layout, x, first, ["input", "hidden0_in", "hidden1_in"])
-            y, _, (h, c) = lstm_sequence(x, first, params, backend=self.lstm_backend, dropout=dropout,
+            y, _, (h, c) = lstm_sequence(x, state, params, backend=self.lstm_backend, dropout=dropout,
                                          training=self.training, return_segment_states=True, layout=layout)
         else:
-            params, layout = self._checked(self._weights, self._layout, x, (hidden0_in, hidden1_in),
-                                           ["input", "hidden0_in", "hidden1_in"])
-            y, (h, c) = lstm_step(x, (hidden0_in, hidden1_in), params, dropout=dropout, training=self.training,
-                                  layout=layout)
+            y, (h, c) = lstm_step(x, state, params, dropout=dropout, training=self.training, layout=layout)
             y = y.clone()
         out = (self.linear(y), hidden0_in, hidden1_in, h, c)
         return tuple(o.squeeze(0) for o in out) if unbatched else out
