@@ -26,11 +26,6 @@ def check_cell(cell: Cell) -> None:
         raise no_kernel_for("parallel", cell)
 
 
-def _chunk_len(t_len: int) -> int:
-    """A power of two near ``sqrt(T)``."""
-    return 1 << (t_len.bit_length() // 2)
-
-
 def _chunks(t: torch.Tensor, count: int) -> torch.Tensor:
     """``t [N, count * chunk, ...]`` as ``[N, count, chunk, ...]``, a view (``reshape``: ``unflatten`` has no
     legacy batching rule, ``is_grads_batched=True``)."""
@@ -60,7 +55,7 @@ def _solve(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reverse:
     t_len = a.shape[1]
     if t_len == 0:
         return b.clone() if out is None else out
-    chunk = _chunk_len(t_len)
+    chunk = 1 << (t_len.bit_length() // 2)  # a power of two near sqrt(T)
     count = t_len // chunk
     lo = t_len - count * chunk if reverse else 0
     # narrow, not t[:, lo:hi]: a slice over all of T is an alias the legacy batched backward cannot batch

@@ -23,13 +23,6 @@ from .base import SequenceOptions, forward_mode
 from .scan_parts import HandWrittenLayer, scan_states, traced_under_grad
 
 
-def _own_cotangent(t: torch.Tensor) -> torch.Tensor:
-    """``t`` (a final carry) whose backward hands the scan a cotangent of its own: compiled, a loss such as
-    ``(h_T + c_T).sum()`` gives views of one tensor, which scan's backward rejects ("scan might be aliasing");
-    ``* 1`` gives a fresh ``grad * 1`` per carry, where ``clone``/``+ 0`` would pass the views through."""
-    return t * 1
-
-
 def _distinct(values: tuple) -> tuple:
     """``values`` with each repeated tensor (tied params) replaced by a view: Dynamo refuses an
     ``autograd.Function`` given one tensor twice; the gradients still sum."""
@@ -49,9 +42,7 @@ def _needs_grad(*values) -> bool:
 
 def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
     """``x [N, T, F]`` -> ``(y [N, T, P], carry, per-step carries)``; see :mod:`.base`."""
-    cell = layout.cell
-    inp = x
-    finals, per_step = [], []
+    cell, inp, finals, per_step = layout.cell, x, [], []
     mask_t = None if is_init is None else is_init.transpose(0, 1)  # [T, N]
     for k in range(layout.num_layers):
         w = cell.layer_weights(params, layout, k)
@@ -71,7 +62,9 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
         else:
             gi = F.linear(inp, w.weight_ih, w.bias_ih).transpose(0, 1)  # [T, N, G*H]
             final, ys = scan_states(cell, w.tensors(), layer_carry, gi, mask_t, reset_k, "states" if opts.segment_states else "h")
-        finals.append(tuple(_own_cotangent(s) for s in final))
+        # ``* 1``: each final carry's backward hands the scan a cotangent of its own, where a loss such as
+        # ``(h_T + c_T).sum()`` gives views of one tensor, which scan rejects ("scan might be aliasing")
+        finals.append(tuple(s * 1 for s in final))
         if opts.segment_states:
             per_step.append(tuple(s.transpose(0, 1) for s in ys))  # [N, T, S]
             ys = ys[0]
