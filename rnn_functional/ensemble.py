@@ -43,10 +43,8 @@ def stack_params(params_list: Sequence[Mapping[str, torch.Tensor]]) -> TensorDic
         (``torch.stack`` of the members; differentiable where the members require grad).
     """
     if isinstance(params_list, (Mapping, torch.Tensor)) or not isinstance(params_list, Sequence):
-        raise TypeError(
-            f"params_list: expected a list of params TensorDicts, got {type(params_list).__name__}. "
-            "Wrap a single member in a list: stack_params([params])."
-        )
+        raise TypeError(f"params_list: expected a list of params TensorDicts, got {type(params_list).__name__}. "
+                        "Wrap a single member in a list: stack_params([params]).")
     if len(params_list) == 0:
         raise ValueError("params_list: expected at least one member, got an empty list.")
     members = [_as_tensordict(p, i) for i, p in enumerate(params_list)]
@@ -55,10 +53,8 @@ def stack_params(params_list: Sequence[Mapping[str, torch.Tensor]]) -> TensorDic
     for i, member in enumerate(members[1:], start=1):
         if set(member.keys()) != keys:
             missing, extra = sorted(keys - set(member.keys())), sorted(set(member.keys()) - keys)
-            raise ValueError(
-                f"params_list[{i}]: keys differ from params_list[0] (missing {missing}, extra {extra}); "
-                "every member must have the same architecture."
-            )
+            raise ValueError(f"params_list[{i}]: keys differ from params_list[0] (missing {missing}, extra {extra}); "
+                             "every member must have the same architecture.")
         for key in sorted(keys):
             a, b = first[key], member[key]
             if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:

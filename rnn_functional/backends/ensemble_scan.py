@@ -43,10 +43,8 @@ def layer_states(cell: Cell, recompute: bool, n_carry: int, has_reset: bool, inp
     """One layer over time through the ensemble op, the ``scan`` layer's arguments (see
     :class:`~.scan_parts.HandWrittenLayer`) without ``members``: the per-step carries, ``[T, N, S]`` each."""
     if cell.name not in _CELLS:
-        raise ValueError(
-            f"the {cell.title} cell has no compiled ensemble path: register it with "
-            f"rnn_functional.backends.ensemble_scan.register_cell (the public functions do this)."
-        )
+        raise ValueError(f"the {cell.title} cell has no compiled ensemble path: register it with "
+                         f"rnn_functional.backends.ensemble_scan.register_cell (the public functions do this).")
     lead = lambda t: None if t is None else t.unsqueeze(0)  # noqa: E731 - the one-member ensemble dim
     carry0, reset, weights = split_inputs(rest, n_carry, has_reset)
     states = torch.ops.rnn_functional.scan_ensemble_layer(

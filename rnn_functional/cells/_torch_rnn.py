@@ -92,10 +92,8 @@ def read_layout(cell: Cell, params: Mapping[str, torch.Tensor], num_gates: int, 
 
     w_hh0 = params["weight_hh_l0"]
     if w_hh0.ndim != 2 or w_hh0.shape[0] % num_gates:
-        raise ValueError(
-            f"params['weight_hh_l0']: expected shape [{num_gates} * hidden_size, P] for {cell.title}, "
-            f"got {tuple(w_hh0.shape)}. Are these params of another cell kind?"
-        )
+        raise ValueError(f"params['weight_hh_l0']: expected shape [{num_gates} * hidden_size, P] for {cell.title}, "
+                         f"got {tuple(w_hh0.shape)}. Are these params of another cell kind?")
     hidden = w_hh0.shape[0] // num_gates
     proj_size = params["weight_hr_l0"].shape[0] if proj else 0
     out = proj_size or hidden

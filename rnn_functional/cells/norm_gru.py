@@ -64,10 +64,8 @@ class NormGRUCell(Cell):
         check_keys(keys, expected, f"a {num_layers}-layer {self.title}")
         w0 = params["weight_l0"]
         if w0.ndim != 2 or w0.shape[0] % 3 or w0.shape[1] <= w0.shape[0] // 3:
-            raise ValueError(
-                f"params['weight_l0']: expected shape [3 * hidden_size, input_size + hidden_size] for the "
-                f"{self.title}, got {tuple(w0.shape)}. Are these params of another cell kind?"
-            )
+            raise ValueError(f"params['weight_l0']: expected shape [3 * hidden_size, input_size + hidden_size] for the "
+                             f"{self.title}, got {tuple(w0.shape)}. Are these params of another cell kind?")
         hidden = w0.shape[0] // 3
         input_size = w0.shape[1] - hidden
         want = {}

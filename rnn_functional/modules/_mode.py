@@ -131,10 +131,8 @@ class set_recurrent_mode(_DecoratorContextManager):
                 )
             mode = named[mode.lower()]
         elif mode is not None and not isinstance(mode, bool):
-            raise TypeError(
-                f"set_recurrent_mode: mode must be a bool, None, 'recurrent' or 'sequential', "
-                f"got {type(mode).__name__}."
-            )
+            raise TypeError(f"set_recurrent_mode: mode must be a bool, None, 'recurrent' or 'sequential', "
+                            f"got {type(mode).__name__}.")
         self.mode = mode
         self._prev: bool | None = None  # the traced entry's (Dynamo cannot trace a ContextVar)
 

@@ -91,10 +91,8 @@ class EnsembleModule(TensorDictModuleBase):
             )
         for key, tensor in value[self._name].items():
             if tensor.shape != current[self._name, key].shape:
-                raise ValueError(
-                    f"EnsembleModule.params[{self._name!r}, {key!r}]: expected shape "
-                    f"{list(current[self._name, key].shape)}, got {list(tensor.shape)}."
-                )
+                raise ValueError(f"EnsembleModule.params[{self._name!r}, {key!r}]: expected shape "
+                                 f"{list(current[self._name, key].shape)}, got {list(tensor.shape)}.")
             param = tensor if isinstance(tensor, torch.nn.Parameter) else torch.nn.Parameter(tensor)
             self.members.register_parameter(key, param)
 

@@ -139,15 +139,11 @@ class LSTMNet(RNNChild, nn.Module):
         """``(y, hidden0_in, hidden1_in, hidden0_out, hidden1_out)``, shapes in the module doc: ``hidden0``/``hidden1``
         are the LSTM's ``h``/``c``, both or neither given (neither = zeros, returned as the input hiddens)."""
         if input.ndim not in (1, 2, 3):
-            raise ValueError(
-                f"LSTMNet: input must be [F] or [B, F] (one step) or [B, T, F] (a sequence), got shape "
-                f"{list(input.shape)}."
-            )
+            raise ValueError(f"LSTMNet: input must be [F] or [B, F] (one step) or [B, T, F] (a sequence), got shape "
+                             f"{list(input.shape)}.")
         if (hidden0_in is None) != (hidden1_in is None):  # TorchRL's class for this mistake
-            raise RuntimeError(
-                f"LSTMNet: pass both hidden0_in and hidden1_in or neither; got hidden0_in "
-                f"{type(hidden0_in).__name__} and hidden1_in {type(hidden1_in).__name__}."
-            )
+            raise RuntimeError(f"LSTMNet: pass both hidden0_in and hidden1_in or neither; got hidden0_in "
+                               f"{type(hidden0_in).__name__} and hidden1_in {type(hidden1_in).__name__}.")
         unbatched = input.ndim == 1
         if unbatched:
             input = input.unsqueeze(0)
