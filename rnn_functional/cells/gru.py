@@ -19,11 +19,9 @@ def init_gru_params(
     dtype: torch.dtype | None = None, device: torch.device | str | None = None,
     generator: torch.Generator | None = None,
 ) -> TensorDict:
-    """GRU parameters initialised like ``torch.nn.GRU`` (uniform in ``[-1/sqrt(H), 1/sqrt(H)]``).
-
-    Keys for layer ``k``: ``weight_ih_l{k} [3H, F_k]``, ``weight_hh_l{k} [3H, H]`` and, with
-    ``bias``, ``bias_ih_l{k}``/``bias_hh_l{k} [3H]``; ``F_0 = input_size``, ``F_k = H`` for ``k > 0``.
-    """
+    """GRU parameters initialised like ``torch.nn.GRU`` (uniform in ``[-1/sqrt(H), 1/sqrt(H)]``). Keys for layer
+    ``k``: ``weight_ih_l{k} [3H, F_k]``, ``weight_hh_l{k} [3H, H]`` and, with ``bias``, ``bias_ih_l{k}``/``bias_hh_l{k}
+    [3H]``; ``F_0 = input_size``, ``F_k = H`` for ``k > 0``."""
     return _torch_rnn.init_params(3, input_size, hidden_size, num_layers, bias, 0, dtype, device, generator)
 
 
