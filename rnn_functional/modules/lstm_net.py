@@ -90,8 +90,8 @@ class LSTMNet(RNNChild, nn.Module):
 
     Args:
         out_features: width of ``y``, the head's output.
-        lstm_kwargs: ``torch.nn.LSTM`` arguments (``input_size`` = the MLP's ``out_features``, ``hidden_size``,
-            ``num_layers``, ``bias``, ``dropout``, ``proj_size``, ``dtype``); batch-first, not bidirectional; not modified.
+        lstm_kwargs: ``torch.nn.LSTM`` arguments, not modified (``input_size`` = the MLP's ``out_features``,
+            ``hidden_size``, ``num_layers``, ``bias``, ``dropout``, ``proj_size``, ``dtype``; always batch-first).
         mlp_kwargs: TorchRL ``MLP`` arguments (see :class:`MLP`); ``in_features`` builds every layer eagerly (needed
             before ``torch.vmap``/``functional_call`` ensembles).
         device: where the parameters live.
