@@ -1,6 +1,7 @@
 """One command for every benchmark: ours, TorchRL's modules and ``torch.nn`` side by side in one process.
 
-    python -m benchmarks SUITE [--device cpu|cuda] [--quick] [--threads N] [--budget-s S] [--rows N] [--out PATH]
+    python -m benchmarks SUITE [--device cpu|cuda] [--quick] [--threads N] [--budget-s S] [--rows N] [--skip RE]
+                         [--out PATH]
     python -m benchmarks table     # the README's headline table, from benchmarks/results/*_cpu.json
     python -m benchmarks plot      # one PNG per results JSON, under docs/assets/benchmarks/
 
@@ -15,12 +16,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import re
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from . import common
 from ._timing import Budget, environment, write_json
 
 HERE = Path(__file__).resolve().parent
@@ -37,9 +40,9 @@ def run_suite(args: argparse.Namespace) -> Path:
     suite = importlib.import_module(f"benchmarks.{MODULES.get(args.suite, args.suite)}")
     if args.threads:
         torch.set_num_threads(args.threads)
+    common.SKIP = re.compile(args.skip) if args.skip else None
     out = args.out or RESULTS / f"{args.suite}_{args.device.type}.json"
-    command = "python -m benchmarks " + " ".join(sys.argv[1:])
-    doc = {"suite": args.suite, "command": command, "about": suite.__doc__.strip(),
+    doc = {"suite": args.suite, "command": args.command, "about": suite.__doc__.strip(),
            "environment": environment(args.device), "rows": []}
     budget, start = Budget(args.budget_s), time.perf_counter()
     rows, exhausted = suite.rows(args), False
@@ -101,7 +104,7 @@ def plot(results: Path = RESULTS, assets: Path = ASSETS) -> None:
     assets.mkdir(parents=True, exist_ok=True)
     for path in sorted(results.glob("*.json")):
         doc = json.loads(path.read_text())
-        if doc.get("suite") not in SUITES or not doc["rows"]:
+        if not isinstance(doc, dict) or doc.get("suite") not in SUITES or not doc["rows"]:
             continue
         rows = doc["rows"]
         fig, axes = plt.subplots(len(rows), 1, figsize=(8, 1.0 + 0.28 * sum(len(r["ms"]) + 1 for r in rows)),
@@ -115,7 +118,7 @@ def plot(results: Path = RESULTS, assets: Path = ASSETS) -> None:
             ax.tick_params(labelsize=7)
         axes[-1, 0].set_xlabel(f"ms per call (median), {doc['environment']['device_name']}")
         fig.tight_layout()
-        fig.savefig(assets / path.with_suffix(".png").name, dpi=80)
+        fig.savefig(assets / path.with_suffix(".png").name, dpi=60)
         plt.close(fig)
         print(f"wrote {assets / path.with_suffix('.png').name}")
 
@@ -130,9 +133,12 @@ def main(argv: list[str] | None = None) -> None:
                     help="the sequences suite's dtype (fp32 runs TF32 where torch allows it)")
     ap.add_argument("--budget-s", type=float, default=None, help="start no row past this many seconds")
     ap.add_argument("--rows", type=int, default=None, help="stop after this many rows (a smoke run: --quick --rows 1)")
+    ap.add_argument("--skip", default=None, help="a regular expression: leave out the contenders whose name it finds "
+                    "(e.g. 'compiled' for a smoke run without compilation)")
     ap.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/SUITE_DEVICE.json")
     ap.add_argument("--rl", type=Path, default=None, help="torchrl suite: a pytorch/rl checkout or git directory")
     args = ap.parse_args(argv)
+    args.command = "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.suite == "table":
         write_table()
         print(table())

@@ -3,6 +3,7 @@ weights, and the row format every results JSON holds."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import torch
@@ -19,6 +20,7 @@ TORCH_CELL = {"lstm": nn.LSTMCell, "gru": nn.GRUCell}
 OURS = {"lstm": rf.LSTMModule, "gru": rf.GRUModule}
 STATE_KEYS = {"lstm": ("recurrent_state_h", "recurrent_state_c"), "gru": ("recurrent_state",)}
 MODES = ("fwd", "fwd+bwd")
+SKIP: re.Pattern | None = None  # contenders whose name matches are left out of this run (``--skip``)
 
 
 def torchrl_module(cell: str):
@@ -70,7 +72,7 @@ def row(case: dict, contenders: dict[str, Callable[[], object]], device, *, memo
     """Time ``contenders`` side by side (``_timing.interleaved``) into one results row: ``case`` (what was run),
     ``ms`` (median per call), ``min_ms``, ``first_call_s`` (compilation included), ``errors`` (a contender that
     could not run this case) and, with ``memory``, ``peak_mib`` of one call."""
-    got = interleaved(contenders, device, **timing)
+    got = interleaved({k: f for k, f in contenders.items() if SKIP is None or not SKIP.search(k)}, device, **timing)
     out = {"case": case, "ms": {}, "min_ms": {}, "first_call_s": {}, "errors": {}}
     for name, r in got.items():
         if "error" in r:

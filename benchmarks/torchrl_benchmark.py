@@ -44,8 +44,8 @@ def rows(args):
         for relpath in FILES:
             (tmp / Path(relpath).name).write_text(read(args.rl, relpath))
         env = dict(os.environ, TORCHRL_RNN_RESET_BENCHMARK_SHAPES=shape,
-                   PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
-        cmd = [sys.executable, "-m", "pytest", Path(FILES[0]).name, "-p", "torchrl_swap_plugin", "-p",
+                   PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+        cmd = [sys.executable, "-m", "pytest", Path(FILES[0]).name, "-p", "benchmarks.torchrl_swap_plugin", "-p",
                "no:cacheprovider", "-q", f"--junit-xml={tmp / 'junit.xml'}", f"--benchmark-json={tmp / 'b.json'}",
                f"--benchmark-min-rounds={5 if args.quick else 20}"]
         if args.device.type == "cpu":
