@@ -150,8 +150,8 @@ class DreamerV3BlockGRU(nn.Module):
     (or [B, T, 1]) | None) -> (output [B, T, H], hidden [B, H])``; the carry is zeroed before every step where
     ``is_init``.
 
-    Args as TorchRL's ``DreamerV3BlockGRU``, plus ``recurrent_backend``: ``"auto"`` (the default: the cheapest of
-    ``reference`` and ``scan``, ``scan`` under ``torch.compile``), ``"reference"`` or ``"scan"``. TorchRL's
+    Args as TorchRL's ``DreamerV3BlockGRU``, plus ``recurrent_backend``: ``"auto"`` (the default: ``scan`` when
+    autograd records the call or under ``torch.compile``, else ``reference``), ``"reference"`` or ``"scan"``. TorchRL's
     ``"triton"`` is refused: this library has no Triton kernel for the block GRU. Any activation runs on every
     backend (a callable without a closed-form derivative through ``torch.func.jvp`` in the hand-written backward).
     """
