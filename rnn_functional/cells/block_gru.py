@@ -386,8 +386,11 @@ def block_gru_cell(activation: str | Callable = "silu", norm_eps: float = 1e-4, 
     wrapper Dynamo does not trace). ``activation``: a name of :data:`ACTIVATIONS` or any elementwise callable (a
     parameter-free module or a function, held by identity; its derivative comes from ``torch.func.jvp``)."""
     key = (kind, activation, float(norm_eps), float(update_bias))
-    _make_cell(*key)
-    return _CELLS[key]
+    cell = _CELLS.get(key)  # first: under torch.compile(dynamic=True) the floats are symbolic, which _make_cell refuses
+    if cell is None:
+        _make_cell(*key)
+        cell = _CELLS[key]
+    return cell
 
 
 @mark_constant_result
