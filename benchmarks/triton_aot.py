@@ -86,14 +86,14 @@ def launch(cfg: dict):
         h0, c0 = torch.empty(1, N, H, **meta), torch.empty(1, N, H, **meta) if lstm else None
         hs, cs, gates = ops._fwd_outputs(gx, H, lstm, cfg["save"])
         return ops.fwd_launch(gx, w, b, h0, c0, is_init, *reset, hs, cs, gates, lstm, cfg["save"], cfg["dtype"],
-                              cfg["precision"])
+                              cfg["precision"], sms=SMS[cfg["arch"]])
     acc = torch.float32
     hs = torch.empty(1, N, T + 1, H, device="meta", dtype=acc)
     cs = torch.empty(1, N, T + 1, H, device="meta", dtype=acc) if lstm else hs
     gates = torch.empty(1, N, T, 4 * H, device="meta", dtype=acc)
     outs = ops._bwd_outputs(gates, hs, lstm, cfg["has_reset"])
     return ops.bwd_launch(gates, hs, cs, w, is_init, *reset, hs.clone(), cs.clone(), outs, lstm, cfg["dtype"],
-                          cfg["precision"])
+                          cfg["precision"], sms=SMS[cfg["arch"]])
 
 
 def _resource_usage(cubin: bytes) -> dict:
@@ -219,22 +219,30 @@ def _ir_loop(ir: str) -> list[str]:
 
 
 def weight_loads_in_loop(ir: str, weight_arg: str = "%w_ptr") -> int:
-    """Loads inside the time loop whose pointer derives from the recurrent weight argument (TTGIR def-use)."""
-    defs = {}
-    for line in ir.splitlines():
+    """Loads inside the time loop whose pointer derives from the recurrent weight argument (TTGIR def-use; a
+    printed name may be defined again in another region, so a use resolves to the nearest definition above it)."""
+    lines = ir.splitlines()
+    defs: dict = {}
+    for i, line in enumerate(lines):
         if (m := re.match(r"\s*(%[\w.]+)(?::\d+)?\s*=\s*(.*)", line)):
-            defs[m.group(1)] = re.findall(r"%[\w.]+", m.group(2).split(" : ")[0])
+            defs.setdefault(m.group(1), []).append((i, re.findall(r"%[\w.]+", m.group(2).split(" : ")[0])))
 
-    def from_weights(name: str, seen: set) -> bool:
+    def from_weights(name: str, at: int, seen: set) -> bool:
         if name == weight_arg:
             return True
-        seen.add(name)
-        return any(from_weights(d, seen) for d in defs.get(name, ()) if d not in seen)
+        found = [(i, ops) for i, ops in defs.get(name, ()) if i <= at]
+        if not found or (name, found[-1][0]) in seen:
+            return False
+        i, operands = found[-1]
+        seen.add((name, i))
+        return any(from_weights(d, i, seen) for d in operands)
 
+    loop = _ir_loop(ir)
+    start = lines.index(loop[0]) if loop else 0
     loads = 0
-    for line in _ir_loop(ir):
+    for k, line in enumerate(loop):
         m = re.search(r"=\s*(tt\.load|ttg\.async_copy_global_to_local|tt\.descriptor_load)\s+(%[\w.]+)", line)
-        loads += bool(m) and from_weights(m.group(2), set())
+        loads += bool(m) and from_weights(m.group(2), start + k, set())
     return loads
 
 
