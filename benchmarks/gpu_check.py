@@ -6,7 +6,9 @@
 Each step runs as its own process under ``timeout`` with its share of ``--budget-s`` (default 450 s, 7.5
 minutes; a lease's command may run 10); a step that overruns is stopped and recorded as such, and the next one
 starts. The benchmarks start no row past 70% of their share and rewrite their JSON after every row, so an
-overrun loses one row, not the step. Steps: ``tests`` (the GPU-marked tests), ``profile``
+overrun loses one row, not the step. Steps: ``tests`` (the GPU-marked tests), ``persistent`` (issue 55:
+``gpu_profile.py --persistent``; the first lease's command is ``bash scripts/gpu_check.sh --steps tests,persistent
+--budget-s 290 --out benchmarks/results/gpu_<device>_<date>``), ``profile``
 (``benchmarks/gpu_profile.py``: host against kernel time of one ``triton`` call), ``triton``
 (``bench_triton.py --quick``), ``suite`` and ``suite_compiled`` (``run.py --grid torchrl``: TorchRL's grid and the
 policy step, the eager contenders, then those whose first call compiles), ``ensemble`` (``bench_ensemble.py``: E=8
@@ -43,19 +45,20 @@ class Step:
 
 # each step's share of the total budget; a benchmark starts no row after 70% of its share (``--budget-s``) and
 # rewrites its JSON after every row, so that the step's hard limit, its share, loses at most the row in flight
-SHARES = {"tests": 0.15, "profile": 0.08, "triton": 0.18, "suite": 0.22, "suite_compiled": 0.15, "flat": 0.13,
+SHARES = {"tests": 0.15, "persistent": 0.3, "profile": 0.08, "triton": 0.18, "suite": 0.22, "suite_compiled": 0.15, "flat": 0.13,
           "ensemble": 0.09}
 # the suite's contenders whose first call compiles (Inductor, Triton's JIT): measured apart, after the eager ones
 # (on the first lease, 2026-11-27, one row of them did not finish in 100 s on a fresh H200)
 COMPILED = r"compiled|torchrl/scan|torchrl/triton"
 WITH_FLOOR = COMPILED + r"|torch\.nn"  # the floor (torch.nn) in both parts, to compare them
 ROW_BUDGET = 0.7
+DEFAULT_STEPS = tuple(name for name in SHARES if name != "persistent")  # issue 55's grid runs when asked for
 # the flat SliceSampler cases run on a GPU, by value: a real sampler's batch, full and truncated slices, [B, T]
 FLAT_CASES = "SliceSampler N=1024|flat N=1024 slices <=20|flat N=200 slices =8|[32, 64] resets 5%"
 ENSEMBLE = ("eager loop", "eager vmap", "GEMM floor")  # the compiled ones compile for tens of seconds
 
 
-def steps(out: Path, dry_run: bool, total_s: float, only: tuple[str, ...] = tuple(SHARES)) -> list[Step]:
+def steps(out: Path, dry_run: bool, total_s: float, only: tuple[str, ...] = DEFAULT_STEPS) -> list[Step]:
     """The steps named in ``only``, in order: tests first (a kernel that fails them makes its timings moot), then a
     profile of one call (host against kernel time), then the benchmarks; each within its share of ``total_s``
     (the shares of ``only`` scaled to fill it)."""
@@ -78,6 +81,8 @@ def _every_step(out: Path, dry_run: bool, budget: dict[str, int]) -> list[Step]:
         return [
             Step("tests", (*pytest, "tests/backends/test_triton.py", "-k", "matches_reference_fp64"), budget["tests"],
                  env=interp),
+            Step("persistent", (py, "benchmarks/gpu_profile.py", "--smoke", "--persistent", *rows("persistent"),
+                                "--out", str(out / "persistent.json")), budget["persistent"], "persistent.json", interp),
             Step("profile", (py, "benchmarks/gpu_profile.py", "--smoke", *rows("profile"), "--out",
                              str(out / "profile.json")), budget["profile"], "profile.json", interp),
             Step("triton", (py, "benchmarks/bench_triton.py", "--smoke", "--repeats", "1", *rows("triton"), "--out",
@@ -96,6 +101,10 @@ def _every_step(out: Path, dry_run: bool, budget: dict[str, int]) -> list[Step]:
     return [
         # the GPU-marked tests: compiled kernels against reference, CUDA graphs, CUDA's sync debug mode
         Step("tests", (*pytest, "-m", "gpu", "tests", "compile_tests"), budget["tests"]),
+        # issue 55: the flag barrier alone, the persistent kernels against cuDNN (with and without resets) and today's
+        # kernels, forward and forward+backward, and the compiled policy step
+        Step("persistent", (py, "benchmarks/gpu_profile.py", "--persistent", *rows("persistent"), "--out",
+                            str(out / "persistent.json")), budget["persistent"], "persistent.json"),
         Step("profile", (py, "benchmarks/gpu_profile.py", *rows("profile"), "--out", str(out / "profile.json")),
              budget["profile"], "profile.json"),
         Step("triton", (py, "benchmarks/bench_triton.py", "--quick", *rows("triton"), "--out",
@@ -179,9 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, TRITON_INTERPRET=1")
     ap.add_argument("--budget-s", type=float, default=450.0,
                     help="the whole run's time, shared among the steps (default 450: 7.5 minutes)")
-    ap.add_argument("--steps", default=",".join(SHARES),
-                    help=f"the steps to run, comma-separated (default all: {','.join(SHARES)}); a shorter lease can "
-                         "rerun some, the budget shared among them")
+    ap.add_argument("--steps", default=",".join(DEFAULT_STEPS),
+                    help=f"the steps to run, comma-separated (default: {','.join(DEFAULT_STEPS)}; also: persistent); "
+                         "a shorter lease can rerun some, the budget shared among them")
     args = ap.parse_args(argv)
     only = tuple(args.steps.split(","))
     unknown = [name for name in only if name not in SHARES]

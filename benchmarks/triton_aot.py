@@ -2,6 +2,7 @@
 
     python benchmarks/triton_aot.py [--arch 90 80] [--hidden 64 128 256 512] [--jobs 2] [--out PATH]
     python benchmarks/triton_aot.py --subset ci --out -      # the CI test's subset, rows as JSON on stdout
+    python benchmarks/triton_aot.py --sass-report benchmarks/results/triton_sass_report.json   # issue 55's report
 
 For each configuration the backend's launcher (``ops.fwd_launch`` / ``ops.bwd_launch``) is asked
 which kernel it would launch and with which arguments, strides and constexprs (block sizes,
@@ -20,6 +21,17 @@ Writes ``benchmarks/results/triton_aot_resources.json``: rows ``{"cell", "kernel
 "dtype", "precision", "has_init", "has_reset", "save", "arch", "registers", "spills", "stack_bytes",
 "shared_bytes", "num_warps", "occupancy_h100"}``. Runs in a child process without
 ``TRITON_INTERPRET`` when the caller has it set (the interpreter replaces ``triton.jit``).
+
+``--sass-report OUT``: what each kernel's time loop does, counted from its SASS (``nvdisasm`` of the cubin), for
+the kernel the launcher picks on an H100/H200 (132 SMs, sm_90) or an A100 (108 SMs, sm_80) at N=``--batch`` (512)
+rows, T=64: LSTM and GRU, forward and backward, H in {64, 128, 256, 512}, fp32 at the default precision (TF32)
+and at IEEE, bf16; every reset flag on, gates saved. One row per configuration: ``tensor_core_ops_in_loop``
+(HGMMA + HMMA), ``ffma_in_loop``, ``fma_dots_in_loop`` (TTGIR dots lowered to FMA), ``weight_loads_in_loop``
+(TTGIR loads whose pointer derives from ``W_hh``), ``global_loads_in_loop``, ``barriers_per_step`` (CTA
+barriers, static count in the loop body), ``local_memory_ops_in_loop``, ``registers``, ``spill_bytes``,
+``shared_bytes``, ``grid``, ``co_resident`` (the grid fits the SMs at the occupancy its resources allow),
+``release_acquire_in_ptx``, ``default_precision`` and ``source_hash`` (what the rows depend on, checked by
+``tests/backends/test_triton_sass.py`` against the committed report).
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "triton_aot_resources.json"
+SASS_REPORT = ROOT / "benchmarks" / "results" / "triton_sass_report.json"  # --sass-report's rows, read by the tests
 HIDDEN = (64, 128, 256, 512)
 ARCHS = (90, 80)
 BATCH, T = 256, 64  # representative problem: strides and sizes as a training batch would have them
@@ -274,15 +287,29 @@ def sass_row(row: dict, grid: tuple, compiled) -> dict:
         cell=row["cell"], kernel=row["kernel"], variant=row["variant"], arch=f"sm_{row['arch']}", H=row["H"],
         N=row["N"], dtype=row["dtype"], precision=row["precision"],
         default_precision=row["dtype"] != "float32" or row["precision"] == DEFAULT_FP32[row["arch"]],
-        tensor_core_ops_in_loop=count("HGMMA", "HMMA"), ffma_in_loop=count("FFMA"),
+        tensor_core_ops_in_loop=count("HGMMA", "HMMA"), hgmma_in_loop=count("HGMMA"), hmma_in_loop=count("HMMA"),
+        ffma_in_loop=count("FFMA"),
         fma_dots_in_loop=fma_dots_in_loop(ir), global_loads_in_loop=count("LDG", "LDGSTS", "UTMALDG"),
         weight_loads_in_loop=weight_loads_in_loop(ir), barriers_per_step=count("BAR."),
         local_memory_ops_in_loop=count("LDL", "STL"), registers=row["registers"], spill_bytes=row["stack_bytes"],
         shared_bytes=row["shared_bytes"], shared_limit=row["shared_limit"], num_warps=row["num_warps"],
         grid=list(grid), programs=programs, blocks_per_sm=blocks, co_resident=programs <= blocks * SMS[row["arch"]],
         release_acquire_in_ptx=bool(re.search(r"\.release\.", ptx)) and bool(re.search(r"\.acquire\.", ptx)),
-        loop_instructions=len(ops),
+        loop_instructions=len(ops), source_hash=source_hash(),
     )
+
+
+def source_hash() -> str:
+    """What the SASS report depends on: the kernels, their launcher, this script and the Triton version."""
+    import hashlib
+
+    import triton
+
+    digest = hashlib.sha256(triton.__version__.encode())
+    for name in ("kernels.py", "ops.py", "variant.py"):
+        digest.update((ROOT / "rnn_functional" / "backends" / "triton" / name).read_bytes())
+    digest.update(Path(__file__).read_bytes())
+    return digest.hexdigest()[:16]
 
 
 # what an fp32 call gets without asking on each arch: cuDNN's rule, TF32 (rnn_functional.precision)

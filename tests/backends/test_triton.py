@@ -436,7 +436,7 @@ def test_kernel_variant_forces_the_streamed_kernels() -> None:
         with tb.kernel_variant("auto"):
             assert tb.variant_for(48, 4, 4) == "resident"
     assert tb.variant_for(48, 4, 4) == "resident" and tb.variant_for(256, 4, 4) == "streamed"
-    with pytest.raises(ValueError, match=r"variant: expected one of \['auto', 'streamed'\], got 'tiled'"):
+    with pytest.raises(ValueError, match=r"variant: expected one of \['auto', 'streamed', 'persistent'\], got 'tiled'"):
         with tb.kernel_variant("tiled"):
             pass
 

@@ -77,3 +77,36 @@ def test_variant_choice() -> None:
     with tb.kernel_variant("persistent"):
         assert tb.variant_for(256, 4, 4, batch=512) == "persistent"
         assert tb.variant_for(48, 4, 4, batch=512) == "resident"  # where they cannot serve, today's kernels run
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("hidden, precision", [(256, "ieee"), (512, "tf32")])
+def test_gpu_auto_runs_them_and_matches_reference(cell: str, hidden: int, precision: str) -> None:
+    """On CUDA ``auto`` runs the persistent kernels (one launch, spinning on the flag) at B=512, T=64, 3% resets.
+    IEEE at the fp32 tolerances of the module doc over 64 steps (1e-4); TF32 rounds each operand to 10 bits
+    (~5e-4 relative) per step: 2e-2, as cuDNN's TF32 RNN against an fp64 reference."""
+    problem = make_problem(cell, batch_shape=(512,), time=64, input_size=32, hidden=hidden, dtype=torch.float32,
+                           reset_prob=0.03, seed=2)
+    problem = _to_cuda(problem)
+    assert tb.variant_for(hidden, 4 if cell == "lstm" else 3, 4, batch=512,
+                          sms=torch.cuda.get_device_properties(0).multi_processor_count) == "persistent"
+    out, grads = outputs_and_grads(problem, "triton", matmul_precision=precision)
+    ref_out, ref_grads = outputs_and_grads(problem, "reference")
+    tol = dict(rtol=1e-4, atol=1e-4) if precision == "ieee" else dict(rtol=2e-2, atol=2e-2)
+    for i, (a, e) in enumerate(zip(out + grads, ref_out + ref_grads)):
+        torch.testing.assert_close(a, e, msg=lambda m, i=i: f"tensor #{i}: {m}", **tol)
+
+
+def _to_cuda(problem: dict) -> dict:
+    move = lambda v: tuple(t.detach().cuda() for t in v) if isinstance(v, tuple) else v.detach().cuda()  # noqa: E731
+    out = {k: (move(v) if isinstance(v, (torch.Tensor, tuple)) else v) for k, v in problem.items() if k != "leaves"}
+    out["params"] = problem["params"].detach().cuda()
+    leaves = [out["x"], *(out["state"] if isinstance(out["state"], tuple) else (out["state"],))]
+    if out["reset_state"] is not None:
+        leaves += list(out["reset_state"]) if isinstance(out["reset_state"], tuple) else [out["reset_state"]]
+    out["leaves"] = leaves + list(out["params"].values())
+    for t in out["leaves"]:
+        t.requires_grad_(True)
+    return out
