@@ -70,8 +70,8 @@ def configs(subset: str, hidden, archs) -> list[dict]:
                                                           ("float32", "bfloat16"), archs):
         precisions = ("ieee", "tf32", "tf32x3") if dtype == "float32" else ("ieee",)
         flags = FWD_FLAGS if kernel == "fwd" else BWD_FLAGS
-        if subset == "ci":  # the default fp32 precision, all resets, gates saved
-            precisions, flags = precisions[:1], flags[2:3]
+        if subset == "ci":  # the default fp32 precision (TF32, as cuDNN), all resets, gates saved
+            precisions, flags = precisions[1:2] if dtype == "float32" else precisions, flags[2:3]
         for precision, (has_init, has_reset, save) in itertools.product(precisions, flags):
             out.append(dict(cell=cell, kernel=kernel, H=H, dtype=dtype, precision=precision, has_init=has_init,
                             has_reset=has_reset, save=save, arch=arch))

@@ -73,10 +73,10 @@ def test_variant_choice() -> None:
     assert tb.variant_for(256, 4, 4, batch=512, sms=132) == "persistent"
     assert tb.variant_for(256, 4, 4, batch=512) == "streamed"  # the interpreter: auto keeps today's kernels
     assert tb.variant_for(256, 4, 8, batch=512, sms=132) == "streamed"  # fp64: not on a GPU
-    assert tb.variant_for(48, 4, 4, batch=512, sms=132) == "resident"  # not a power of two
+    assert tb.variant_for(48, 4, 4, batch=512, sms=132) == "streamed"  # not a power of two
     with tb.kernel_variant("persistent"):
         assert tb.variant_for(256, 4, 4, batch=512) == "persistent"
-        assert tb.variant_for(48, 4, 4, batch=512) == "resident"  # where they cannot serve, today's kernels run
+        assert tb.variant_for(48, 4, 4, batch=512) == "streamed"  # where they cannot serve, the streamed ones run
 
 
 @pytest.mark.gpu

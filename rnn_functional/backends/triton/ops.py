@@ -92,8 +92,8 @@ def _blocks(H: int, lstm: bool, compute_dtype: str, precision: str, direction: s
     ``num_stages`` bounds the loads prefetched into shared memory across loop iterations (Triton's
     default, 3, overflows it where the recurrent weights already sit there).
 
-    The resident variant takes ``BLOCK_H``, the streamed ``BLOCK_T``, the persistent ``HS``, ``BK``, ``KC`` and its
-    grid's row-group programs ``P`` (one warpgroup each, no prefetch across steps).
+    The streamed variant takes ``BLOCK_T``, the persistent ``HS``, ``BK``, ``KC`` and its grid's row-group programs
+    ``P`` (forward: one warpgroup, backward: two; no prefetch across steps).
     """
     G, itemsize = 4 if lstm else 3, _ITEMSIZE[compute_dtype]
     variant = variant_for(H, G, itemsize, batch=N, ensemble=E, sms=sms)
@@ -101,23 +101,14 @@ def _blocks(H: int, lstm: bool, compute_dtype: str, precision: str, direction: s
         from .variant import PLAN_SMS
 
         hs, programs = kernels.persistent_plan(H, G, itemsize, N, E, sms or PLAN_SMS)
-        bk = min(H, 64 if direction == "fwd" else 128)
-        return variant, dict(HS=hs, BK=bk, KC=H // bk, ROWS=kernels.PERSISTENT_ROWS, P=programs, num_warps=4 if direction == "fwd" else 8,
+        # forward: [64, 64] carry chunks, one warpgroup; backward: [64, 128] output chunks, two (one spills at H=512)
+        bk, warps = (min(H, 64), 4) if direction == "fwd" else (min(H, 128), 8)
+        return variant, dict(HS=hs, BK=bk, KC=H // bk, ROWS=kernels.PERSISTENT_ROWS, P=programs, num_warps=warps,
                              num_stages=1)
-    block_h = max(16, triton.next_power_of_2(H))  # tl.dot needs every dim >= 16
-    if variant == "streamed":
-        operands = "bfloat16" if compute_dtype == "bfloat16" else precision
-        warps, stages = _STREAMED_LAUNCH.get(("lstm" if lstm else "gru", direction, operands), (8, 3))
-        return variant, dict(BLOCK_N=BLOCK_N, BLOCK_T=min(kernels.TILE, block_h), num_warps=warps, num_stages=stages)
-    # resident weights: G * block_h^2 operands in shared memory (twice that for tf32x3's split operands);
-    # beyond 96 KiB of them, two prefetch stages overflow sm_80: none. 8 warps (4 spill); the GRU
-    # backward at block_h = 128 still spills with 8, so GRU takes 16 there (LSTM spills with 16)
-    weight_bytes = G * block_h**2 * itemsize
-    if precision == "tf32x3" and compute_dtype == "float32":
-        weight_bytes *= 2
-    warps = 16 if (not lstm and block_h >= 128) else 8
-    return variant, dict(BLOCK_N=BLOCK_N, BLOCK_H=block_h, num_warps=warps,
-                         num_stages=1 if weight_bytes > 96 * 1024 else 2)
+    operands = "bfloat16" if compute_dtype == "bfloat16" else precision
+    warps, stages = _STREAMED_LAUNCH.get(("lstm" if lstm else "gru", direction, operands), (8, 3))
+    block_t = min(kernels.TILE, max(16, triton.next_power_of_2(H)))  # tl.dot needs every dim >= 16
+    return variant, dict(BLOCK_N=BLOCK_N, BLOCK_T=block_t, num_warps=warps, num_stages=stages)
 
 
 def _input_projection(x: Tensor, w_ih: Tensor, b_ih: Optional[Tensor]) -> Tensor:
@@ -177,8 +168,7 @@ def fwd_launch(
         IS_LSTM=lstm, HAS_BIAS=b is not None, HAS_INIT=init is not None, HAS_RESET=rh is not None,
         SAVE=save, **_kernel_dtypes(gx, compute_dtype, precision), **blocks,
     )
-    kernel = kernels._rnn_fwd_tiled_kernel if variant == "streamed" else kernels._rnn_fwd_kernel
-    return kernel, (triton.cdiv(N, BLOCK_N), E), args, constexprs
+    return kernels._rnn_fwd_tiled_kernel, (triton.cdiv(N, BLOCK_N), E), args, constexprs
 
 
 def bwd_launch(
@@ -194,7 +184,6 @@ def bwd_launch(
     E, N, T1, H = hs.shape
     init = None if is_init is None else is_init.to(torch.int8)
     variant, blocks = _blocks(H, lstm, compute_dtype, precision, "bwd", N, E, sms if sms else _sms(hs.device))
-    tiled = variant == "streamed"
     if variant == "persistent":
         programs = blocks.pop("P")
         dh0.zero_()
@@ -211,18 +200,17 @@ def bwd_launch(
                           **blocks)
         return kernels._rnn_bwd_persistent_kernel, (H // blocks["HS"], programs, E), args, constexprs
     # the streamed kernel keeps GRU's direct term dh * z in a scratch row per batch entry
-    scratch = (dh0.new_empty((E, N, H)) if not lstm else dgx,) if tiled else ()
+    scratch = dh0.new_empty((E, N, H)) if not lstm else dgx
     args = (
         gates, hs, cs, w, *w.stride()[:2], *_opt(init, 3, gates), *_opt(rh, 3, gates), *_opt(rc, 3, gates),
         dhs, dcs, dgx, dgh if not lstm else dgx, dh0, dc0 if lstm else dh0,
-        drh if rh is not None else dgx, drc if (rc is not None and lstm) else dgx, *scratch, N, T1 - 1, H,
+        drh if rh is not None else dgx, drc if (rc is not None and lstm) else dgx, scratch, N, T1 - 1, H,
     )
     constexprs = dict(
         IS_LSTM=lstm, HAS_INIT=init is not None, HAS_RESET=rh is not None,
         **_kernel_dtypes(hs, compute_dtype, precision), **blocks,
     )
-    kernel = kernels._rnn_bwd_tiled_kernel if tiled else kernels._rnn_bwd_kernel
-    return kernel, (triton.cdiv(N, BLOCK_N), E), args, constexprs
+    return kernels._rnn_bwd_tiled_kernel, (triton.cdiv(N, BLOCK_N), E), args, constexprs
 
 
 def _launch(run: Callable, kernel, grid: tuple, args: tuple, constexprs: dict) -> None:

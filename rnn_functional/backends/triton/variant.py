@@ -1,4 +1,4 @@
-"""Which Triton kernel variant a call runs (persistent, resident or streamed), and the public switch that forces one.
+"""Which Triton kernel variant a call runs (persistent or streamed), and the public switch that forces one.
 
 Its own module, free of ``triton``: the package and the launcher (:mod:`.ops`) both read it.
 """
@@ -17,7 +17,7 @@ _variant = ["auto"]  # the variant kernel_variant set; read by the launcher on e
 @contextlib.contextmanager
 def kernel_variant(variant: str) -> Iterator[None]:
     """Within the block, every ``triton`` call runs the ``variant`` kernels: ``"auto"`` (on CUDA the persistent
-    kernels where they serve, else resident where the recurrent weights fit on chip, else streamed), ``"streamed"``
+    kernels where they serve, else streamed), ``"streamed"``
     (the tiled kernels at any width) or ``"persistent"`` (wherever they serve, also in the interpreter, which runs them
     one step per launch), for tests and benchmarks of a variant where ``auto`` picks another; all give the same
     results. Read when an eager call launches its kernels; a graph compiled on CUDA keeps the variant it was traced
@@ -35,15 +35,15 @@ def variant_for(hidden: int, gates: int, itemsize: int, *, batch: int = 0, ensem
                 sms: int | None = None) -> str:
     """The variant a call runs for ``gates`` gate blocks of width ``hidden``, operands of ``itemsize`` bytes,
     ``batch`` rows and ``ensemble`` members on a GPU of ``sms`` SMs (``None``: not a GPU):
-    ``"persistent"`` (:func:`.kernels.persistent_plan`), ``"resident"`` or ``"streamed"`` (:func:`.kernels.resident`)."""
-    from .kernels import persistent_plan, resident
+    ``"persistent"`` (:func:`.kernels.persistent_plan`) or ``"streamed"`` (any other call)."""
+    from .kernels import persistent_plan
 
     chosen = _variant[0]
     # auto: on GPUs, not for fp64 (no fp64 tensor-core path worth a grid-wide flag); forced: any dtype (tests)
     wanted = chosen == "persistent" or (chosen == "auto" and sms is not None and itemsize < 8)
     if wanted and persistent_plan(hidden, gates, itemsize, batch, ensemble, sms or PLAN_SMS) is not None:
         return "persistent"
-    return "resident" if chosen != "streamed" and resident(hidden, gates, itemsize) else "streamed"
+    return "streamed"
 
 
 PLAN_SMS = 8  # the SMs the persistent grid is planned for off a GPU (the interpreter): few, so programs loop over groups
