@@ -1,4 +1,4 @@
-"""Shared timing and memory helpers for the benchmark scripts.
+"""The benchmarks' one timing harness: interleaved rounds, peak memory, the run's environment, budgets.
 
 Timing: every contender is warmed up, then the contenders are called in turn, one call each
 per round, in an order rotated every round (interleaving spreads machine noise, e.g. other
@@ -17,14 +17,12 @@ outside PyTorch's allocator (e.g. oneDNN's internal scratchpad, Python objects).
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import gc
 import json
 import logging
 import os
 import platform
-import random
 import re
 import statistics
 import time
@@ -38,8 +36,6 @@ __all__ = [
     "interleaved",
     "peak_memory",
     "environment",
-    "write_section",
-    "section_main",
     "Budget",
     "write_json",
 ]
@@ -90,8 +86,6 @@ def interleaved(
     warmup: int = 2,
     repeats: int = 7,
     max_seconds: float = 20.0,
-    keep_rounds: bool = False,
-    shuffle: bool = False,
     settle: bool = False,
 ) -> dict[str, dict]:
     """Median seconds per call of each contender, timed in rotating interleaved rounds.
@@ -104,11 +98,6 @@ def interleaved(
         max_seconds: a contender whose timed calls add up to more than this is dropped from
             later rounds (it keeps at least 3 samples), so a very slow baseline cannot eat the
             whole time budget.
-        keep_rounds: also return each timed call, in round order (``"rounds_s"``), to compare
-            contenders round by round (the calls of one round run back to back, under the same load).
-        shuffle: each round in a fresh random order (seeded) instead of the rotated one, where every
-            contender always follows the same neighbour (whose freed memory or evicted caches it
-            may pay for).
         settle: call each contender once, untimed, right before its timed call, so that the timed call
             meets the memory its own previous call left (as in a training loop, where the same step runs
             again and again) rather than its neighbour's: a contender whose buffers are too large for the
@@ -138,11 +127,8 @@ def interleaved(
             continue
         samples[name] = []
         live.append(name)
-    rng = random.Random(0)
     for r in range(repeats):
         order = live[r % len(live):] + live[: r % len(live)] if live else []
-        if shuffle:
-            rng.shuffle(order)
         for name in order:
             fn = contenders[name]
             if settle:
@@ -155,19 +141,8 @@ def interleaved(
         live = [n for n in live if len(samples[n]) < 3 or sum(samples[n]) < max_seconds]
     for name, s in samples.items():
         results[name] = {"median_s": statistics.median(s), "min_s": min(s), "samples": len(s),
-                         "first_call_s": first[name], **({"rounds_s": s} if keep_rounds else {})}
+                         "first_call_s": first[name]}
     return results
-
-
-def repeated_no_grad(fn: Callable[[], object], inner: int) -> Callable[[], None]:
-    """A zero-argument callable running ``fn`` ``inner`` times under ``torch.no_grad()`` (one timed sample)."""
-
-    def run() -> None:
-        with torch.no_grad():
-            for _ in range(inner):
-                fn()
-
-    return run
 
 
 def _cpu_peak(fn: Callable[[], object]) -> int:
@@ -232,35 +207,3 @@ def environment(device: torch.device) -> dict:
         "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
-
-
-def write_section(page: Path, begin: str, end: str, section: str) -> None:
-    """Put ``section`` (which starts with ``begin`` and ends with ``end``) in ``page``: in place of the previous one
-    where there is one, else appended."""
-    text = page.read_text()
-    if begin in text:
-        head, rest = text.split(begin, 1)
-        text = head + section + rest.split(end, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    page.write_text(text)
-
-
-def section_main(description: str, results: Path, page: Path, begin: str, end: str,
-                 measure: Callable[[bool, list[int]], dict], section: Callable[[dict], str]) -> None:
-    """The command line of a benchmark that owns a generated section of ``page``: ``measure(quick, threads)`` writes
-    its JSON (``--out``, default ``results``) and prints ``section`` of it; ``--report`` only rewrites the section
-    from the JSON."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--report", action="store_true", help="write the docs table from the results JSON")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: few rounds of a small size")
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--out", type=Path, default=results)
-    args = parser.parse_args()
-    if args.report:
-        write_section(page, begin, end, section(json.loads(args.out.read_text())))
-        return
-    doc = measure(args.quick, args.threads)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(section(doc))

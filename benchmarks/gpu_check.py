@@ -6,13 +6,12 @@
 Each step runs as its own process under ``timeout`` with its share of ``--budget-s`` (default 450 s, 7.5
 minutes; a lease's command may run 10); a step that overruns is stopped and recorded as such, and the next one
 starts. The benchmarks start no row past 70% of their share and rewrite their JSON after every row, so an
-overrun loses one row, not the step. Steps: ``tests`` (the GPU-marked tests), ``persistent`` (issue 55:
-``gpu_profile.py --persistent``; the first lease's command is ``bash scripts/gpu_check.sh --steps tests,persistent
---budget-s 290 --out benchmarks/results/gpu_<device>_<date>``), ``profile``
-(``benchmarks/gpu_profile.py``: host against kernel time of one ``triton`` call), ``triton``
-(``bench_triton.py --quick``), ``suite`` and ``suite_compiled`` (``run.py --grid torchrl``: TorchRL's grid and the
-policy step, the eager contenders, then those whose first call compiles), ``ensemble`` (``bench_ensemble.py``: E=8
-LSTMs, vmap against a loop), ``flat`` (``bench_flat.py --device cuda``: SliceSampler batches). Writes into ``DIR`` (at most 8 files, what the device tool brings back): ``gpu_check.json``
+overrun loses one row, not the step. Steps: ``tests`` (the GPU-marked tests), ``profile``
+(``benchmarks/gpu_profile.py``: host against kernel time of one ``triton`` call), then the benchmark suites
+``sequences`` (TorchRL's grid), ``policy``, ``compile``, ``flat`` and ``ensemble`` (``python -m benchmarks SUITE
+--device cuda``); ``persistent`` (issue 55, run when asked for: ``gpu_profile.py --persistent``; the first lease's
+command is ``bash scripts/gpu_check.sh --steps tests,persistent --budget-s 290 --out
+benchmarks/results/gpu_<device>_<date>``). Writes into ``DIR`` (at most 8 files, what the device tool brings back): ``gpu_check.json``
 (the environment: device, driver, torch, triton, CPU, library versions; every step's command, exit
 status, wall time and output tail), ``summary.md`` (the same as a table), and each benchmark step's
 own JSON. The dry run writes the same files on CPU; the test suite runs it
@@ -45,17 +44,11 @@ class Step:
 
 # each step's share of the total budget; a benchmark starts no row after 70% of its share (``--budget-s``) and
 # rewrites its JSON after every row, so that the step's hard limit, its share, loses at most the row in flight
-SHARES = {"tests": 0.15, "persistent": 0.3, "profile": 0.08, "triton": 0.18, "suite": 0.22, "suite_compiled": 0.15, "flat": 0.13,
-          "ensemble": 0.09}
-# the suite's contenders whose first call compiles (Inductor, Triton's JIT): measured apart, after the eager ones
-# (on the first lease, 2026-11-27, one row of them did not finish in 100 s on a fresh H200)
-COMPILED = r"compiled|torchrl/scan|torchrl/triton"
-WITH_FLOOR = COMPILED + r"|torch\.nn"  # the floor (torch.nn) in both parts, to compare them
+SHARES = {"tests": 0.15, "persistent": 0.3, "profile": 0.08, "sequences": 0.30, "policy": 0.10, "compile": 0.12,
+          "flat": 0.13, "ensemble": 0.12}
+SUITES = ("sequences", "policy", "compile", "flat", "ensemble")  # python -m benchmarks SUITE, one step each
 ROW_BUDGET = 0.7
 DEFAULT_STEPS = tuple(name for name in SHARES if name != "persistent")  # issue 55's grid runs when asked for
-# the flat SliceSampler cases run on a GPU, by value: a real sampler's batch, full and truncated slices, [B, T]
-FLAT_CASES = "SliceSampler N=1024|flat N=1024 slices <=20|flat N=200 slices =8|[32, 64] resets 5%"
-ENSEMBLE = ("eager loop", "eager vmap", "GEMM floor")  # the compiled ones compile for tens of seconds
 
 
 def steps(out: Path, dry_run: bool, total_s: float, only: tuple[str, ...] = DEFAULT_STEPS) -> list[Step]:
@@ -76,7 +69,12 @@ def _every_step(out: Path, dry_run: bool, budget: dict[str, int]) -> list[Step]:
 
     # -p no:logging: a failing test's captured torch DEBUG records would bury its message
     pytest = (py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:logging", "--tb=short", "-rfEs")
-    if dry_run:
+
+    def suite(name: str, *options: str) -> Step:
+        return Step(name, (py, "-m", "benchmarks", name, *options, *rows(name), "--out", str(out / f"{name}.json")),
+                    budget[name], f"{name}.json")
+
+    if dry_run:  # each suite's first --quick row on CPU, its compiled contenders left out
         interp = (("TRITON_INTERPRET", "1"),)
         return [
             Step("tests", (*pytest, "tests/backends/test_triton.py", "-k", "matches_reference_fp64"), budget["tests"],
@@ -85,18 +83,7 @@ def _every_step(out: Path, dry_run: bool, budget: dict[str, int]) -> list[Step]:
                                 "--out", str(out / "persistent.json")), budget["persistent"], "persistent.json", interp),
             Step("profile", (py, "benchmarks/gpu_profile.py", "--smoke", *rows("profile"), "--out",
                              str(out / "profile.json")), budget["profile"], "profile.json", interp),
-            Step("triton", (py, "benchmarks/bench_triton.py", "--smoke", "--repeats", "1", *rows("triton"), "--out",
-                            str(out / "triton.json")), budget["triton"], "triton.json", interp),
-            *(Step(name, (py, "benchmarks/run.py", "--grid", "torchrl", "--device", "cpu", "--cells", "gru", "--B", "4",
-                          "--T", "8", "--reset-probs", "0.1", "--policy-B", "2", flag, pattern, *rows(name), "--out",
-                          str(out / f"{name}.json")), budget[name], f"{name}.json")
-              for name, flag, pattern in (("suite", "--skip", COMPILED), ("suite_compiled", "--contenders", WITH_FLOOR))),
-            Step("flat", (py, "benchmarks/bench_flat.py", "--device", "cpu", "--only", "flat N=200 slices =8",
-                          "--cells", "gru", "--modes", "fwd", "--repeats", "2", *rows("flat"), "--out",
-                          str(out / "flat.json")), budget["flat"], "flat.json"),
-            Step("ensemble", (py, "benchmarks/bench_ensemble.py", "--device", "cpu", "--members", "2", "--batch", "2",
-                              "--time", "4", "--hidden", "8", "--repeats", "1", "--contenders", *ENSEMBLE, "--out",
-                              str(out / "ensemble.json")), budget["ensemble"], "ensemble.json"),
+            *(suite(name, "--device", "cpu", "--quick", "--rows", "1", "--skip", "compiled") for name in SUITES),
         ]
     return [
         # the GPU-marked tests: compiled kernels against reference, CUDA graphs, CUDA's sync debug mode
@@ -107,21 +94,9 @@ def _every_step(out: Path, dry_run: bool, budget: dict[str, int]) -> list[Step]:
                             str(out / "persistent.json")), budget["persistent"], "persistent.json"),
         Step("profile", (py, "benchmarks/gpu_profile.py", *rows("profile"), "--out", str(out / "profile.json")),
              budget["profile"], "profile.json"),
-        Step("triton", (py, "benchmarks/bench_triton.py", "--quick", *rows("triton"), "--out",
-                        str(out / "triton.json")), budget["triton"], "triton.json"),
-        # TorchRL's grid (B, T, reset probability) and the policy step: the eager contenders side by side, then the
-        # compiled ones with the floor (torch.nn) again
-        Step("suite", (py, "benchmarks/run.py", "--grid", "torchrl", "--device", "cuda", "--skip", COMPILED,
-                       *rows("suite"), "--out", str(out / "suite.json")), budget["suite"], "suite.json"),
-        Step("suite_compiled", (py, "benchmarks/run.py", "--grid", "torchrl", "--device", "cuda", "--contenders",
-                                WITH_FLOOR, *rows("suite_compiled"), "--out", str(out / "suite_compiled.json")),
-             budget["suite_compiled"], "suite_compiled.json"),
-        Step("flat", (py, "benchmarks/bench_flat.py", "--device", "cuda", "--quick", "--only", FLAT_CASES,
-                      "--repeats", "5", *rows("flat"), "--out", str(out / "flat.json")), budget["flat"], "flat.json"),
-        # an ensemble of E=8 LSTMs trained together (fwd+bwd): vmap (one triton launch) against a loop, and the GEMMs
-        Step("ensemble", (py, "benchmarks/bench_ensemble.py", "--device", "cuda", "--members", "8", "--repeats", "5",
-                          "--contenders", *ENSEMBLE, "--out", str(out / "ensemble.json")), budget["ensemble"],
-             "ensemble.json"),
+        # TorchRL's grid (every backend, TorchRL's modules, torch.nn), then the policy step, compile, flat batches
+        # and an ensemble; each suite's full CUDA grid, cut by its budget
+        *(suite(name, "--device", "cuda", *(() if name == "sequences" else ("--quick",))) for name in SUITES),
     ]
 
 

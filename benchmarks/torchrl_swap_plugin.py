@@ -1,6 +1,6 @@
 """A pytest plugin that runs a TorchRL test module twice: with TorchRL's recurrent modules, then ours.
 
-Loaded with ``-p torchrl_swap_plugin`` by :mod:`bench_torchrl_reset` (this folder on ``PYTHONPATH``).
+Loaded with ``-p benchmarks.torchrl_swap_plugin`` by the ``torchrl`` suite (``torchrl_benchmark.py``).
 Every test gets a ``rnn_library`` parameter, ``"torchrl"`` or ``"ours"``: for ``"ours"`` the test
 module's ``LSTMModule`` / ``GRUModule`` names (imported from ``torchrl.modules`` at its top) are
 rebound to :mod:`rnn_functional`'s for that test, so both libraries run the same code in one process.

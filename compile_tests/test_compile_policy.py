@@ -5,7 +5,7 @@ sequential mode (one env step, ``[B]``), in recurrent mode on a ``[B, T]`` batch
 ragged ``[N]`` batch (trajectories packed along the only batch dim, as SliceSampler yields them).
 Forward and the backward of a loss run through the compiled graph; outputs and parameter grads
 equal the eager policy's (which runs the eager backends: pad / reference / ATen step cells).
-TorchRL's modules graph-break on the same policies: their counts are in benchmarks/bench_compile.py.
+TorchRL's modules graph-break on the same policies.
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """Ensembles: E sets of parameters stacked along a leading dim, for ``torch.vmap``.
 
-A stacked params TensorDict has ``batch_size [E]`` and the same keys as one member, each
-tensor with a leading ensemble dim (``weight_ih_l0: [E, G*H, F]``, ...). Every step and
-sequence function runs an ensemble through ``torch.vmap``::
+A stacked params TensorDict has ``batch_size [E]`` and one member's keys, each tensor with a leading ensemble dim
+(``weight_ih_l0: [E, G*H, F]``, ...). Every step and sequence function runs an ensemble through ``torch.vmap``::
 
     params = ensemble_init_gru_params(5, input_size=8, hidden_size=32)
     run = torch.vmap(gru_sequence, in_dims=(None, None, 0))  # x and state shared by all members
     y, h = run(x, None, params)  # y [E, *B, T, H], h [E, *B, L, H]
 
-``in_dims=(0, 0, 0)`` gives every member its own inputs (leading dim ``E`` on ``x`` and
-``state``). See ``docs/ensembles.md``.
+``in_dims=(0, 0, 0)`` gives every member its own ``x`` and ``state``. See ``docs/ensembles.md``.
 """
 
 from __future__ import annotations
@@ -45,10 +43,8 @@ def stack_params(params_list: Sequence[Mapping[str, torch.Tensor]]) -> TensorDic
         (``torch.stack`` of the members; differentiable where the members require grad).
     """
     if isinstance(params_list, (Mapping, torch.Tensor)) or not isinstance(params_list, Sequence):
-        raise TypeError(
-            f"params_list: expected a list of params TensorDicts, got {type(params_list).__name__}. "
-            "Wrap a single member in a list: stack_params([params])."
-        )
+        raise TypeError(f"params_list: expected a list of params TensorDicts, got {type(params_list).__name__}. "
+                        "Wrap a single member in a list: stack_params([params]).")
     if len(params_list) == 0:
         raise ValueError("params_list: expected at least one member, got an empty list.")
     members = [_as_tensordict(p, i) for i, p in enumerate(params_list)]
@@ -57,10 +53,8 @@ def stack_params(params_list: Sequence[Mapping[str, torch.Tensor]]) -> TensorDic
     for i, member in enumerate(members[1:], start=1):
         if set(member.keys()) != keys:
             missing, extra = sorted(keys - set(member.keys())), sorted(set(member.keys()) - keys)
-            raise ValueError(
-                f"params_list[{i}]: keys differ from params_list[0] (missing {missing}, extra {extra}); "
-                "every member must have the same architecture."
-            )
+            raise ValueError(f"params_list[{i}]: keys differ from params_list[0] (missing {missing}, extra {extra}); "
+                             "every member must have the same architecture.")
         for key in sorted(keys):
             a, b = first[key], member[key]
             if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
@@ -94,22 +88,12 @@ def _ensemble_init(init: Callable[..., TensorDict], num_members: int, *args, **k
 
 
 def ensemble_init_lstm_params(
-    num_members: int,
-    input_size: int,
-    hidden_size: int,
-    num_layers: int = 1,
-    *,
-    bias: bool = True,
-    proj_size: int = 0,
-    dtype: torch.dtype | None = None,
-    device: torch.device | str | None = None,
+    num_members: int, input_size: int, hidden_size: int, num_layers: int = 1, *, bias: bool = True,
+    proj_size: int = 0, dtype: torch.dtype | None = None, device: torch.device | str | None = None,
     generator: torch.Generator | None = None,
 ) -> TensorDict:
-    """E independently initialised LSTMs (each like :func:`init_lstm_params`), stacked: ``batch_size [E]``.
-
-    Members draw one after the other from ``generator`` (or the global RNG), so member ``i``
-    equals the ``i``-th of E successive ``init_lstm_params`` calls with that generator.
-    """
+    """E independently initialised LSTMs (each like :func:`init_lstm_params`), stacked: ``batch_size [E]``. Member
+    ``i`` equals the ``i``-th of E successive ``init_lstm_params`` calls drawing from ``generator``."""
     return _ensemble_init(
         init_lstm_params, num_members, input_size, hidden_size, num_layers,
         bias=bias, proj_size=proj_size, dtype=dtype, device=device, generator=generator,
@@ -117,21 +101,12 @@ def ensemble_init_lstm_params(
 
 
 def ensemble_init_gru_params(
-    num_members: int,
-    input_size: int,
-    hidden_size: int,
-    num_layers: int = 1,
-    *,
-    bias: bool = True,
-    dtype: torch.dtype | None = None,
-    device: torch.device | str | None = None,
+    num_members: int, input_size: int, hidden_size: int, num_layers: int = 1, *, bias: bool = True,
+    dtype: torch.dtype | None = None, device: torch.device | str | None = None,
     generator: torch.Generator | None = None,
 ) -> TensorDict:
-    """E independently initialised GRUs (each like :func:`init_gru_params`), stacked: ``batch_size [E]``.
-
-    Members draw one after the other from ``generator`` (or the global RNG), so member ``i``
-    equals the ``i``-th of E successive ``init_gru_params`` calls with that generator.
-    """
+    """E independently initialised GRUs (each like :func:`init_gru_params`), stacked: ``batch_size [E]``. Member
+    ``i`` equals the ``i``-th of E successive ``init_gru_params`` calls drawing from ``generator``."""
     return _ensemble_init(
         init_gru_params, num_members, input_size, hidden_size, num_layers,
         bias=bias, dtype=dtype, device=device, generator=generator,

@@ -1,8 +1,5 @@
-"""Parameter TensorDicts of ``torch.nn``'s cells: their init functions, and views of ``torch.nn`` modules.
-
-LSTM/GRU params carry ``torch.nn.LSTM`` / ``torch.nn.GRU`` state-dict names (see
-:mod:`rnn_functional.cells.lstm` and :mod:`rnn_functional.cells.gru`).
-"""
+"""Parameter TensorDicts with ``torch.nn.LSTM`` / ``torch.nn.GRU`` state-dict names: init functions, and views of
+``torch.nn`` modules."""
 
 from __future__ import annotations
 
@@ -16,13 +13,9 @@ __all__ = ["init_lstm_params", "init_gru_params", "params_from_module"]
 
 
 def params_from_module(module: nn.LSTM | nn.GRU) -> TensorDict:
-    """The parameters of an ``nn.LSTM`` / ``nn.GRU`` as a TensorDict sharing their storage.
-
-    Any ``nn.RNNBase`` in LSTM or GRU mode serves, as the modules' ``lstm=``/``gru=`` accept: e.g. TorchRL's
-    Python ``torchrl.modules.LSTM``/``GRU`` (the child of its ``python_based`` modules), which hold the same
-    parameters under the same names. Gradients computed through the returned TensorDict land in ``module``'s
-    ``.grad``.
-    """
+    """The parameters of an ``nn.LSTM`` / ``nn.GRU`` (any ``nn.RNNBase`` in LSTM or GRU mode, e.g. TorchRL's
+    Python ``LSTM``/``GRU``) as a TensorDict sharing their storage: gradients through it land in ``module``'s
+    ``.grad``."""
     if not (isinstance(module, nn.RNNBase) and module.mode in (nn.LSTM.__name__, nn.GRU.__name__)):  # as build_rnn
         kind = type(module)
         mode = f" in mode {module.mode!r}" if isinstance(module, nn.RNNBase) else ""

@@ -49,7 +49,7 @@ def _num_dynamics_layers(params) -> int:
 
 def block_gru_cell(x, h, p, act="silu", eps=1e-4, update_bias=-1.0):
     """One step: ``x [N, F]``, ``h [N, H]`` -> ``h' [N, H]``."""
-    a = ACTIVATIONS[act]
+    a = ACTIVATIONS[act] if isinstance(act, str) else act
     nb = p["gates.weight"].shape[0]
     px = a(_rms_norm(x @ p["input_linear.weight"].T + p["input_linear.bias"], p["input_norm.weight"], eps))
     ph = a(_rms_norm(h @ p["hidden_linear.weight"].T + p["hidden_linear.bias"], p["hidden_norm.weight"], eps))
@@ -161,7 +161,8 @@ def test_sequence_matches_loop(backend: str, recompute: str, layers: int, resets
     torch.testing.assert_close(_grads(got, c.leaves), _grads(want, c.leaves))
 
 
-@pytest.mark.parametrize("act", ["silu", "tanh", "relu"])
+@pytest.mark.parametrize("act", ["silu", "tanh", "relu", torch.nn.Sigmoid(), torch.sin],
+                         ids=["silu", "tanh", "relu", "Sigmoid-module", "torch.sin"])
 @pytest.mark.parametrize("layers", [1, 2])
 @pytest.mark.parametrize("backend,recompute", PATHS)
 def test_activations_match_loop(backend: str, recompute: str, layers: int, act: str) -> None:
@@ -360,7 +361,9 @@ def test_bad_arguments_are_named() -> None:
     x = torch.randn(B, T, F_IN)
     with pytest.raises(ValueError, match="activation") as info:
         rf.block_gru_sequence(x, None, params, activation="gelu")
-    assert "gelu" in str(info.value)
+    assert "gelu" in str(info.value) and "callable" in str(info.value)
+    with pytest.raises(ValueError, match="activation"):
+        rf.block_gru_sequence(x, None, params, activation=3)
     with pytest.raises(ValueError, match="activation"):
         rf.block_gru_step(x[:, 0], None, params, activation="gelu")
     with pytest.raises(ValueError, match=r"\bx\b"):

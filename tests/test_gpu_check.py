@@ -21,21 +21,17 @@ def test_dry_run_writes_what_a_lease_brings_back(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["ensemble.json", "flat.json", "gpu_check.json", "profile.json", "suite.json", "suite_compiled.json",
-                     "summary.md", "triton.json"]
+    assert files == ["compile.json", "ensemble.json", "flat.json", "gpu_check.json", "policy.json", "profile.json",
+                     "sequences.json", "summary.md"]
     assert len(files) <= 8 and all(re.fullmatch(r"[A-Za-z0-9._-]+", f) for f in files)  # what the device tool returns
     doc = json.loads((out / "gpu_check.json").read_text())
     assert doc["dry_run"] and doc["ok"]
-    assert [s["name"] for s in doc["steps"]] == ["tests", "profile", "triton", "suite", "suite_compiled", "flat", "ensemble"]
+    assert [s["name"] for s in doc["steps"]] == ["tests", "profile", "sequences", "policy", "compile", "flat", "ensemble"]
     assert all(s["rc"] == 0 and s["wall_s"] <= s["budget_s"] for s in doc["steps"])
     assert doc["environment"]["torch"] and doc["environment"]["cpu"]
-    assert json.loads((out / "triton.json").read_text())["rows"]  # the benchmarks' own results
-    suite = json.loads((out / "suite.json").read_text())
-    assert suite["sequence"] and suite["coverage"]["complete"]  # the tiny grid fits its budget
-    compiled = json.loads((out / "suite_compiled.json").read_text())["sequence"][0]["results"]
-    assert "ours/scan (compiled)" in compiled and "ours/scan (compiled)" not in suite["sequence"][0]["results"]
-    assert json.loads((out / "flat.json").read_text())["rows"]
-    assert "eager vmap" in json.loads((out / "ensemble.json").read_text())["rows"][0]["results"]
+    for name in ("sequences", "policy", "compile", "flat", "ensemble"):  # each suite's first row, every contender ran
+        rows = json.loads((out / f"{name}.json").read_text())["rows"]
+        assert len(rows) == 1 and rows[0]["ms"] and not rows[0]["errors"], (name, rows)
     assert json.loads((out / "profile.json").read_text())["rows"][0]["host_us"] > 0
     assert "| tests | 0 |" in (out / "summary.md").read_text()
 
@@ -90,4 +86,4 @@ def test_a_subset_of_steps_shares_the_whole_budget(tmp_path):
     assert [s.name for s in gpu_check.steps(tmp_path, True, 100.0, ("ensemble",))] == ["ensemble"]
     done = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--dry-run", "--steps", "tests,bogus", "--out",
                            str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and "unknown step(s) ['bogus']" in done.stderr and "'suite_compiled'" in done.stderr
+    assert done.returncode == 2 and "unknown step(s) ['bogus']" in done.stderr and "'sequences'" in done.stderr

@@ -225,7 +225,7 @@ def test_auto_never_picks_a_backend_without_its_kernels(monkeypatch, compiling, 
 
 def test_auto_step_runs_reference() -> None:
     layout = NORM_GRU.read_layout(rf.init_norm_gru_params(F_IN, H))
-    assert selection.resolve_step("auto", layout, torch.randn(B, F_IN)) is rf.cells.multi_layer_step
+    assert selection.resolve_step("auto", layout, torch.randn(B, F_IN), CallContext(False, False, False)) is rf.cells.multi_layer_step
 
 
 # ----------------------------------------------------------------------------- compile and vmap

@@ -221,22 +221,22 @@ def test_plan_of_a_flat_row():
     assert segments.alive_per_step(p).tolist() == [6, 4, 3, 1]
 
 
-def test_buckets_of_sorted_lengths():
-    """Buckets cover the sorted segments in order, each as long as its longest; with a cost of 16 rows per step
-    of a call and, for a carry to recompute, 16 per step of the loop plus 2 per short row: a few padded steps
-    cost less than a call; a recompute loop over many steps costs more."""
-    def cost(recompute):
-        return lambda steps, rows, short_steps, short_rows: (
-            steps * (rows + 16) + np.where(recompute & (short_rows > 0), short_steps * (16 + 2 * short_rows), 0))
-
-    for lengths, recompute in (([8, 8, 5, 4, 3, 1], False), ([64] * 40 + [3], True), ([64] * 40 + [3], False),
-                               ([3], True), (list(range(64, 0, -1)), True)):
-        buckets = segments.cut_buckets(lengths, cost(recompute))
-        assert [b[0] for b in buckets] == [0] + [b[1] for b in buckets[:-1]] and buckets[-1][1] == len(lengths)
-        assert all(steps == lengths[first] for first, _, steps in buckets)
-    assert segments.cut_buckets([64] * 40 + [60], cost(False)) == [(0, 41, 64)]  # 4 padded steps: cheaper than a call
-    assert segments.cut_buckets([64] * 40 + [60, 60], cost(True)) == [(0, 40, 64), (40, 42, 60)]  # cheaper than recomputing
-    assert segments.cut_buckets([20] * 5 + [2] * 300, cost(False)) == [(0, 5, 20), (5, 305, 2)]
+@pytest.mark.parametrize("lengths", [[8, 8, 5, 4, 3, 1], [64] * 40 + [3], [3], list(range(64, 0, -1)),
+                                     [64] * 40 + [33, 32, 17, 16, 1]])
+def test_buckets_of_sorted_lengths(lengths):
+    """Buckets cover the sorted segments in order, each as long as its longest, and pad no segment to more than
+    twice its length; a new bucket starts only where the length halves."""
+    is_init = torch.zeros(1, sum(lengths), dtype=torch.bool)
+    is_init[0, np.cumsum([0] + lengths[:-1])] = True
+    p = segments.plan(is_init.numpy(), torch.device("cpu"))
+    cut = segments.buckets(p)
+    ordered = sorted(lengths, reverse=True)
+    assert [b[0] for b in cut] == [0] + [b[1] for b in cut[:-1]] and cut[-1][1] == len(lengths)
+    for first, end, steps, full in cut:
+        assert steps == ordered[first] and full == ordered[first:end].count(steps)
+        assert all(2 * n > steps for n in ordered[first:end])
+    for (_, _, steps, _), (first, *_) in zip(cut, cut[1:]):
+        assert 2 * ordered[first] <= steps
 
 
 def test_bucketed_lstm_with_short_segments_equals_reference():
@@ -320,34 +320,37 @@ LAYOUTS = {"reference": ("rows", "aligned"), "scan": ("rows", "aligned"), "pad":
 @pytest.mark.parametrize(("cell", "layers", "recompute"), [("lstm", 1, "none"), ("gru", 1, "none"), ("lstm", 2, "none"),
                                                            ("norm_gru", 1, "none"), ("gru", 1, "full")])
 @pytest.mark.parametrize("records_grad", [False, True])
-def test_auto_picks_the_cheapest_route_that_serves(case, cell, layers, recompute, records_grad):
-    """auto's eager route serves the call (no pad for a cell without ATen kernels or for recompute='full', no
-    length buckets over two layers) and is, for whole slices, their view (one call, no gather), else the
-    route that costs, by the table, no more than any route a named backend and segment_layout can force."""
+def test_auto_follows_its_rule(case, cell, layers, recompute, records_grad):
+    """auto's eager route is the rule of docs/backends.md: pad for a cell with ATen kernels and recompute='none'
+    (whole slices as their view, else length buckets for one LSTM layer under autograd, else one packed call; but
+    the scan loop for a GRU under autograd whose segments do not halve the steps), else
+    scan under autograd and reference without, over the aligned segments where those at most halve the steps;
+    and it is a route that a named backend and segment_layout can force."""
     is_init = CASES[case]
     params = SEQUENCES[cell][0](3, 4, layers)
     x = torch.zeros(*is_init.shape, 3)
     kw = dict(is_init=is_init, records_grad=records_grad, recompute=recompute)
     chosen = rf.sequence_route(cell, x, params, **kw)
-    layout = read_layout(params, cell)
-    pad_ok = cell != "norm_gru" and recompute == "none"
-    costs = []
-    for backend, layouts in LAYOUTS.items():
-        for name in layouts:
-            try:
-                route = rf.sequence_route(cell, x, params, backend=backend, segment_layout=name, **kw)
-            except ValueError:  # a layout that cannot serve this call (or a backend that cannot serve the cell)
-                assert backend == "pad" and (not pad_ok or name in ("buckets", "slices"))
-                continue
-            costs.append(route.cost(layout, tuple(is_init.shape)))
-    assert chosen.backend != "pad" or pad_ok
-    assert chosen.segments != "buckets" or layers == 1
-    if pad_ok and case == "flat":  # whole slices: the view of the call, whatever the table says
-        assert (chosen.backend, chosen.segments) == ("pad", "slices")
-    else:
-        assert chosen.cost(layout, tuple(is_init.shape)) <= min(costs)
+    starts = is_init.clone()
+    starts[:, 0] = True
+    ends = torch.nonzero(torch.cat([starts[:, 1:], torch.ones_like(starts[:, :1])], 1).reshape(-1)).squeeze(1)
+    longest = int(torch.diff(ends, prepend=torch.tensor([-1])).max())
+    interior = case != "none"
+    gru_rows = cell == "gru" and records_grad and interior and case != "flat" and 2 * longest > is_init.shape[1]
+    pad_ok = cell != "norm_gru" and recompute == "none" and not gru_rows
+    assert chosen.backend == ("pad" if pad_ok else "scan" if records_grad else "reference")
     if case == "none":
-        assert chosen.segments == "rows"
+        expected = "rows"
+    elif not pad_ok:
+        expected = "aligned" if 2 * longest <= is_init.shape[1] else "rows"
+    elif case == "flat":
+        expected = "slices"
+    else:
+        expected = "buckets" if records_grad and layers == 1 and cell == "lstm" else "packed"
+    assert chosen.segments == expected
+    if case != "none":  # a call without interior resets runs its rows: there is no layout to force
+        forced = rf.sequence_route(cell, x, params, backend=chosen.backend, segment_layout=chosen.segments, **kw)
+        assert (forced.backend, forced.segments) == (chosen.backend, chosen.segments)
 
 
 @pytest.mark.parametrize("cell", ATEN_CELLS)

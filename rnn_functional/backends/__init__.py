@@ -3,7 +3,7 @@
 Every backend serves the canonical call of :mod:`.base` and computes exactly what
 ``reference`` does. :class:`.route.Route` runs a call on a backend in one of the eager layouts
 of its segments (:mod:`.segments`); which route serves a call is decided above, in
-:mod:`rnn_functional.functional.selection`, by the cost table of :mod:`.costs`.
+:mod:`rnn_functional.functional.selection`, by a short rule.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..cells import Cell
-from . import costs, pad, parallel, reference, scan, segments
+from . import pad, parallel, reference, scan, segments
 from . import triton as triton_backend
 from .base import BACKENDS, RECOMPUTE_MODES, SequenceOptions, backends_for
 from .route import LAYOUTS_OF, SEGMENT_LAYOUTS, Route, sequence_of
@@ -28,7 +28,6 @@ __all__ = [
     "SequenceOptions",
     "available_backends",
     "backends_for",
-    "costs",
     "pad",
     "parallel",
     "reference",

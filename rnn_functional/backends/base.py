@@ -92,8 +92,8 @@ class SequenceOptions:
 
     def without_segment_states(self) -> SequenceOptions:
         """These options asking for no per-step carries (themselves when they ask for none: most calls)."""
-        # the fields by position: dataclasses.replace cost a tiny call (B=1, T=1) 0.5 us more, and torch 2.11's Dynamo
-        # cannot trace a dataclass's __dict__
+        # the fields by position: dataclasses.replace is slower on a tiny call, and torch 2.11's Dynamo cannot trace a
+        # dataclass's __dict__
         if not self.segment_states:
             return self
         return SequenceOptions(self.dropout, self.training, self.recompute, self.compute_dtype, self.matmul_precision)

@@ -1,48 +1,26 @@
 """Compiled training of vmapped ensembles on the ``scan`` backend: one layer of E members at once.
 
-``torch.compile(torch.vmap(fn))`` with gradients cannot differentiate a vmapped ``scan`` on
-torch 2.13: scan's vmap rule moves the vmapped dim of the carry last, and scan's compiled
-autograd then rejects the carry's strides ("Expected init and carry to have same metadata"),
-while Dynamo refuses to vmap an ``autograd.Function`` such as the ``scan`` backend's
-hand-written layer ("You tried to vmap over ApplyTemplate"). So, under ``torch.compile``, a
-layer whose inputs are vmapped runs here instead, where no ``scan`` is ever vmapped:
+Under ``torch.compile`` with gradients, a vmapped ``scan`` cannot be differentiated ("Expected init and carry to have
+same metadata") and Dynamo refuses to vmap the hand-written layer ("You tried to vmap over ApplyTemplate"). So such a
+layer calls the op ``rnn_functional::scan_ensemble_layer`` (:func:`layer_states`) on tensors with a leading ensemble
+dim; when AOTAutograd traces, the op's vmap rule (:func:`_fold_vmapped_dim`) folds every vmapped dim into it, and the
+op runs :class:`~rnn_functional.backends.scan_parts.HandWrittenLayer` with ``members=E`` on plain tensors: the same
+forward and reverse scan, each per-member primitive vmapped, no ``scan`` ever vmapped.
 
-* :func:`layer_states` calls the op ``rnn_functional::scan_ensemble_layer`` on tensors with a
-  leading ensemble dim (size ``E``, or 1 for a tensor shared by every member). Dynamo records
-  the op like any other; when AOTAutograd traces the graph, the op's vmap rule
-  (:func:`_fold_vmapped_dim`) moves every vmapped dim into that leading dim and calls the op
-  again, until no vmap level is left; then its implementation runs on plain tensors.
-* That implementation is the ``scan`` backend's own layer,
-  :class:`~rnn_functional.backends.scan_parts.HandWrittenLayer`, with ``members=E``: the same
-  forward and hand-written reverse scan, each per-member primitive (projection, the cell's step,
-  its step backward, the weight-gradient GEMMs) ``torch.vmap``-ed over the members; it keeps the
-  step activations (``recompute="none"``) or recomputes them (``recompute="full"``) as for one
-  model. Where one model works on whole sequences (its input projection; its backward factors eagerly), the
-  ensemble works step by step, and its scans read their per-step inputs by time index: see
-  docs/ensembles.md, "Speed" (E-times-larger whole-sequence buffers, page-faulted in on every call).
-  Inductor compiles both scans like those of a single model.
-
-Shapes (physical, inside the op): ``e`` is ``E`` or 1 (shared); ``inp [e, N, T, F]``,
-``mask [e, T, N]``, ``carry0`` ``[e, N, S]`` each, ``reset`` ``[e, T, N, S]`` each, every
-weight ``[e, *member_shape]``. Output: the carry after every step, ``[E, T, N, S]`` each.
+Shapes inside the op (``e``: ``E`` or 1, shared): ``inp [e, N, T, F]``, ``mask [e, T, N]``, ``carry0 [e, N, S]`` and
+``reset [e, T, N, S]`` each, every weight ``[e, *member_shape]``; output: the carry after every step, ``[E, T, N, S]``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..cells import Carry, Cell
+from ..cells import CELLS, Carry, Cell
 from .scan_parts import HandWrittenLayer, Members, split_inputs
 
-__all__ = ["layer_states", "register_cell", "serves"]
+__all__ = ["layer_states", "serves"]
 
-_CELLS: dict[str, Cell] = {}  # the op names its cell by name (op schemas hold no Python objects)
 _OP = "rnn_functional::scan_ensemble_layer"
-
-
-def register_cell(cell: Cell) -> None:
-    """Make ``cell`` servable by the ensemble op (the functional layer registers every public cell)."""
-    _CELLS[cell.name] = cell
 
 
 def _vmapped(t: torch.Tensor | None) -> bool:
@@ -50,23 +28,17 @@ def _vmapped(t: torch.Tensor | None) -> bool:
 
 
 def serves(recompute: bool, *tensors: torch.Tensor | None) -> bool:
-    """True when this layer's call must run here: under ``torch.compile``, with a ``torch.vmap``-ed
-    input, when autograd is on or ``recompute`` is asked for. (A vmapped tensor reports
-    ``requires_grad=False`` whatever its base, so every vmapped call with grad mode on comes here.)"""
+    """True when this layer's call must run here: compiled, with a vmapped input, and autograd on or ``recompute``
+    asked for (a vmapped tensor reports ``requires_grad=False`` whatever its base)."""
     return torch.compiler.is_compiling() and (recompute or torch.is_grad_enabled()) and any(_vmapped(t) for t in tensors)
 
 
 def layer_states(cell: Cell, recompute: bool, n_carry: int, has_reset: bool, inp, mask, *rest) -> Carry:
-    """One layer over time, for one member, through the ensemble op: the per-step carries, ``[T, N, S]`` each.
-
-    The call of the ``scan`` backend's layer: ``(cell, recompute, n_carry, has_reset, inp [N, T, F],
-    mask [T, N] | None, *carry0 ([N, S] each), *reset ([T, N, S] each, if has_reset), *LayerWeights.tensors())``.
-    """
-    if cell.name not in _CELLS:
-        raise ValueError(
-            f"the {cell.title} cell has no compiled ensemble path: register it with "
-            f"rnn_functional.backends.ensemble_scan.register_cell (the public functions do this)."
-        )
+    """One layer over time through the ensemble op, the ``scan`` layer's arguments (see
+    :class:`~.scan_parts.HandWrittenLayer`) without ``members``: the per-step carries, ``[T, N, S]`` each."""
+    if CELLS.get(cell.name) is not cell:
+        raise ValueError(f"the {cell.title} cell has no compiled ensemble path: register it where it is made "
+                         f"(rnn_functional.cells.register).")
     lead = lambda t: None if t is None else t.unsqueeze(0)  # noqa: E731 - the one-member ensemble dim
     carry0, reset, weights = split_inputs(rest, n_carry, has_reset)
     states = torch.ops.rnn_functional.scan_ensemble_layer(
@@ -76,9 +48,6 @@ def layer_states(cell: Cell, recompute: bool, n_carry: int, has_reset: bool, inp
     return tuple(s.squeeze(0) for s in states)
 
 
-# ----------------------------------------------------------------------------- the op
-
-
 def _layer_impl(cell: str, recompute: bool, inp, mask, carry0, reset, weights):
     """The op on plain tensors: the ``scan`` backend's layer, its math vmapped over the members."""
     tensors = (inp, mask, *carry0, *(reset or ()), *weights)
@@ -86,7 +55,7 @@ def _layer_impl(cell: str, recompute: bool, inp, mask, carry0, reset, weights):
     # one member runs as one model (size-1 members dims in a scan's carry break Inductor's stride checks)
     one = (lambda t: None if t is None else t.squeeze(0)) if members == 1 else (lambda t: t)
     outs = HandWrittenLayer.apply(
-        _CELLS[cell], recompute, Members(0 if members == 1 else members, static_shapes=True), len(carry0),
+        CELLS[cell], recompute, Members(0 if members == 1 else members, static_shapes=True), len(carry0),
         reset is not None, *map(one, tensors),
     )
     # [T, N, S] -> [1, T, N, S], or [T, E, N, S] -> [E, T, N, S]
@@ -94,12 +63,8 @@ def _layer_impl(cell: str, recompute: bool, inp, mask, carry0, reset, weights):
 
 
 def _fold_vmapped_dim(info, in_dims, cell, recompute, inp, mask, carry0, reset, weights):
-    """vmap rule: every tensor's vmapped dim ``B`` joins its ensemble dim (``[B, e] -> [B * e]``).
-
-    A tensor vmapped at this level but shared inside (``e = 1``) while others are not, or shared
-    at this level but not inside, is expanded (a copy; only nested vmaps meet it). A tensor
-    shared at both keeps ``e = 1`` (no copy: shared inputs are read once).
-    """
+    """vmap rule: every tensor's vmapped dim ``B`` joins its ensemble dim (``[B, e] -> [B * e]``); a tensor shared
+    at one level only is expanded (a copy; only nested vmaps meet it), one shared at both stays ``e = 1``."""
     batch = info.batch_size
     inner = max(t.shape[0] if d is None else t.movedim(d, 0).shape[1] for t, d in _pairs(in_dims, inp, mask, carry0, reset, weights))
 
@@ -135,7 +100,7 @@ def _per_entry(value, dim):
 
 
 def _pairs(in_dims, *values):
-    """``(tensor, vmapped dim)`` for every tensor among ``values`` (tensors and lists of tensors, after ``cell, recompute``)."""
+    """``(tensor, vmapped dim)`` for every tensor among ``values`` (after ``cell, recompute`` in ``in_dims``)."""
     for v, d in zip(values, in_dims[2:]):
         if isinstance(v, (list, tuple)):
             yield from ((t, e) for t, e in zip(v, _per_entry(v, d)) if t is not None)

@@ -82,10 +82,15 @@ def step(layout: Layout, params, x: torch.Tensor, carry: Carry) -> tuple[torch.T
 
     ``x [N, F]``, carry tensors ``[N, L, S]``. Eager only (no vmap rule); no projection.
     """
-    run = aten_kernels(layout).step
+    run = layout.cell.aten.step  # resolve_step checked that the cell has it
     if layout.num_layers == 1:  # views in and out: a policy step's cost is its op count
-        new = run(layout.cell.layer_weights(params, layout, 0), x, tuple([s.squeeze(1) for s in carry]))
-        return new[0], tuple([s.unsqueeze(1) for s in new])
+        squeezed, out = [], []
+        for s in carry:
+            squeezed.append(s.squeeze(1))
+        new = run(layout.cell.layer_weights(params, layout, 0), x, tuple(squeezed))
+        for s in new:
+            out.append(s.unsqueeze(1))
+        return new[0], tuple(out)
     new_layers = []
     inp = x
     for k in range(layout.num_layers):

@@ -1,27 +1,12 @@
 """``parallel``: cells linear in their state (``h_t = a_t * h_{t-1} + b_t``) solved in parallel over time.
 
-Each layer computes its coefficients ``(a, b)`` for every step at once (one GEMM and elementwise ops,
-:meth:`~rnn_functional.cells.base.Cell.coefficients`), folds the resets in (where ``is_init``: ``b_t += a_t *
-reset_t``; the initial state enters as the scan's start) and solves the recurrence with :func:`linear_scan`, which
-at a reset takes ``h_t = b_t`` (not ``0 * h_{t-1}``: a NaN state would cross it; :func:`_step`). Any segment layout, flat
-``SliceSampler`` batches included, is served as it is: nothing is re-batched, nothing is read on the host.
-
-:func:`linear_scan` is a chunked scan of plain ops: time is cut into chunks of about ``sqrt(T)`` steps; a first
-pass runs every chunk at once from a zero start (``C`` steps over ``[N, T/C, H]``), keeping each chunk's last value
-and the product of its ``a``; a second pass carries the state across chunk boundaries (``T/C`` steps over
-``[N, H]``); a third runs every chunk again from its entering state, keeping every step. No step divides by a product of
-``a`` (such products underflow fp32 within a few hundred steps: a division would give inf/NaN), so it is as
-stable as the sequential loop. Measured against torch's ``associative_scan`` (``combine_mode="generic"``, the
-only one on CPU), see ``docs/linear_recurrences.md``.
-
-Eagerly, the scan is an ``autograd.Function`` (:class:`LinearScan`) whose passes write into preallocated buffers and
-whose backward is the same scan run in reverse (the adjoint of a linear recurrence is one: ``g_t = dh_t + a_{t+1}
-g_{t+1}``), itself recorded under ``create_graph=True``, so every order of derivative is exact. Under
-``torch.compile`` and in forward mode the plain ops run under autograd: Dynamo refuses to ``torch.vmap`` the
-Function under a compiled ensemble's autograd ("You tried to vmap over ApplyTemplate"), and to trace one with a
-``jvp``. AOTAutograd's backward of the plain ops is again a chunked scan in reverse. Measured (B=32, T=1024, H=128,
-fp32, fwd+bwd of the scan alone, 1 thread): the Function 37 ms eagerly (46 ms compiled), the plain ops 76 ms
-eagerly and 69 ms compiled.
+Each layer computes ``(a, b)`` for every step at once (:meth:`~rnn_functional.cells.base.Cell.coefficients`), folds
+the resets in (``b_t += a_t * reset_t`` where ``is_init``) and solves the recurrence with :func:`linear_scan`, a
+chunked scan of plain ops (chunks of about ``sqrt(T)`` steps, three passes) that never divides by a product of ``a``
+(it underflows in fp32), so it is as stable as the sequential loop. Any segment layout is served as it is: nothing is
+re-batched or read on the host. Eagerly the scan is :class:`LinearScan`, writing into preallocated buffers, whose
+backward is the same scan in reverse (recorded under ``create_graph=True``); compiled and in forward mode the plain
+ops run under autograd (Dynamo cannot vmap the Function under a compiled ensemble, nor trace one with a ``jvp``).
 """
 
 from __future__ import annotations
@@ -41,25 +26,16 @@ def check_cell(cell: Cell) -> None:
         raise no_kernel_for("parallel", cell)
 
 
-def _chunk_len(t_len: int) -> int:
-    """A power of two near ``sqrt(T)``: the passes over the chunks run that many steps, the pass across them
-    ``T / chunk``."""
-    return 1 << (t_len.bit_length() // 2)
-
-
 def _chunks(t: torch.Tensor, count: int) -> torch.Tensor:
-    """``t [N, count * chunk, ...]`` as ``[N, count, chunk, ...]``, a view (``reshape``, not ``unflatten``: torch's
-    legacy batched backward, ``is_grads_batched=True``, has no batching rule for ``unflatten``)."""
+    """``t [N, count * chunk, ...]`` as ``[N, count, chunk, ...]``, a view (``reshape``: ``unflatten`` has no
+    legacy batching rule, ``is_grads_batched=True``)."""
     return t.reshape(t.shape[0], count, -1, *t.shape[2:])
 
 
 def _step(b: torch.Tensor, a: torch.Tensor, h: torch.Tensor, cut: torch.Tensor | None, select: bool,
           out: torch.Tensor | None = None) -> torch.Tensor:
-    """``a * h + b``; ``b`` alone where ``cut``: a reset reads nothing of ``h``, not even a NaN (``0 * NaN`` is NaN).
-    ``select``: the result is selected (nothing differentiates these ops: the eager :class:`LinearScan`, whose
-    backward is a scan too, where ``a`` at a cut may be NaN, a NaN input at a reset); else the state is zeroed, so
-    that autograd's derivatives stay finite too (``a``'s is ``g * 0``, not ``0 * h``; a NaN ``a`` at a cut there comes
-    with a NaN ``b``)."""
+    """``a * h + b``; ``b`` alone where ``cut`` (a reset reads nothing of ``h``, not even a NaN). ``select``: pick the
+    result (no autograd through these ops); else zero the state first, so autograd's derivatives stay finite."""
     if cut is None:
         return torch.addcmul(b, a, h, out=out)
     if select:
@@ -69,25 +45,22 @@ def _step(b: torch.Tensor, a: torch.Tensor, h: torch.Tensor, cut: torch.Tensor |
 
 def _solve(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reverse: bool,
            out: torch.Tensor | None = None, cut: torch.Tensor | None = None, select: bool = True) -> torch.Tensor:
-    """The chunked scan (see the module docstring); shapes as :func:`linear_scan`. ``out``: a ``[N, T, ...]`` buffer
-    to write ``h`` into (eager, autograd off); ``None``: the steps are stacked (differentiable, traceable).
-    ``select``: how a cut applies, see :func:`_step` (``False`` where autograd differentiates the ops).
+    """The chunked scan; shapes as :func:`linear_scan`. ``out``: a ``[N, T, ...]`` buffer to write ``h`` into
+    (eager, autograd off); ``None``: the steps are stacked (differentiable, traceable). ``select``: see :func:`_step`.
 
-    The first ``count * chunk`` steps in time order (the last ones in reverse) run chunked: (1) every chunk from a
-    zero start at once, keeping its last value, and the product of its ``a`` (``prod``, no division); (2) the state
-    entering each chunk, across the chunks; (3) every chunk again from its entering state, keeping every step. The
-    remaining ``T mod chunk`` steps then run one by one (no padding copy).
+    The first ``count * chunk`` steps (the last ones in reverse) run chunked: (1) every chunk from a zero start,
+    keeping its last value and the product of its ``a``; (2) the state entering each chunk; (3) every chunk again
+    from its entering state. The remaining ``T mod chunk`` steps then run one by one (no padding copy).
     """
     t_len = a.shape[1]
     if t_len == 0:
         return b.clone() if out is None else out
-    chunk = _chunk_len(t_len)
+    chunk = 1 << (t_len.bit_length() // 2)  # a power of two near sqrt(T)
     count = t_len // chunk
     lo = t_len - count * chunk if reverse else 0
-    # views [N, count, chunk, ...]; narrow, not t[:, lo:hi]: a slice over all of T is an alias, which torch's legacy
-    # batched backward (is_grads_batched=True) cannot batch
+    # narrow, not t[:, lo:hi]: a slice over all of T is an alias the legacy batched backward cannot batch
     a_c, b_c, c_c = (None if t is None else _chunks(t.narrow(1, lo, count * chunk), count) for t in (a, b, cut))
-    # each step's slices taken once (unbind): differentiated, their backward is one stack, not a scatter per step
+    # each step's slices taken once (unbind): differentiated, their backward is one stack
     a_j, b_j = a_c.unbind(2), b_c.unbind(2)
     c_j = (None,) * chunk if cut is None else c_c.unbind(2)
     order = (lambda k: range(k - 1, -1, -1)) if reverse else range
@@ -98,10 +71,10 @@ def _solve(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reverse:
     chunk_cut = None if cut is None else c_c.any(2)  # a chunk with a reset reads no state from before it
     if chunk_cut is None or select:
         prod = a_c.prod(2)
-    else:  # differentiated: no product may span a NaN a before the reset (its derivative would be 0 * NaN)
+    else:  # differentiated: no product may span a NaN ``a`` before the reset (0 * NaN derivative)
         prod = torch.where(chunk_cut.unsqueeze(2), 0.0, a_c).prod(2)
     state = torch.zeros_like(b[:, 0]) if init is None else init
-    entering = []  # in the order visited (appended: torch 2.11's Dynamo cannot trace a list's item assignment)
+    entering = []  # appended: Dynamo cannot trace a list's item assignment
     last, last_a = h.unbind(1), prod.unbind(1)
     last_cut = (None,) * count if cut is None else chunk_cut.unbind(1)
     for c in order(count):  # (2) the state entering each chunk
@@ -134,16 +107,15 @@ def _solve(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reverse:
 
 
 def _before(h: torch.Tensor, reverse: bool, init: torch.Tensor | None) -> torch.Tensor:
-    """The state each step starts from, ``[N, T, ...]``: ``h_{t-1}`` at ``t`` (``h_{t+1}`` in reverse), ``init`` (or
-    zeros) at the first step."""
+    """The state each step starts from, ``[N, T, ...]``: ``h_{t-1}`` (``h_{t+1}`` in reverse), ``init`` (or zeros)
+    first."""
     first = (torch.zeros_like(h[:, 0]) if init is None else init).unsqueeze(1)
     return torch.cat([h[:, 1:], first] if reverse else [first, h[:, :-1]], dim=1)
 
 
 def _wrapped(*tensors: torch.Tensor | None) -> bool:
-    """True if any of ``tensors`` is a ``torch.func`` tensor (vmapped, grad-tracking) or a legacy batched tensor of a
-    batched backward (``is_grads_batched=True``): ``out=`` and in-place writes have no batching rule (a vmap over the
-    initial state alone batches the result too)."""
+    """True if any of ``tensors`` is a ``torch.func`` wrapper or a legacy batched tensor (``is_grads_batched``):
+    ``out=`` and in-place writes have no batching rule there."""
     functorch = torch._C._functorch
     return any(t is not None and (functorch.is_functorch_wrapped_tensor(t) or functorch.is_legacy_batchedtensor(t))
                for t in tensors)
@@ -168,9 +140,8 @@ class LinearScan(torch.autograd.Function):
     def backward(ctx, grad):
         a, h, start, cut = ctx.saved_tensors
         rev = ctx.reverse
-        # The cotangent of h_t, g_t = grad_t + a_{t+1} g_{t+1} (mirrored in reverse; grad_t alone where step t + 1 is
-        # cut), is the same scan the other way: from g = grad at the last step, over the T - 1 others, each reading
-        # the next step's a and cut. Where step t is cut, a_t (and init) were not read: their cotangents are 0.
+        # g_t = grad_t + a_{t+1} g_{t+1} (grad_t alone where step t + 1 is cut) is the same scan the other way, from
+        # the last step; where step t is cut, a_t and init were not read: their cotangents are 0.
         last, rest, ahead = (0, slice(1, None), slice(0, -1)) if rev else (-1, slice(0, -1), slice(1, None))
         first = -1 if rev else 0
         cut_ahead = None if cut is None else cut[:, ahead]
@@ -199,12 +170,11 @@ class LinearScan(torch.autograd.Function):
 
 def linear_scan(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None = None, reverse: bool = False,
                 cut: torch.Tensor | None = None) -> torch.Tensor:
-    """``h_t = a_t * h_{t-1} + b_t`` for every ``t``, from ``h_{-1} = init`` (``None``: zeros); with ``reverse``,
-    ``h_t = a_t * h_{t+1} + b_t`` from ``h_T = init``; ``h_t = b_t`` where ``cut`` (a reset: nothing of the previous
-    state is read, a NaN included, which ``a_t = 0`` would carry over as ``0 * NaN``).
+    """``h_t = a_t * h_{t-1} + b_t`` from ``h_{-1} = init`` (``None``: zeros); with ``reverse``,
+    ``h_t = a_t * h_{t+1} + b_t`` from ``h_T = init``; ``h_t = b_t`` where ``cut`` (a reset; nothing of the previous
+    state is read, a NaN included).
 
-    ``a, b [N, T, ...]`` (time is dim 1), ``init [N, ...]``, ``cut`` bool ``[N, T, 1]`` (or ``None``) ->
-    ``h [N, T, ...]``.
+    ``a, b [N, T, ...]`` (time is dim 1), ``init [N, ...]``, ``cut`` bool ``[N, T, 1]`` or ``None`` -> ``h``, like ``b``.
     """
     if torch.compiler.is_compiling() or forward_mode():  # see the module docstring
         return _solve(a, b, init, reverse, cut=cut, select=False)
@@ -212,10 +182,8 @@ def linear_scan(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None = No
 
 
 def _project(inp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """``F.linear(inp, weight, bias)``; under ``torch.compile`` as one 2-D product and a bias add: a compiled
-    ``torch.vmap`` over stacked params fails once shapes turn dynamic in ``F.linear`` (torch 2.13: "Cannot call
-    sizes() on tensor with symbolic sizes/strides") and in a 3-D ``matmul`` (torch 2.11: "Cannot call numel()"),
-    not in a 2-D one (Inductor fuses the bias add)."""
+    """``F.linear``; compiled, one 2-D product and a bias add: a compiled vmap over stacked params fails on dynamic
+    shapes in ``F.linear`` and a 3-D ``matmul`` ("Cannot call sizes() on tensor with symbolic sizes/strides")."""
     if torch.compiler.is_compiling():
         flat = inp.reshape(-1, inp.shape[-1]) @ weight.transpose(-1, -2)
         return flat.reshape(*inp.shape[:-1], weight.shape[0]) + bias
@@ -229,8 +197,7 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
     inp, finals, states = x, [], []
     for k in range(layout.num_layers):
         w = cell.layer_weights(params, layout, k)
-        # in the state's dtype: under torch.autocast the projection is autocast's, the recurrence the params' (as
-        # on reference and scan, whose addcmul with the state promotes)
+        # in the state's dtype: under autocast the projection is autocast's, the recurrence the params' (as reference)
         a, b = (c.to(carry[0].dtype) for c in cell.coefficients(_project(inp, w.weight_ih, w.bias_ih), w))
         if mask is not None and reset is not None:  # a reset restarts from reset_state: h_t = a_t reset_t + b_t
             start = torch.where(mask, reset[0][:, :, k], 0.0)  # elsewhere never read, NaN included

@@ -1,11 +1,6 @@
-"""``recompute="full"`` for the eager-loop backend (``reference``).
-
-Time is cut into chunks of about ``sqrt(T)`` steps; every chunk runs under
-non-reentrant activation checkpointing, so the forward keeps only the carry at chunk
-boundaries and the backward recomputes one chunk's gates at a time. Peak activation
-memory drops from ``O(T)`` to ``O(sqrt(T))`` steps; the RNG state is replayed, so the backward's
-dropout masks are the forward's (for ``parallel``, whose masks span a layer's whole sequence without
-recompute, a chunk draws its own: another draw than ``recompute="none"`` for the same seed).
+"""``recompute="full"`` for the eager-loop backends: time is cut into chunks of about ``sqrt(T)`` steps, each run
+under non-reentrant activation checkpointing, so peak activation memory is ``O(sqrt(T))`` steps. The RNG state is
+replayed, so the backward's dropout masks are the forward's (``parallel``'s chunks each draw their own masks).
 """
 
 from __future__ import annotations
@@ -21,29 +16,20 @@ from .base import SequenceOptions
 
 
 def _slice(t, sl: slice):
-    if t is None:
-        return None
-    if isinstance(t, tuple):
-        return tuple(s[:, sl] for s in t)
-    return t[:, sl]
+    return None if t is None else tuple(s[:, sl] for s in t) if isinstance(t, tuple) else t[:, sl]
 
 
 def checkpointed(impl: Callable) -> Callable:
-    """Wrap a backend's ``sequence`` so that its backward recomputes activations chunk by chunk.
-
-    Not for ``scan``: checkpointing around the scan higher-order op is unsupported in
-    eager and under compile on torch 2.13; ``scan`` recomputes inside its own backward.
-    """
+    """Wrap a backend's ``sequence`` so that its backward recomputes activations chunk by chunk (not for ``scan``,
+    around which checkpointing is unsupported; it recomputes inside its own backward)."""
 
     def sequence(layout, params, x, carry, is_init, reset, opts: SequenceOptions):
         inner = dataclasses.replace(opts, recompute="none")
         if torch.compiler.is_exporting():
-            # exported without checkpointing, a memory choice of the backward that leaves every value as it is: strict
-            # export fails inside torch on the checkpoint it traces (torch 2.13: KeyError '_checkpoint_context_fn'),
-            # and torch refuses it under non-strict tracing from pytorch/pytorch#179021 on
+            # exported without checkpointing (a memory choice, values unchanged): export cannot trace it
+            # (KeyError '_checkpoint_context_fn'; refused under non-strict tracing since pytorch/pytorch#179021)
             return impl(layout, params, x, carry, is_init, reset, inner)
-        # the tensors of this call, not the mapping: a module's is its child's live parameter dict, which
-        # functional_call / to_module restore before the backward recomputes (it then used the wrong weights)
+        # this call's tensors, not a module's live dict, which functional_call restores before the backward recomputes
         params = dict(params)
         t_len = x.shape[1]
         chunk = math.isqrt(t_len - 1) + 1

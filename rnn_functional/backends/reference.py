@@ -12,7 +12,7 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
     """``x [N, T, F]`` -> ``(y [N, T, P], carry, per-step carries)``; see :mod:`.base`."""
     outputs, states = [], []
     # One unbind per tensor, not x[:, t] per step: each index's backward adds a zero-filled [N, T, F] gradient,
-    # which made a backward over T steps quadratic in T (a GRU over [512, 256]: 4.6 s, now 0.8 s).
+    # which made a backward over T steps quadratic in T.
     x_t = x.unbind(1)
     masks = (None,) * len(x_t) if is_init is None else is_init.unbind(1)
     resets = (None,) * len(x_t) if reset is None else tuple(zip(*(r.unbind(1) for r in reset)))

@@ -1,37 +1,15 @@
-"""``scan``: ``torch._higher_order_ops.scan`` over time, one layer at a time.
+"""``scan``: one layer at a time, the input projected in one GEMM, then the recurrence over time
+(:func:`~.scan_parts.time_loop`): torch's ``scan`` under ``torch.compile`` (traced once, compile time bounded in
+``T``), a plain Python loop over the same step eagerly (eager ``scan`` would retrace every call and cannot run under
+``torch.func.grad``).
 
-Each layer projects its whole input sequence in one GEMM, then runs the recurrent part over
-time (:func:`~.scan_parts.time_loop`): under ``torch.compile`` through torch's ``scan`` (traced once,
-compile time bounded in ``T``); eagerly as a plain Python loop over the same step function.
-Eager ``scan`` would trace and compile its step on every call, and cannot run under eager
-``torch.func.grad``/``vjp`` (dynamo refuses functorch's grad-tracking tensors); the loop is exact,
-composes with every functorch transform and skips that tracing.
-The scanned step returns cloned carries: scan forbids outputs that alias its inputs
-(inductor's backward otherwise fails with "scan might be aliasing").
-
-When autograd records a layer, it runs through :class:`~.scan_parts.HandWrittenLayer`, an
-``autograd.Function`` whose backward is a hand-written reverse scan over the cell's step
-backward, in one of two modes:
-
-* ``recompute="none"``: the forward keeps every step's activations
-  (:meth:`~rnn_functional.cells.Cell.layer_step_saving`: the LSTM's activated gates,
-  ``4H`` per step); the backward consumes them (one recurrent GEMM per step, none redone).
-* ``recompute="full"``: the forward keeps only the layer's input and its carry after every step;
-  the backward rebuilds each step from the saved carry (two more GEMMs per step: the input
-  projection and the recurrent one). Activation memory per step drops from the gates to the
-  carry (``P + H`` for the LSTM, ``H`` for the GRU); the layer's input is kept by its producer.
-  (``torch.utils.checkpoint`` around the scan higher-order op is unsupported on torch 2.13,
-  eager and compiled; this custom function works in both.)
-
-Its backward is itself differentiable: under ``create_graph=True`` (or ``torch.func``'s nested transforms) it is
-the vjp of the layer's plain steps, replayed (:func:`~.scan_parts._replayed_backward`), so second and higher
-orders are exact. Eager forward-mode AD (``torch.func.jvp``/``jacfwd``/``hessian``, dual tensors) runs the plain
-step loop under autograd instead (Dynamo refuses an ``autograd.Function`` with a ``jvp`` method); ``recompute``
-then saves no memory.
-
-Never torch's own scan autograd: Inductor's in-place buffer reuse miscompiles its backward on
-torch 2.13 (silently wrong recurrent-weight gradients with two chained scans and for a GRU's
-``bias_hh``, pytorch/pytorch#153679), while the hand-written reverse scan compiles correctly.
+When autograd records a layer it runs through :class:`~.scan_parts.HandWrittenLayer`, whose backward is a
+hand-written reverse scan: ``recompute="none"`` keeps every step's activations
+(:meth:`~rnn_functional.cells.Cell.layer_step_saving`); ``recompute="full"`` keeps the carries only and rebuilds each
+step in the backward (two more GEMMs per step; ``torch.utils.checkpoint`` around ``scan`` is unsupported). That
+backward is differentiable (a replayed vjp of the plain steps), so higher orders are exact; forward-mode AD runs the
+plain loop under autograd. Never torch's own scan autograd: Inductor miscompiles its backward (silently wrong
+gradients, pytorch/pytorch#153679).
 """
 
 from __future__ import annotations
@@ -45,20 +23,9 @@ from .base import SequenceOptions, forward_mode
 from .scan_parts import HandWrittenLayer, scan_states, traced_under_grad
 
 
-def _own_cotangent(t: torch.Tensor) -> torch.Tensor:
-    """``t`` (a final carry) whose backward hands the scan a cotangent of its own.
-
-    Under ``torch.compile``, a loss such as ``(h_T + c_T).sum()`` gives the final ``h`` and
-    ``c`` cotangents that are views of one tensor; scan's compiled backward then fails with
-    "scan might be aliasing the input or the output" (torch 2.13). The backward of ``* 1``
-    is a fresh ``grad * 1`` per carry; ``clone``/``+ 0`` would pass the aliased views through.
-    """
-    return t * 1
-
-
 def _distinct(values: tuple) -> tuple:
-    """``values`` with each repeated tensor (tied params: one bias under two keys) replaced by a view of it: Dynamo
-    refuses an ``autograd.Function`` given one tensor twice ("duplicate tensor input"); the gradients still sum."""
+    """``values`` with each repeated tensor (tied params) replaced by a view: Dynamo refuses an
+    ``autograd.Function`` given one tensor twice; the gradients still sum."""
     out = []
     for v in values:
         out.append(v.view_as(v) if isinstance(v, torch.Tensor) and any(v is u for u in out) else v)
@@ -75,9 +42,7 @@ def _needs_grad(*values) -> bool:
 
 def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
     """``x [N, T, F]`` -> ``(y [N, T, P], carry, per-step carries)``; see :mod:`.base`."""
-    cell = layout.cell
-    inp = x
-    finals, per_step = [], []
+    cell, inp, finals, per_step = layout.cell, x, [], []
     mask_t = None if is_init is None else is_init.transpose(0, 1)  # [T, N]
     for k in range(layout.num_layers):
         w = cell.layer_weights(params, layout, k)
@@ -97,7 +62,9 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
         else:
             gi = F.linear(inp, w.weight_ih, w.bias_ih).transpose(0, 1)  # [T, N, G*H]
             final, ys = scan_states(cell, w.tensors(), layer_carry, gi, mask_t, reset_k, "states" if opts.segment_states else "h")
-        finals.append(tuple(_own_cotangent(s) for s in final))
+        # ``* 1``: each final carry's backward hands the scan a cotangent of its own, where a loss such as
+        # ``(h_T + c_T).sum()`` gives views of one tensor, which scan rejects ("scan might be aliasing")
+        finals.append(tuple(s * 1 for s in final))
         if opts.segment_states:
             per_step.append(tuple(s.transpose(0, 1) for s in ys))  # [N, T, S]
             ys = ys[0]

@@ -1,11 +1,7 @@
-"""The ``scan`` backend's layer over time, shared by one model (:mod:`.scan`) and a compiled
-ensemble (:mod:`.ensemble_scan`): the time loop, the forward scan and :class:`HandWrittenLayer`,
-whose backward is a hand-written reverse scan (see :mod:`.scan`).
-
-The layer's math is written once, for one model; :class:`Members` says how it applies: directly
-(``Members(0)``, the ``scan`` backend's layout), or ``torch.vmap``-ed over a leading members dim
-(``Members(E)``, every tensor ``[E or 1, ...]``; one of size 1 is shared by the members and not
-expanded, except the input of the projection, see :meth:`Members.linear`).
+"""The ``scan`` backend's layer over time, shared by one model (:mod:`.scan`) and a compiled ensemble
+(:mod:`.ensemble_scan`): the time loop, the forward scan and :class:`HandWrittenLayer`, whose backward is a
+hand-written reverse scan. The math is written once, for one model; :class:`Members` applies it directly
+(``Members(0)``) or vmapped over a leading members dim (``Members(E)``: tensors ``[E or 1, ...]``, 1 = shared).
 """
 
 from __future__ import annotations
@@ -23,63 +19,54 @@ from .base import replayed_vjp
 
 __all__ = ["HandWrittenLayer", "Members", "contiguous_copy", "scan_states", "split_inputs", "time_loop"]
 
-# Inductor's donated buffers (torch 2.13) let a compiled backward through this layer reuse memory it does not own:
-# it overwrote parameters that need no gradient (a frozen norm GRU's norm weights, a minGRU's bias) and returned
-# silently wrong gradients (a projected LSTM's lower layer; a norm GRU's input); every such case is exact without
-# them (compile_tests/test_compile_donated_buffers.py). Process-wide: the switch is read when a graph is compiled.
+# Inductor's donated buffers (torch 2.13) let a compiled backward through this layer overwrite memory it does not
+# own, giving silently wrong gradients (compile_tests/test_compile_donated_buffers.py). Read when a graph compiles.
 torch._functorch.config.donated_buffer = False
 
 
 def contiguous_copy(t: torch.Tensor) -> torch.Tensor:
-    """A fresh contiguous tensor: what a scanned step returns (scan forbids outputs aliasing its inputs)."""
+    """A fresh contiguous tensor: scan forbids a step's outputs aliasing its inputs."""
     return t.clone(memory_format=torch.contiguous_format)
 
 
 def _sum_rows(t: torch.Tensor) -> torch.Tensor:
-    """``[T, N, G] -> [G]``."""
-    return t.sum(dim=(0, 1))
+    return t.sum(dim=(0, 1))  # [T, N, G] -> [G]
 
 
 def _outer_sum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``sum_{t, n} a[t, n]^T b[t, n]``: ``[T, N, G], [T, N, K] -> [G, K]`` (one GEMM; ``reshape``, not ``flatten``,
-    which torch's legacy batched backward, ``is_grads_batched=True``, cannot batch)."""
+    """``sum_{t, n} a[t, n]^T b[t, n]``, ``[T, N, G], [T, N, K] -> [G, K]`` in one GEMM (``reshape``: ``flatten``
+    has no legacy batching rule, ``is_grads_batched=True``)."""
     return a.reshape(-1, a.shape[-1]).transpose(0, 1) @ b.reshape(-1, b.shape[-1])
 
 
 @dataclass(frozen=True)
 class Members:
-    """How the layer's per-model math applies. ``count == 0``: one model; tensors as laid out by the
-    ``scan`` backend (``inp [N, T, F]``, time-major ``[T, N, ...]``). ``count == E``: an ensemble; every
-    tensor has a leading members dim of ``E``, or 1 when shared by all members (``inp [e, N, T, F]``,
-    time-major ``[T, e, N, ...]``)."""
+    """``count == 0``: one model, tensors as the ``scan`` backend lays them out (``inp [N, T, F]``, time-major
+    ``[T, N, ...]``). ``count == E``: an ensemble, every tensor with a leading members dim of ``E`` or 1 (shared)."""
 
     count: int = 0
     static_shapes: bool = False  # scan with static shapes (the ensemble op's layers, see :func:`time_loop`)
 
     @staticmethod
     def of(members: int | Members) -> Members:
-        """``members`` as :class:`HandWrittenLayer` receives it (a count, or the ensemble op's ``Members``)."""
+        """``members`` as :class:`HandWrittenLayer` receives it."""
         return members if isinstance(members, Members) else Members(members)
 
     def map(self, fn, *args):
-        """``fn`` on each member's share of ``args`` (tensors, tuples of them, ``None``; members dim first).
-        Shared tensors (members dim 1) are passed once to every member (vmap ``in_dims=None``)."""
+        """``fn`` on each member's share of ``args`` (tensors, tuples of them, ``None``; members dim first); a
+        tensor with members dim 1 is passed once to every member (vmap ``in_dims=None``)."""
         if not self.count:
             return fn(*args)
         leaves, spec = pytree.tree_flatten(args)
-        # a members dim of 1 is passed once: shared (or E = 1, where no vmap is needed at all)
         dims = [None if t is None or t.shape[0] == 1 else 0 for t in leaves]
         per_member = pytree.tree_unflatten([t[0] if t is not None and d is None else t for t, d in zip(leaves, dims)], spec)
-        if all(d is None for d in dims):  # every input shared (or E = 1): one result, with a members dim of 1
+        if all(d is None for d in dims):  # every input shared (or E = 1): one result, members dim 1
             return pytree.tree_map(lambda t: t.unsqueeze(0), fn(*per_member))
         return torch.vmap(fn, in_dims=tuple(pytree.tree_unflatten(dims, spec)))(*per_member)
 
     def linear(self, inp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """Each member's ``F.linear(inp, weight, bias)``, ``[e, ..., F] -> [E, ..., G]`` (a sequence ``[e, N, T, F]``
-        or, in the ensemble's scan, one step's ``[e, N, F]``). An input shared
-        by per-member weights is copied per member first: a batched GEMM reading one input for every member
-        (batch stride 0) runs ~1.6x slower on CPU than one over contiguous copies (``torch.bmm``,
-        ``[8, 2048, 128] @ [8, 128, 384]``, 1 thread: 36 vs 22 ms), far more than the copy costs."""
+        """Each member's ``F.linear``, ``[e, ..., F] -> [E, ..., G]``. A shared input meeting per-member weights is
+        copied per member first: a batched GEMM with batch stride 0 runs far slower on CPU than the copy costs."""
         if self.count and inp.shape[0] == 1 and weight.shape[0] != 1:
             inp = inp.expand(weight.shape[0], *inp.shape[1:]).contiguous()
         return self.map(F.linear, inp, weight, bias)
@@ -93,7 +80,7 @@ class Members:
         return t.movedim(1, 0) if self.count else t
 
     def time_major(self, t: torch.Tensor | None, time_dim: int) -> torch.Tensor | None:
-        """``t`` with its (per-member) dim ``time_dim`` moved first (a view)."""
+        """``t`` with its per-member dim ``time_dim`` moved first (a view)."""
         return None if t is None else t.movedim(time_dim + bool(self.count), 0)
 
     def from_time_major(self, t: torch.Tensor, time_dim: int) -> torch.Tensor:
@@ -101,51 +88,39 @@ class Members:
         return t.movedim(0, time_dim + bool(self.count))
 
     def rows_by_member(self, step_out: torch.Tensor) -> torch.Tensor:
-        """A step's gate cotangents ``[E, N, G]`` as a fresh ``[N, E, G]`` tensor (one model: ``step_out``).
-
-        Stacked over time, ``[T, N, E, G]``: each member's ``(t, n)`` rows are then equally spaced, so the
-        whole-sequence weight-gradient and input-gradient GEMMs read them in place (as one ``[T * N, G]``
-        matrix with row stride ``E * G``) where ``[T, E, N, G]`` would need a layout copy first."""
+        """A step's gate cotangents ``[E, N, G]`` as a fresh ``[N, E, G]``: stacked over time, each member's rows
+        are equally spaced, so the whole-sequence GEMMs read them in place without a layout copy."""
         return step_out.transpose(0, 1).contiguous() if self.count else step_out
 
     def from_rows_by_member(self, stacked: torch.Tensor) -> torch.Tensor:
-        """:meth:`rows_by_member` outputs stacked over time, ``[T, N, E, G]``, as ``[T, E, N, G]`` (a view)."""
+        """Stacked :meth:`rows_by_member` outputs ``[T, N, E, G]`` as ``[T, E, N, G]`` (a view)."""
         return stacked.transpose(1, 2) if self.count else stacked
 
     def expand(self, t: torch.Tensor) -> torch.Tensor:
-        """A carry ``[e, N, S]`` for every member (``[E, N, S]``, a view); one model: ``t``."""
+        """A carry ``[e, N, S]`` for every member (a view); one model: ``t``."""
         return t.expand(self.count, *t.shape[1:]) if self.count else t
 
     def like(self, grad: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """``grad [E, ...]`` summed over the members where ``t`` is shared by all of them (``[1, ...]``)."""
+        """``grad [E, ...]`` summed over the members where ``t`` is shared (``[1, ...]``)."""
         return grad.sum(0, keepdim=True) if self.count and t.shape[0] == 1 and grad.shape[0] != 1 else grad
 
 
 def _batched_like_step(init, *reads: torch.Tensor | None):
-    """``init`` (a pytree of tensors) carrying the vmap batch dims of every tensor the scanned step reads.
-
-    torch's vmap rule for ``scan`` gives the carry the batch dims of ``init``. Under
-    ``torch.vmap`` over stacked params (or batched inputs/resets) with an unbatched initial
-    state, the step's carry is batched while ``init`` is not, and scan fails ("Expected init
-    and carry to have same metadata"). Adding a zero read from each of those tensors gives
-    ``init`` their batch dims; outside vmap it adds an exact 0.
-    """
+    """``init`` given the vmap batch dims of every tensor the scanned step reads: torch's vmap rule for ``scan``
+    gives the carry ``init``'s batch dims, and a batched carry from an unbatched ``init`` fails ("Expected init and
+    carry to have same metadata"). A zero read from each tensor adds its dims (outside vmap, an exact 0)."""
     leaves = pytree.tree_leaves(init)
     zero = sum(torch.zeros_like(t.flatten()[:1], dtype=leaves[0].dtype).sum() for t in (*leaves, *reads) if t is not None)
     return pytree.tree_map(lambda s: contiguous_copy(s) + zero, init)
 
 
 def time_loop(step, init, xs, reads=(), reverse: bool = False, members: Members = Members()):
-    """``step(carry, xs_t) -> (carry, out_t)`` over the leading (time) dim of every tensor in ``xs``.
+    """``step(carry, xs_t) -> (carry, out_t)`` over the leading (time) dim of every tensor in ``xs``; returns
+    ``(final carry, outputs stacked on a new dim 0)``, with ``reverse`` in the order run (index 0 = last step).
 
-    Returns ``(final carry, outputs stacked along a new dim 0)``. With ``reverse`` the steps run
-    from the last index to the first and the outputs are stacked in the order they ran (index 0
-    is the last time step). Under ``torch.compile`` this is torch's ``scan`` (``reads``: the
-    tensors the step closes over, see :func:`_batched_like_step`); eagerly a Python loop.
-    An ensemble layer (``members.static_shapes``) always scans, over time indices
-    (:func:`_indexed_scan`) and with static shapes: it runs inside the ensemble op while AOTAutograd traces, where ``scan`` compiles its step with Dynamo itself; from
-    the second shape on, automatic dynamic shapes would make sizes symbolic, which Inductor's
-    subgraph pass rejects ("A subgraph argument other than striding has been modified").
+    Under ``torch.compile``, torch's ``scan`` (``reads``: tensors the step closes over, :func:`_batched_like_step`);
+    eagerly a Python loop. An ensemble layer (``members.static_shapes``) always scans, over time indices and with
+    static shapes: it is traced inside the ensemble op, where symbolic sizes are rejected by Inductor's subgraph pass.
     """
     if members.static_shapes:
         return _indexed_scan(step, init, xs, reads, reverse)
@@ -165,12 +140,10 @@ def time_loop(step, init, xs, reads=(), reverse: bool = False, members: Members 
 
 
 def traced_under_grad() -> bool:
-    """Whether ``torch.compile`` traces this call with ``torch.func.grad``/``vjp``/``jacrev`` as the innermost
-    transform around it. torch's ``scan`` cannot be traced there (``torch.compile(torch.func.grad(f))`` raised
-    "Expected FakeTensor" in ``_collect_fake_inputs``; eager ``torch.func.grad`` of ``scan`` too), nor can Dynamo vmap
-    an ``autograd.Function`` (``vmap(grad(f))``): :func:`time_loop` unrolls its loop and functorch differentiates the
-    step's plain ops. Under a ``vmap`` inside ``grad`` the scan's batching rule runs first and it traces. Both calls
-    below trace in Dynamo with ``fullgraph=True`` (functorch's other accessors do not)."""
+    """Whether ``torch.compile`` traces this call under ``torch.func.grad``/``vjp``/``jacrev`` as the innermost
+    transform: torch's ``scan`` cannot be traced there ("Expected FakeTensor"), nor can Dynamo vmap an
+    ``autograd.Function``, so :func:`time_loop` unrolls and functorch differentiates the plain ops. Both calls below
+    trace under ``fullgraph=True``."""
     if not torch.compiler.is_compiling():
         return False
     return torch._C._are_functorch_transforms_active() and \
@@ -178,20 +151,12 @@ def traced_under_grad() -> bool:
 
 
 def _indexed_scan(step, init, xs, reads, reverse: bool):
-    """:func:`time_loop` as an ensemble layer runs it: a ``scan`` (static shapes) over the time indices,
-    each step reading its slice of every tensor in ``xs`` by index from the step's closure.
-
-    Scanning over ``xs`` themselves would copy them: Inductor's lowering of ``scan`` clones every
-    tensor it scans over before its loop starts, and ``reverse`` (or flipping ``xs``) is another copy,
-    which the partitioner computes in the forward and keeps alive until the backward. At E members
-    these are E times a member's ``[T, N, ·]`` tensors, allocated (and page-faulted in) on every call.
-    Read from the closure, they are the scan's additional inputs, never copied; the per-step read is an
-    indexed load Inductor fuses into the step's kernels.
-    """
+    """:func:`time_loop` for an ensemble layer: a static-shape ``scan`` over time indices, each step reading its
+    slice of ``xs`` from the closure. Scanning over ``xs`` would make Inductor clone them (and ``reverse`` flip
+    them) on every call, E times a member's ``[T, N, ·]``; closure reads are fused indexed loads."""
     leaves, spec = pytree.tree_flatten(xs)
     count = leaves[0].shape[0]
-    order = torch.arange(count - 1, -1, -1) if reverse else torch.arange(count)
-    order = order.to(leaves[0].device)
+    order = (torch.arange(count - 1, -1, -1) if reverse else torch.arange(count)).to(leaves[0].device)
 
     def indexed_step(carry, index):  # index: [] (int64)
         at = index.reshape(1)
@@ -203,15 +168,9 @@ def _indexed_scan(step, init, xs, reads, reverse: bool):
 
 @torch._dynamo.assume_constant_result  # runs as plain Python while Dynamo traces: no graph break
 def _allow_scan_lowering() -> bool:
-    """Let Inductor lower the ``scan`` of the compile in progress (see :func:`_scan`).
-
-    Inductor's ``decompose_scan_to_while_loop`` reads the loop index with ``.item()``, which the
-    compile's ``ShapeEnv`` allows only when Dynamo built it for ``fullgraph=True`` (or with the global
-    ``capture_scalar_outputs``); under a default ``torch.compile(f)`` every ``scan`` raised
-    ``DataDependentOutputException: aten._local_scalar_dense``. Granted here on that compile's
-    ``ShapeEnv`` alone, leaving the global config (and so how Dynamo treats the user's own ``.item()``
-    calls) as it is. A no-op outside a compile.
-    """
+    """Let Inductor lower the ``scan`` of the compile in progress: its ``decompose_scan_to_while_loop`` calls
+    ``.item()``, which a default (not ``fullgraph``) compile's ``ShapeEnv`` refuses
+    (``DataDependentOutputException``). Granted on that ``ShapeEnv`` alone, the global config untouched."""
     context = torch._guards.TracingContext.try_get()
     shape_env = None if context is None or context.fake_mode is None else context.fake_mode.shape_env
     if shape_env is not None and not shape_env.allow_scalar_outputs:
@@ -226,8 +185,8 @@ def _scan(step, init, xs):
 
 
 def _builder(spec: pytree.TreeSpec):
-    """``leaves -> tree``: ``spec`` (dicts and tuples of tensors) filled from an iterator of its leaves;
-    built once per loop, cheaper per step than pytree's unflatten."""
+    """``leaves -> tree`` for ``spec`` (dicts and tuples of tensors), fed an iterator of leaves; built once per
+    loop, cheaper per step than pytree's unflatten."""
     if spec.type is type(None):
         return lambda leaves: None
     if spec.type not in (dict, tuple):
@@ -240,7 +199,7 @@ def _builder(spec: pytree.TreeSpec):
 
 
 def _leaves(tree) -> list:
-    """The tensors of ``tree`` (dicts and tuples), in pytree's order (dict keys in insertion order)."""
+    """The tensors of ``tree`` (dicts and tuples) in pytree's order."""
     if tree is None:
         return []
     if isinstance(tree, dict):
@@ -252,23 +211,18 @@ def _leaves(tree) -> list:
 
 def scan_states(cell: Cell, weights: tuple, carry: Carry, gi: torch.Tensor, mask, reset, keep: str,
                 members: Members = Members(), project: bool = False):
-    """Run one layer over time-major ``gi [T, N, G*H]`` from ``carry`` (tuple of ``[N, S]``).
-
-    With ``project``, ``gi`` is the layer's input ``[T, N, F]`` and each step applies the input
-    projection to its own slice (an ensemble: see :meth:`HandWrittenLayer.forward`).
-
-    ``weights``: :meth:`LayerWeights.tensors`. ``mask [T, N]`` / ``reset`` (tuple of ``[T, N, S]``)
-    apply the resets. Returns ``(final carry, ys)``; ``ys`` per ``keep``: ``"h"`` the output
-    ``[T, N, P]``, ``"states"`` every per-step carry (tuple of ``[T, N, S]``), ``"saved"`` the
-    per-step carries and the activations each step saves for its backward (tuple of ``[T, N, ·]``),
-    concatenated. (Ensemble: every ``N`` preceded by the members dim.)
+    """Run one layer over time-major ``gi [T, N, G*H]`` (with ``project``: the layer's input ``[T, N, F]``, each
+    step projecting its own slice) from ``carry`` (tuple of ``[N, S]``); ``mask [T, N]`` / ``reset`` (tuple of
+    ``[T, N, S]``) apply the resets. Returns ``(final carry, ys)``, ``ys`` per ``keep``: ``"h"`` the output
+    ``[T, N, P]``, ``"states"`` every per-step carry, ``"saved"`` those and the activations each step saves for its
+    backward (tuples of ``[T, N, ·]``). An ensemble puts the members dim before every ``N``.
     """
     xs: dict[str, object] = {"gi": gi}
     if mask is not None:
-        xs["mask"] = broadcast_mask(mask, gi)  # [T, N, 1]: broadcasts against each step's carry as it is
+        xs["mask"] = broadcast_mask(mask, gi)  # [T, N, 1]
         if reset is not None:
             xs["reset"] = reset
-    # under compile, outputs that alias nothing (scan's rule); eagerly the loop stacks them anyway
+    # compiled, outputs that alias nothing (scan's rule)
     own = contiguous_copy if torch.compiler.is_compiling() or members.static_shapes else (lambda t: t)
     step_saving = lambda gi_t, c, wts: cell.layer_step_saving(gi_t, c, LayerWeights.from_tensors(wts))  # noqa: E731
 
@@ -285,10 +239,8 @@ def scan_states(cell: Cell, weights: tuple, carry: Carry, gi: torch.Tensor, mask
 
 def split_inputs(rest, n_carry: int, has_reset: bool):
     """``(*carry0, *reset, *weights)`` -> ``(carry0, reset or None, weights)``."""
-    carry0 = tuple(rest[:n_carry])
     reset = tuple(rest[n_carry : 2 * n_carry]) if has_reset else None
-    weights = tuple(rest[n_carry * (2 if has_reset else 1) :])
-    return carry0, reset, weights
+    return tuple(rest[:n_carry]), reset, tuple(rest[n_carry * (2 if has_reset else 1) :])
 
 
 def _amp_state(device: str) -> tuple[str, bool, torch.dtype]:
@@ -299,25 +251,16 @@ def _amp_state(device: str) -> tuple[str, bool, torch.dtype]:
 class HandWrittenLayer(torch.autograd.Function):
     """One layer over time whose backward is a hand-written reverse scan (see :mod:`.scan`).
 
-    ``apply(cell, recompute, members (E, or 0: one model; or a :class:`Members`), n_carry, has_reset, inp [N, T, F], mask [T, N] | None, *carry0 ([N, S] each),
-    *reset ([T, N, S] each, if has_reset), *LayerWeights.tensors())`` (absent weights are ``None``;
-    with ``members.count``, every tensor has a leading members dim, see :class:`Members`) returns the
-    carry after every step, a tuple of time-major ``[T, N, S]`` (ensemble: ``[T, E, N, S]``), followed
-    (unless ``recompute``) by the per-step activations of :meth:`~rnn_functional.cells.Cell.layer_step_saving`
-    (``[T, (E,) N, ·]`` each, not differentiable). Saved for backward: ``inp``, the carries, the reset
-    states and those activations.
+    ``apply(cell, recompute, members, n_carry, has_reset, inp [N, T, F], mask [T, N] | None, *carry0 ([N, S]),
+    *reset ([T, N, S], if has_reset), *LayerWeights.tensors())`` (``members``: E, 0 for one model, or a
+    :class:`Members`; with E, every tensor has a leading members dim) returns the carry after every step
+    (``[T, (E,) N, S]`` each), then, unless ``recompute``, the activations of
+    :meth:`~rnn_functional.cells.Cell.layer_step_saving` (not differentiable).
 
-    The backward runs in reversed time carrying the cotangent of the carry: each step applies the
-    cell's hand-written backward, from the saved activations
-    (:meth:`~rnn_functional.cells.Cell.step_backward_saved`) or recomputing them from ``inp`` and
-    the saved carry before the step, after its reset (:meth:`~rnn_functional.cells.Cell.step_backward`).
-    It emits the cotangents of the input and recurrent projections, from which the weight and input
-    gradients are a few whole-sequence GEMMs after the loop, and what each step contributes to the gradients
-    of the cell's ``extra`` weights, reduced after the loop (:meth:`~rnn_functional.cells.Cell.reduce_extra_grads`;
-    summed in the scan's carry instead, two chained layers under Inductor gave wrong norm-GRU layer-norm
-    gradients on torch 2.13). (Hand-written
-    rather than ``torch.func.vjp``, which refuses to run while saved-tensor hooks are active, e.g. under
-    ``torch.autograd.graph.save_on_cpu`` or when ``torch.compile`` traces this backward there.)
+    The backward runs in reversed time, each step applying the cell's ``step_backward_saved`` (or ``step_backward``,
+    recomputing from ``inp`` and the saved carry); the weight and input gradients are whole-sequence GEMMs after the
+    loop, the ``extra`` weights' reduced after it too (summed in the scan's carry, Inductor gave wrong gradients).
+    Hand-written, not ``torch.func.vjp``, which refuses saved-tensor hooks.
     """
 
     generate_vmap_rule = True  # eager torch.vmap over stacked params runs forward and backward batched
@@ -326,8 +269,7 @@ class HandWrittenLayer(torch.autograd.Function):
     def forward(cell: Cell, recompute: bool, members: int | Members, n_carry: int, has_reset: bool, inp, mask, *rest):
         carry0, reset, weights = split_inputs(rest, n_carry, has_reset)
         members = Members.of(members)
-        # An ensemble projects its input step by step: the whole sequence's projection, [T, E, N, G*H], is
-        # E times a member's and would be allocated (and page-faulted in) afresh on every call.
+        # an ensemble projects step by step: the whole sequence's [T, E, N, G*H] would be allocated on every call
         project = bool(members.count)
         gi = members.time_major(inp if project else members.linear(inp, *weights[:2]), 1)  # [T, (e,) N, F or G*H]
         mask, reset = members.time_major(mask, 0), reset and tuple(members.time_major(r, 0) for r in reset)
@@ -346,9 +288,7 @@ class HandWrittenLayer(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        # under the autocast state the forward ran in (as torch.amp.custom_bwd): its activations are in autocast's
-        # dtype where its ops were, and a backward in another state mixed dtypes ("expected m1 and m2 to have the same
-        # dtype", the block GRU under autocast) or rounded differently from reference's autograd (the norm GRU)
+        # in the forward's autocast state (as torch.amp.custom_bwd): another state mixes dtypes or rounds differently
         device, enabled, dtype = ctx.amp
         if _amp_state(device) == ctx.amp:
             return HandWrittenLayer._backward(ctx, grad_outputs)
@@ -368,18 +308,14 @@ class HandWrittenLayer(torch.autograd.Function):
         extra = any(t is not None for t in w.extra)
         mask_t = members.time_major(mask, 0)
         x = members.time_major(inp, 1)  # [T, (e,) N, F]
-        # Eagerly, one model runs the reverse scan a few steps at a time (a span, :func:`_spans`): each span's
-        # elementwise factors are computed at once before it and its per-step cotangents reduced into the weight
-        # gradients after it, in buffers that stay in cache and come back from the heap for the next span, where
-        # [T, N, .] ones were page-faulted in afresh every call (block GRU: docs/model_based.md). Compiled, and for
-        # an ensemble, one span, each step's factors computed inside the scan's body, fused into it.
+        # Eagerly, one model runs the reverse scan in spans (:func:`_spans`) whose buffers stay in cache; compiled,
+        # and for an ensemble, one span, each step's factors computed inside the scan's body.
         eager = not members.count and not torch.compiler.is_compiling()
         steps = states[0].shape[0]
         spans = _spans(steps, states[0][0]) if eager else ((0, steps),)
-        # what each step reads: its factors (eager), what they are computed from (compiled), or its input (no saved)
+        # each step reads its factors (eager), what they are computed from (compiled), or its input (no saved)
         key = "x" if len(saved) == 0 else "factors" if eager else "saved"  # len: Dynamo 2.11 cannot trace bool(tuple)
-        # scan needs the carry in init's layout: vmap leaves it in its own, and a block GRU with blocks of one unit
-        # computes its cotangent transposed ([N, H] with strides (1, N): "Expected init and carry to have same metadata")
+        # scan needs the carry in init's layout: vmap (and a block GRU with one-unit blocks) leaves it transposed
         own = contiguous_copy if members.count or torch.compiler.is_compiling() else (lambda t: t)
 
         def member_back(inputs, pre_t, wts, d_new):
@@ -389,7 +325,7 @@ class HandWrittenLayer(torch.autograd.Function):
             else:
                 factors = cell.backward_factors(inputs, pre_t, wl) if key == "saved" else inputs
                 grads = cell.step_backward_saved(factors, pre_t, wl, d_new)
-            d_gh = () if grads.d_gh is None else (grads.d_gh,)  # none: equal to d_gi (vmap returns tensors only)
+            d_gh = () if grads.d_gh is None else (grads.d_gh,)  # None: equal to d_gi (vmap returns tensors only)
             return tuple(grads.d_carry), grads.d_gi, d_gh, tuple(d for d in grads.d_extra if d is not None)
 
         def back_step(acc, xs_t):
@@ -401,7 +337,7 @@ class HandWrittenLayer(torch.autograd.Function):
                 if reset:
                     out["d_reset"] = tuple(torch.where(broadcast_mask(m, d), d, 0.0) for d in d_pre)
                 d_pre = tuple(torch.where(broadcast_mask(m, d), 0.0, d) for d in d_pre)
-            if extra:  # under compile, fresh: a cell's per-row factors may be views of the step's inputs (scan's rule)
+            if extra:  # compiled, fresh: a cell's per-row factors may be views of the step's inputs
                 out["d_extra"] = tuple(map(contiguous_copy, d_extra)) if torch.compiler.is_compiling() else d_extra
             return {"d_carry": tuple(own(d) for d in d_pre)}, out
 
@@ -419,8 +355,7 @@ class HandWrittenLayer(torch.autograd.Function):
             if mask_t is not None:
                 xs["mask"] = broadcast_mask(mask_t[start:end], x)  # [C, N, 1]
             reads = (inp, mask, *pre, *grad_states, *reset, *saved, *(wt for wt in weights if wt is not None))
-            # Reversed time: the outputs come back with index 0 = step end - 1 (under compile the scan then needs
-            # no ``reverse``, whose flips of its outputs would copy the [T, N, G*H] gate cotangents).
+            # reversed time: index 0 = step end - 1 (compiled, no ``reverse`` flips of the gate cotangents)
             acc, outs = time_loop(back_step, acc, xs, reads, reverse=True, members=members)
             weight_grads, part = _span_grads(cell, w, members, outs, x[start:end], pre[0])
             totals = weight_grads if totals is None else [None if a is None else a + b for a, b in zip(totals, weight_grads)]
@@ -439,20 +374,17 @@ SPAN_ROWS = 512
 
 
 def _spans(steps: int, state_step: torch.Tensor) -> tuple[tuple[int, int], ...]:
-    """``(start, end)`` spans of ``steps`` in time order, the last maybe shorter. Each holds as many steps as keep a
-    state-wide tensor (one step: ``state_step [N, S]``) within ``CHUNK_BYTES``, so that the dozens of elementwise ops
-    of a span work in the core's cache, and at least ``SPAN_ROWS`` rows (steps times ``N``) for the weight-gradient
-    products: spans of 256 rows ran the eager GRU at ``N = 256, H = 256`` 10% slower than the whole sequence at once
-    (512 rows: 0-4%). Longer spans make longer buffers, which glibc maps and page-faults in afresh on every call: the
-    block GRU at ``N = 32, H = 128`` page-faulted 3,500 times per call in spans of 32 steps, 100-700 in spans of 16."""
+    """``(start, end)`` spans of ``steps`` in time order. Each keeps a state-wide tensor (one step: ``state_step
+    [N, S]``) within ``CHUNK_BYTES``, so its elementwise ops work in cache, and holds at least ``SPAN_ROWS`` rows for
+    the weight-gradient GEMMs; longer spans' buffers are mapped and page-faulted in afresh on every call."""
     row_bytes = state_step.numel() * state_step.element_size()
     size = max(1, CHUNK_BYTES // max(1, row_bytes), -(-SPAN_ROWS // max(1, state_step.shape[0])))
     return tuple((start, min(start + size, steps)) for start in range(0, steps, size))
 
 
 def _carries_before(carry0: Carry, states: Carry, start: int, end: int, members: Members) -> Carry:
-    """The carry each step of ``start:end`` starts from, before its reset: the state after the previous step
-    (``carry0`` at step 0); ``[end - start, (E,) N, S]`` each (a view of ``states`` from the second span on)."""
+    """The carry each step of ``start:end`` starts from, before its reset (``carry0`` at step 0);
+    ``[end - start, (E,) N, S]`` each."""
     if start:
         return tuple(s[start - 1 : end - 1] for s in states)
     # one step more, then cut: a traced ``s[: end - 1]`` guards ``T - 1 != 1`` (a compiled T = 2 call recompiled)
@@ -460,9 +392,8 @@ def _carries_before(carry0: Carry, states: Carry, start: int, end: int, members:
 
 
 def _span_grads(cell: Cell, w: LayerWeights, members: Members, outs: dict, x: torch.Tensor, pre_h: torch.Tensor):
-    """One span's share of the gradients from its reversed-time outputs (``outs``), its input ``x [C, (e,) N, F]`` and
-    the carry's first tensor before each step ``pre_h``: ``(weight gradients, (d_x [(E,) N, C, F], *d_reset))``;
-    the weight gradients are sums over time, which spans add up."""
+    """One span's gradients from its reversed-time ``outs``, input ``x [C, (e,) N, F]`` and first carry tensor
+    before each step ``pre_h``: ``(weight gradients, summed by the caller over spans, (d_x, *d_reset))``."""
     d_gi = members.from_rows_by_member(outs["d_gi"])  # [C, (E,) N, G*H], reversed time
     d_gh = members.from_rows_by_member(outs["d_gh"]) if "d_gh" in outs else d_gi
     d_extra = iter(members.map_time_major(cell.reduce_extra_grads, *outs["d_extra"]) if "d_extra" in outs else ())
@@ -485,11 +416,9 @@ def _in_time_order(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
 
 
 def _replayed_backward(ctx, grad_states: tuple) -> tuple:
-    """:class:`HandWrittenLayer`'s backward when autograd records it (``create_graph=True``, ``torch.func``'s
-    transforms): :func:`~.base.replayed_vjp` of the layer's plain steps (the eager loop). (The hand-written reverse
-    scan reads the saved activations as constants: its own derivative would miss their dependence on the inputs
-    and weights.) Not a ``jvp`` method: Dynamo refuses to trace a Function that defines one; forward mode runs
-    the plain loop instead (see :mod:`.scan`)."""
+    """The backward when autograd records it (``create_graph=True``, ``torch.func``): :func:`~.base.replayed_vjp`
+    of the plain steps, as the hand-written scan treats saved activations as constants. Not a ``jvp`` method:
+    Dynamo refuses to trace a Function that defines one."""
     if ctx.members.count:
         raise RuntimeError(
             "backend 'scan' under a compiled torch.vmap ensemble has no higher-order gradients (create_graph=True): "

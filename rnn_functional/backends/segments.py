@@ -17,7 +17,7 @@ by side instead of ``N`` steps of one row. Every layout is exact and returns a :
   segments sorted by length, run by ATen's kernels as one packed sequence
   (:func:`rnn_functional.backends.pad.packed_sequence`).
 * :func:`bucketed`, for ``pad`` with one layer: the segments, sorted by length, are cut into a few
-  buckets (:func:`buckets`, by the cost table of :mod:`.costs`: padding against more calls); each
+  buckets (:func:`buckets`, cut where the length halves); each
   bucket runs as one plain (unpacked) ATen call on its left-aligned ``[S_b, L_b]`` block. Unpacked
   calls keep the fast kernels (oneDNN's LSTM on CPU) and their backward is linear in the steps,
   where a packed call's backward on CPU zero-fills the whole input-projection gradient at every step
@@ -34,7 +34,6 @@ only. Under ``torch.compile`` the one layout is :func:`aligned` over a :func:`st
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -44,11 +43,8 @@ import torch
 import torch.nn.functional as F
 
 from ..cells import Carry, Layout, apply_reset
-from . import costs, pad
+from . import pad
 from .base import SequenceOptions
-
-_MAX_DISTINCT = 256  # distinct segment lengths the bucket cut searches exactly (quadratic in them)
-
 
 class Result(NamedTuple):
     """What a run returns: ``y [N, T, P]``, the ``final`` carry after the last step, the ``per_step``
@@ -159,7 +155,7 @@ def plan(is_init: np.ndarray, device: torch.device) -> SegmentPlan:
 
 def _to(a: np.ndarray, device: torch.device) -> torch.Tensor:
     """``a`` as an int64 tensor on ``device``. To CUDA through pinned memory, without waiting: a copy from pageable
-    memory synchronises the stream (CUDA's sync debug mode counted each one on an H200, docs/gpu.md)."""
+    memory synchronises the stream (CUDA's sync debug mode counts each one)."""
     t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
     return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 
@@ -269,51 +265,6 @@ def packed(p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, res
     return _scatter(p, out, dest, seg_final, opts, order=(order_d, rank_d))
 
 
-def cut_buckets(lengths_sorted: list[int], call_cost: Callable) -> list[tuple[int, int, int]]:
-    """``(first, end, steps)`` row ranges of segments sorted by decreasing length, one kernel call each.
-
-    The cut minimises ``call_cost(steps, rows, short_steps, short_rows)`` summed over the calls (a call of
-    ``steps`` steps over ``rows`` rows, ``short_rows`` of which end before its last step, the longest of
-    them after ``short_steps``; NumPy arrays of candidate calls in, their costs out): exact dynamic
-    programming over the distinct lengths (at most ``_MAX_DISTINCT`` of them; beyond, buckets of lengths
-    within a factor of two), every candidate last call of a prefix costed at once.
-    """
-    distinct = sorted(set(lengths_sorted), reverse=True)
-    if len(distinct) > _MAX_DISTINCT:
-        out, first = [], 0
-        while first < len(lengths_sorted):
-            end = first
-            while end < len(lengths_sorted) and 2 * lengths_sorted[end] > lengths_sorted[first]:
-                end += 1
-            out.append((first, end, lengths_sorted[first]))
-            first = end
-        return out
-    counts = [lengths_sorted.count(d) for d in distinct]
-    ends = np.concatenate([[0], np.cumsum(counts)]).astype(float)  # ends[k]: rows of the k longest distinct lengths
-    lengths = np.array(distinct + [0], dtype=float)
-    i, j = _pairs(len(distinct) + 1)  # a call holding the distinct lengths i..j-1, every one at once
-    short = i < j - 1
-    cost = np.full((len(distinct) + 1,) * 2, np.inf)
-    cost[i, j] = call_cost(lengths[i], ends[j] - ends[i], np.where(short, lengths[np.minimum(i + 1, j)], 0.0),
-                           np.where(short, ends[j] - ends[np.minimum(i + 1, j)], 0.0))
-    cost = cost.tolist()  # the recursion in plain Python: at most _MAX_DISTINCT small steps, NumPy's per-call cost dominates
-    best, cut = [0.0] * (len(distinct) + 1), [0] * (len(distinct) + 1)
-    for j in range(1, len(distinct) + 1):
-        best[j], cut[j] = min((best[i] + cost[i][j], i) for i in range(j))
-    out, j = [], len(distinct)
-    while j > 0:
-        i = cut[j]
-        out.append((int(ends[i]), int(ends[j]), distinct[i]))
-        j = i
-    return out[::-1]
-
-
-@functools.cache
-def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """``np.triu_indices(n, 1)``, built once per size (it costs more than the rest of a cut)."""
-    return np.triu_indices(n, 1)
-
-
 def _other_finals(layout: Layout, params, x_block, h0: Carry, y_block, lengths: torch.Tensor) -> Carry:
     """The carry parts after ``h`` (e.g. the LSTM's ``c``) after each row's last step, one layer.
 
@@ -345,34 +296,32 @@ def alive_per_step(p: SegmentPlan) -> np.ndarray:
     return p.count - np.cumsum(np.bincount(p.lengths_host, minlength=p.max_len + 1)[:-1])
 
 
-def sorted_lengths(p: SegmentPlan) -> np.ndarray:
-    """The segments' lengths in decreasing order (the order :func:`bucketed` runs them in)."""
-    return _sorted(p)[1]
+def buckets(p: SegmentPlan) -> list[tuple[int, int, int, int]]:
+    """The length buckets :func:`bucketed` runs for the segments of ``p``: ``(first, end, steps, full)`` ranges of the
+    segments sorted by decreasing length, cut where the length halves (at most 2x padded steps, about
+    ``log2(Lmax)`` calls), with the count of rows that end at the bucket's last step (memoised on ``p``)."""
+    if "buckets" not in p.memo:
+        lengths, cut, first = _sorted(p)[1].tolist(), [], 0
+        while first < len(lengths):
+            end = first + 1
+            while end < len(lengths) and 2 * lengths[end] > lengths[first]:
+                end += 1
+            cut.append((first, end, lengths[first], lengths[first:end].count(lengths[first])))
+            first = end
+        p.memo["buckets"] = cut
+    return p.memo["buckets"]
 
 
-def buckets(p: SegmentPlan, layout: Layout, records_grad: bool) -> list[tuple[int, int, int, int]]:
-    """The length buckets :func:`bucketed` runs for the segments of ``p`` (cut by :func:`.costs.bucket_call`
-    for ``layout``'s cell and ``records_grad``), as ``(first, end, steps, full)`` ranges of the sorted
-    segments with the count of rows that end at the bucket's last step (memoised on ``p``)."""
-    key = ("buckets", layout.cell.name, len(layout.state_sizes) > 1, records_grad)
-    if key not in p.memo:
-        lengths_sorted = _sorted(p)[1].tolist()
-        cut = cut_buckets(lengths_sorted, functools.partial(costs.bucket_call, layout, records_grad))
-        p.memo[key] = [(first, end, steps, lengths_sorted[first:end].count(steps)) for first, end, steps in cut]
-    return p.memo[key]
-
-
-def bucketed(p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions,
-             records_grad: bool = True) -> Result:
-    """The ``pad`` backend (one layer) run on the segments of ``p`` in length buckets, one unpacked call each
-    (cut for a call that autograd records, or not: ``records_grad``).
+def bucketed(p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions) -> Result:
+    """The ``pad`` backend (one layer) run on the segments of ``p`` in length buckets (:func:`buckets`), one
+    unpacked call each.
 
     The buckets' blocks ``[S_b, L_b, F]`` lie one after the other in one zero-filled buffer (each
     segment's steps consecutive from its block row's start), filled by one ``index_copy`` and read
     back by one ``index_select`` of the outputs.
     """
     order, lengths_sorted = _sorted(p)
-    cut = buckets(p, layout, records_grad)
+    cut = buckets(p)
     dev = x.device
     rows_per_bucket = np.array([end - first for first, end, _, _ in cut])
     steps_per_bucket = np.array([steps for *_, steps, _ in cut])

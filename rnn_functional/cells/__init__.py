@@ -8,6 +8,7 @@ serving them are registered in :mod:`rnn_functional.functional`.
 """
 
 from .base import (
+    CELLS,
     AtenKernels,
     Carry,
     Cell,
@@ -22,9 +23,11 @@ from .base import (
     final_at_last_step,
     keep_segment_ends,
     multi_layer_step,
+    register,
 )
 
 __all__ = [
+    "CELLS",
     "AtenKernels",
     "Carry",
     "Cell",
@@ -39,4 +42,5 @@ __all__ = [
     "final_at_last_step",
     "keep_segment_ends",
     "multi_layer_step",
+    "register",
 ]

@@ -1,10 +1,8 @@
-"""What the cells that are linear in their state share (:mod:`.min_gru`, :mod:`.rglru`).
-
-Such a cell's layer ``k`` reads one projection ``gi = x_t @ weight_l{k}^T + bias_l{k}`` (``[G*H]``, no
-recurrent matmul) and updates ``h_t = a_t * h_{t-1} + b_t``, where ``(a_t, b_t)`` depend on ``gi`` (and the
-layer's ``extra`` weights) alone: :meth:`LinearRecurrentCell.coefficients` computes them for a whole
-sequence at once, which is what the ``parallel`` backend solves. Params per layer: ``weight_l{k} [G*H, F_k]``,
-``bias_l{k} [G*H]`` and the cell's ``extra_keys`` (``[H]`` each); ``F_0 = input_size``, ``F_k = H`` above.
+"""What the cells linear in their state share (:mod:`.min_gru`, :mod:`.rglru`): layer ``k`` reads one projection
+``gi = x_t @ weight_l{k}^T + bias_l{k}`` (no recurrent matmul) and updates ``h_t = a_t * h_{t-1} + b_t``, with
+``(a_t, b_t)`` from ``gi`` and the ``extra`` weights alone (:meth:`LinearRecurrentCell.coefficients`, a whole sequence
+at once, what ``parallel`` solves). Params per layer: ``weight_l{k} [G*H, F_k]``, ``bias_l{k} [G*H]``, ``extra_keys``
+``[H]`` each; ``F_0 = input_size``, ``F_k = H``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""The parameter layout of ``torch.nn.LSTM`` / ``torch.nn.GRU``, shared by the LSTM and GRU cells.
-
-For layer ``k`` (``G`` gates, ``P`` = proj_size or ``H``, ``F_k`` = input size for ``k = 0``, else ``P``):
-``weight_ih_l{k} [G*H, F_k]``, ``weight_hh_l{k} [G*H, P]``, ``bias_ih_l{k}``, ``bias_hh_l{k} [G*H]``
-(absent with ``bias=False``) and ``weight_hr_l{k} [P, H]`` (LSTM with ``proj_size > 0`` only).
+"""The parameter layout of ``torch.nn.LSTM`` / ``torch.nn.GRU``, shared by the LSTM and GRU cells: layer ``k``
+(``G`` gates, ``P = proj_size or H``, ``F_0`` the input size, ``F_k = P``) has ``weight_ih_l{k} [G*H, F_k]``,
+``weight_hh_l{k} [G*H, P]``, with ``bias`` ``bias_ih_l{k}``/``bias_hh_l{k} [G*H]``, with ``proj_size`` (LSTM)
+``weight_hr_l{k} [P, H]``.
 """
 
 from __future__ import annotations
@@ -41,8 +40,7 @@ def init_params(
 
 
 _KINDS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr")
-# layer k's keys, formatted once (a policy step reads them on every call); a plain tuple, which Dynamo reads as a
-# constant (it warns on, and sees through, a functools cache)
+# layer k's keys formatted once (every call reads them); a plain tuple, which Dynamo reads as a constant
 _NAMES = tuple(tuple(f"{kind}_l{k}" for kind in _KINDS) for k in range(16))
 
 
@@ -52,8 +50,7 @@ def _names(k: int) -> tuple[str, ...]:
 
 
 def _once(fn):
-    """``fn`` memoised for eager calls (every call validates its params); a traced call runs it, building constants
-    (Dynamo warns on, and sees through, a functools cache)."""
+    """``fn`` memoised for eager calls; a traced call runs it (Dynamo warns on a functools cache)."""
     cached = functools.lru_cache(maxsize=256)(fn)
     return lambda *args: fn(*args) if torch.compiler.is_compiling() else cached(*args)
 
@@ -88,30 +85,24 @@ def read_layout(cell: Cell, params: Mapping[str, torch.Tensor], num_gates: int, 
     bias = "bias_ih_l0" in keys
     proj = "weight_hr_l0" in keys
     if proj and not projection:
-        raise ValueError(
-            f"params: 'weight_hr_l0' is an LSTM projection weight; {cell.title} has no proj_size."
-        )
+        raise ValueError(f"params: 'weight_hr_l0' is an LSTM projection weight; {cell.title} has no proj_size.")
     expected = _keys(num_layers, bias, proj)
     if keys != expected:  # one comparison in C for a dict's keys; other mappings take the detailed check
         check_keys(set(keys), expected, f"a {num_layers}-layer {cell.title} (bias={bias}, proj={proj})")
 
     w_hh0 = params["weight_hh_l0"]
     if w_hh0.ndim != 2 or w_hh0.shape[0] % num_gates:
-        raise ValueError(
-            f"params['weight_hh_l0']: expected shape [{num_gates} * hidden_size, P] for {cell.title}, "
-            f"got {tuple(w_hh0.shape)}. Are these params of another cell kind?"
-        )
+        raise ValueError(f"params['weight_hh_l0']: expected shape [{num_gates} * hidden_size, P] for {cell.title}, "
+                         f"got {tuple(w_hh0.shape)}. Are these params of another cell kind?")
     hidden = w_hh0.shape[0] // num_gates
     proj_size = params["weight_hr_l0"].shape[0] if proj else 0
     out = proj_size or hidden
     input_size = params["weight_ih_l0"].shape[-1]
     want = _shapes(num_gates, num_layers, bias, proj_size, hidden, input_size)
     dtype, device = w_hh0.dtype, w_hh0.device
-    for key, shape in want:
-        t = params[key]
-        if t.shape != shape or t.dtype != dtype or t.device != device:
-            check_shapes(params, dict(want), f"{cell.title} with hidden_size={hidden}, P={out}, input_size={input_size}",
-                         "weight_hh_l0")  # raises, naming the key, the expected and the actual
+    if any(params[k].shape != s or params[k].dtype != dtype or params[k].device != device for k, s in want):
+        check_shapes(params, dict(want), f"{cell.title} with hidden_size={hidden}, P={out}, input_size={input_size}",
+                     "weight_hh_l0")  # raises, naming the key, the expected and the actual
     state_sizes = (out, hidden) if len(cell.state_names) == 2 else (hidden,)
     return Layout(cell, num_layers, input_size, hidden, state_sizes, dtype, device, bias, proj_size)
 

@@ -27,7 +27,7 @@ Carry = tuple[torch.Tensor, ...]
 Saved = tuple[torch.Tensor, ...]  # a step's activations kept for its backward (see Cell.layer_step_saving)
 
 
-@dataclass(unsafe_hash=True, slots=True)  # not frozen: a frozen init costs 0.6 us, and every call reads a layout
+@dataclass(unsafe_hash=True, slots=True)  # not frozen: a frozen init is slower, and every call reads a layout
 class Layout:
     """Static description of a stack of layers of one cell, read from its params (treat as immutable)."""
 
@@ -128,6 +128,18 @@ class Cell(abc.ABC):
         Raises ``KeyError``/``ValueError`` naming the key, the expected and the actual value.
         """
 
+    def layout_of(self, params: Mapping[str, torch.Tensor], known: Layout | None) -> Layout:
+        """``known`` when the caller checked the params against it (a module's own weights, checked when bound) and
+        their dtype, device, sizes and layer count have not moved since (``TensorDict.to_module``,
+        ``load_state_dict(assign=True)`` and ``.to()`` swap the tensors in place); else :meth:`read_layout`."""
+        weight, w_in = params.get("weight_hh_l0"), params.get("weight_ih_l0")
+        if (known is None or weight is None or w_in is None or weight.dtype != known.dtype
+                or weight.device != known.device or w_in.shape[-1] != known.input_size
+                or weight.shape[-1] != known.state_sizes[0] or weight.shape[0] != self.num_gates * known.hidden_size
+                or f"weight_hh_l{known.num_layers - 1}" not in params or f"weight_hh_l{known.num_layers}" in params):
+            return self.read_layout(params)
+        return known
+
     @abc.abstractmethod
     def layer_weights(self, params: Mapping[str, torch.Tensor], layout: Layout, k: int) -> LayerWeights:
         """Weights of layer ``k``."""
@@ -190,12 +202,21 @@ class Cell(abc.ABC):
         return f"<{self.title} cell>"
 
 
+CELLS: dict[str, Cell] = {}  # every cell by name (the compiled ensemble op names its cell: op schemas hold no objects)
+
+
+def register(cell: Cell) -> Cell:
+    """Make ``cell`` known by its name; each cell file registers the cells it makes."""
+    CELLS[cell.name] = cell
+    return cell
+
+
 # ----------------------------------------------------------------------------- shared math
 
 
 def broadcast_mask(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``mask`` with trailing singleton dims so that it broadcasts against ``like`` (a view: trailing singleton dims
-    fit any strides, and ``view`` costs a policy step 0.8 us less than ``reshape``)."""
+    fit any strides, and ``view`` is cheaper than ``reshape`` on a policy step)."""
     missing = like.ndim - mask.ndim
     return mask.view(*mask.shape, *(1,) * missing) if missing else mask
 
@@ -207,10 +228,12 @@ def apply_reset(carry: Carry, mask: torch.Tensor | None, reset: Carry | None) ->
     """
     if mask is None:
         return carry
-    mask = broadcast_mask(mask, carry[0])  # every carry tensor has the same ndim
-    if reset is None:
-        return tuple([torch.where(mask, 0.0, s) for s in carry])
-    return tuple([torch.where(mask, r, s) for s, r in zip(carry, reset)])
+    missing = carry[0].ndim - mask.ndim  # every carry tensor has the same ndim; a view fits any strides
+    mask = mask.view(*mask.shape, *(1,) * missing) if missing else mask
+    out = []
+    for i, s in enumerate(carry):
+        out.append(torch.where(mask, 0.0 if reset is None else reset[i], s))
+    return tuple(out)
 
 
 def segment_ends(is_init: torch.Tensor) -> torch.Tensor:

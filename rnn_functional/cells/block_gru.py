@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 
 from ..precision import mark_constant_result
-from .base import Carry, Cell, LayerWeights, Layout, Saved, StepGrads, check_keys, check_shapes
+from .base import Carry, Cell, LayerWeights, Layout, Saved, StepGrads, check_keys, check_shapes, register
 
 __all__ = ["ACTIVATIONS", "BLOCK_GRU", "block_gru_cell", "init_block_gru_params", "init_weight_"]
 
@@ -57,6 +57,12 @@ ACTIVATIONS: dict[str, tuple[Callable, Callable]] = {
     "tanh": (torch.tanh, _tanh_grad),
     "relu": (F.relu, _relu_grad),
 }
+
+
+def _derivative(activation: Callable) -> Callable:
+    """The derivative of an elementwise ``activation`` at ``v``: one forward-mode product with a tangent of ones (the
+    hand-written backward of a callable it has no formula for)."""
+    return lambda v: torch.func.jvp(activation, (v,), (torch.ones_like(v),))[1]
 
 
 def init_weight_(weight: torch.Tensor, fan_in: int, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -164,17 +170,27 @@ class BlockGRUCell(Cell):
     gates.bias)``. One instance per ``(activation, norm_eps, update_bias)``: :func:`block_gru_cell`."""
 
     title = "block GRU"
+    base_name = "block_gru"
     state_names = ("h",)
     state_doc = "``h [*B, 1, H]``"
     params_doc = "DreamerV3BlockGRUCell state-dict keys (input_linear.weight, ..., gates.bias)"
     init_function = "init_block_gru_params"
+    hidden_keys = ("hidden_linear.weight", "hidden_linear.bias", "hidden_norm.weight")
+    hidden_first = False  # the first dynamic layer's block j reads [h_j, px, ph] (the RSSM core: [h_j, ph, px])
 
-    def __init__(self, activation: str, norm_eps: float, update_bias: float):
+    def __init__(self, activation: str | Callable, norm_eps: float, update_bias: float):
         self.activation, norm_eps, update_bias = activation, float(norm_eps), float(update_bias)
+        named = isinstance(activation, str)
+        label = activation if named else f"{getattr(activation, '__name__', type(activation).__name__)}@{id(activation):x}"
         default = (activation, norm_eps, update_bias) == ("silu", 1e-4, -1.0)
-        self.name = "block_gru" if default else f"block_gru[{activation},{norm_eps!r},{update_bias!r}]"
+        self.name = self.base_name if default else f"{self.base_name}[{label},{norm_eps!r},{update_bias!r}]"
         _FLOATS[self.name] = (norm_eps, update_bias)
-        self._act, self._act_grad = ACTIVATIONS[activation]
+        self._act, self._act_grad = ACTIVATIONS[activation] if named else (activation, _derivative(activation))
+
+    @staticmethod
+    def dynamic_keys(k: int) -> tuple[str, str, str]:
+        """Dynamics layer ``k``'s block weight, bias and norm scale."""
+        return f"dynamic_linears.{k}.weight", f"dynamic_linears.{k}.bias", f"dynamic_norms.{k}.weight"
 
     @property
     def norm_eps(self) -> float:
@@ -214,23 +230,27 @@ class BlockGRUCell(Cell):
 
     def prepare_input(self, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """``px = act(rms(x @ Wi^T + bi) * ni)`` for every step at once: ``[..., F] -> [..., P]``."""
-        v = F.linear(x, params["input_linear.weight"], params["input_linear.bias"])
-        return self._act(F.rms_norm(v, v.shape[-1:], params["input_norm.weight"], self.norm_eps))
+        return self.project(x, params["input_linear.weight"], params["input_linear.bias"], params["input_norm.weight"])
+
+    def project(self, v: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """``act(rms(v @ weight^T + bias) * scale)``."""
+        v = F.linear(v, weight, bias)
+        return self._act(F.rms_norm(v, v.shape[-1:], scale, self.norm_eps))
 
     def layer_weights(self, params: Mapping[str, torch.Tensor], layout: Layout, k: int) -> LayerWeights:
-        w0 = params["dynamic_linears.0.weight"]
-        P, hb = params["hidden_norm.weight"].shape[-1], w0.shape[-1]
-        deeper = []
-        for j in range(1, sum(1 for key in params if key.startswith("dynamic_norms."))):
-            deeper += [params[f"dynamic_linears.{j}.weight"], params[f"dynamic_linears.{j}.bias"],
-                       params[f"dynamic_norms.{j}.weight"]]
+        w0, b0, n0 = (params[key] for key in self.dynamic_keys(0))
+        wh, bh, nh = (params[key] for key in self.hidden_keys)
+        P, hb = nh.shape[-1], w0.shape[-1]
+        px_width = w0.shape[-2] - hb - P
+        px_at, ph_at = (hb + P, hb) if self.hidden_first else (hb, hb + px_width)
+        deeper, j = [], 1
+        while self.dynamic_keys(j)[0] in params:
+            deeper += [params[key] for key in self.dynamic_keys(j)]
+            j += 1
         return LayerWeights(
-            weight_ih=_shared_rows(w0, hb, P),
-            bias_ih=params["dynamic_linears.0.bias"],
-            weight_hh=params["hidden_linear.weight"],
-            bias_hh=params["hidden_linear.bias"],
-            extra=(params["hidden_norm.weight"], w0[..., :hb, :].contiguous(), _shared_rows(w0, hb + P, P),
-                   params["dynamic_norms.0.weight"], *deeper, params["gates.weight"], params["gates.bias"]),
+            weight_ih=_shared_rows(w0, px_at, px_width), bias_ih=b0, weight_hh=wh, bias_hh=bh,
+            extra=(nh, w0[..., :hb, :].contiguous(), _shared_rows(w0, ph_at, P), n0, *deeper,
+                   params["gates.weight"], params["gates.bias"]),
         )
 
     def layer_step_saving(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> tuple[Carry, Saved]:
@@ -356,19 +376,31 @@ def _join_gates(d_r: torch.Tensor, d_c: torch.Tensor, d_u: torch.Tensor, nb: int
     return torch.stack([d.reshape(*lead, nb, -1) for d in (d_r, d_c, d_u)], dim=-2).reshape(*lead, -1)
 
 
-_CELLS: dict[tuple[str, float, float], BlockGRUCell] = {}
+_CELLS: dict[tuple, BlockGRUCell] = {}
 
 
-def block_gru_cell(activation: str = "silu", norm_eps: float = 1e-4, update_bias: float = -1.0) -> BlockGRUCell:
-    """The block GRU cell for these hyperparameters: one instance each, made on first use (backends and compiled
-    graphs key on it; a plain dict rather than ``functools.cache``, whose wrapper Dynamo does not trace)."""
-    key = (activation, float(norm_eps), float(update_bias))
-    cell = _CELLS.get(key)
-    if cell is None:
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation: expected one of {sorted(ACTIVATIONS)}, got {activation!r}.")
-        cell = _CELLS[key] = BlockGRUCell(*key)
-    return cell
+def block_gru_cell(activation: str | Callable = "silu", norm_eps: float = 1e-4, update_bias: float = -1.0,
+                   kind: type[BlockGRUCell] = BlockGRUCell) -> BlockGRUCell:
+    """The cell of ``kind`` (the block GRU, or a subclass: the RSSM core) for these hyperparameters: one instance each,
+    made on first use (backends and compiled graphs key on it; a plain dict rather than ``functools.cache``, whose
+    wrapper Dynamo does not trace). ``activation``: a name of :data:`ACTIVATIONS` or any elementwise callable (a
+    parameter-free module or a function, held by identity; its derivative comes from ``torch.func.jvp``)."""
+    key = (kind, activation, float(norm_eps), float(update_bias))
+    _make_cell(*key)
+    return _CELLS[key]
+
+
+@mark_constant_result
+def _make_cell(kind: type[BlockGRUCell], activation, *floats: float) -> None:
+    """Make the cell of these hyperparameters unless it exists: for real even while Dynamo traces (a callable
+    activation's cell is made on its first use, compiled or not), since its constants (:func:`_floats`) are read at
+    trace time, before Dynamo would replay the writes."""
+    if (kind, activation, *floats) in _CELLS:
+        return
+    if not (activation in ACTIVATIONS if isinstance(activation, str) else callable(activation)):
+        raise ValueError(f"activation: expected one of {sorted(ACTIVATIONS)} or an elementwise callable (e.g. "
+                         f"torch.sin, nn.Sigmoid()), got {activation!r}.")
+    _CELLS[(kind, activation, *floats)] = register(kind(activation, *floats))
 
 
 BLOCK_GRU = block_gru_cell()

@@ -9,26 +9,19 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 
 from . import _torch_rnn
-from .base import AtenKernels, Carry, Cell, LayerWeights, Layout, Saved, StepGrads, TritonKernels
+from .base import AtenKernels, Carry, Cell, LayerWeights, Layout, Saved, StepGrads, TritonKernels, register
 
 __all__ = ["GRU", "init_gru_params"]
 
 
 def init_gru_params(
-    input_size: int,
-    hidden_size: int,
-    num_layers: int = 1,
-    *,
-    bias: bool = True,
-    dtype: torch.dtype | None = None,
-    device: torch.device | str | None = None,
+    input_size: int, hidden_size: int, num_layers: int = 1, *, bias: bool = True,
+    dtype: torch.dtype | None = None, device: torch.device | str | None = None,
     generator: torch.Generator | None = None,
 ) -> TensorDict:
-    """GRU parameters initialised like ``torch.nn.GRU`` (uniform in ``[-1/sqrt(H), 1/sqrt(H)]``).
-
-    Keys for layer ``k``: ``weight_ih_l{k} [3H, F_k]``, ``weight_hh_l{k} [3H, H]`` and, with
-    ``bias``, ``bias_ih_l{k}``/``bias_hh_l{k} [3H]``; ``F_0 = input_size``, ``F_k = H`` for ``k > 0``.
-    """
+    """GRU parameters initialised like ``torch.nn.GRU`` (uniform in ``[-1/sqrt(H), 1/sqrt(H)]``). Keys for layer
+    ``k``: ``weight_ih_l{k} [3H, F_k]``, ``weight_hh_l{k} [3H, H]`` and, with ``bias``, ``bias_ih_l{k}``/``bias_hh_l{k}
+    [3H]``; ``F_0 = input_size``, ``F_k = H`` for ``k > 0``."""
     return _torch_rnn.init_params(3, input_size, hidden_size, num_layers, bias, 0, dtype, device, generator)
 
 
@@ -65,8 +58,8 @@ class GRUCell(Cell):
         return _torch_rnn.layer_weights(params, layout, k, projection=False)
 
     def layer_step_saving(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> tuple[Carry, Saved]:
-        """``gi [N, 3H]``, carry ``(h [N, H],)`` -> ``((h',), saved)``; ``saved = (r, z, n, h_n)``, the gates
-        and the recurrent projection's candidate block, each ``[N, H]``."""
+        """``gi [N, 3H]``, carry ``(h [N, H],)`` -> ``((h',), (r, z, n, h_n))``: the gates and the recurrent
+        projection's candidate block, each ``[N, H]``."""
         (h,) = carry
         gh = F.linear(h, w.weight_hh, w.bias_hh)
         hidden = gh.shape[-1] // 3
@@ -91,4 +84,4 @@ class GRUCell(Cell):
         return StepGrads((torch.addmm(dh_new * z, d_gh, w.weight_hh),), dh3 * k_gi, d_gh, ())
 
 
-GRU = GRUCell()
+GRU = register(GRUCell())

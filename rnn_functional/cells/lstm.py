@@ -9,27 +9,19 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 
 from . import _torch_rnn
-from .base import AtenKernels, Carry, Cell, LayerWeights, Layout, Saved, StepGrads, TritonKernels
+from .base import AtenKernels, Carry, Cell, LayerWeights, Layout, Saved, StepGrads, TritonKernels, register
 
 __all__ = ["LSTM", "init_lstm_params"]
 
 
 def init_lstm_params(
-    input_size: int,
-    hidden_size: int,
-    num_layers: int = 1,
-    *,
-    bias: bool = True,
-    proj_size: int = 0,
-    dtype: torch.dtype | None = None,
-    device: torch.device | str | None = None,
+    input_size: int, hidden_size: int, num_layers: int = 1, *, bias: bool = True, proj_size: int = 0,
+    dtype: torch.dtype | None = None, device: torch.device | str | None = None,
     generator: torch.Generator | None = None,
 ) -> TensorDict:
-    """LSTM parameters initialised like ``torch.nn.LSTM`` (uniform in ``[-1/sqrt(H), 1/sqrt(H)]``).
-
-    Keys for layer ``k``: ``weight_ih_l{k} [4H, F_k]``, ``weight_hh_l{k} [4H, P]``,
-    ``bias_ih_l{k}``/``bias_hh_l{k} [4H]`` (with ``bias``), ``weight_hr_l{k} [P, H]`` (with
-    ``proj_size``); ``P = proj_size or H``, ``F_0 = input_size``, ``F_k = P`` for ``k > 0``.
+    """LSTM parameters initialised like ``torch.nn.LSTM`` (uniform in ``[-1/sqrt(H), 1/sqrt(H)]``). Keys for layer
+    ``k``: ``weight_ih_l{k} [4H, F_k]``, ``weight_hh_l{k} [4H, P]``, ``bias_ih_l{k}``/``bias_hh_l{k} [4H]`` (with
+    ``bias``), ``weight_hr_l{k} [P, H]`` (``proj_size``); ``P = proj_size or H``, ``F_0 = input_size``, ``F_k = P``.
     """
     return _torch_rnn.init_params(4, input_size, hidden_size, num_layers, bias, proj_size, dtype, device, generator)
 
@@ -68,9 +60,8 @@ class LSTMCell(Cell):
         return _torch_rnn.layer_weights(params, layout, k, projection=True)
 
     def layer_step_saving(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> tuple[Carry, Saved]:
-        """``gi [N, 4H]``, carry ``(h [N, P], c [N, H])`` -> ``((h', c'), saved)``; ``extra = (weight_hr,)``.
-        ``saved = (i, f, g, o)``, the activated gates, each ``[N, H]`` (``tanh(c')`` is not kept: its
-        backward recomputes it from them and ``c``, an elementwise pass it makes anyway)."""
+        """``gi [N, 4H]``, carry ``(h [N, P], c [N, H])`` -> ``((h', c'), (i, f, g, o))``, the activated gates
+        ``[N, H]`` (``tanh(c')`` is recomputed by the backward's elementwise pass); ``extra = (weight_hr,)``."""
         h, c = carry
         i, f, g, o = (gi + F.linear(h, w.weight_hh, w.bias_hh)).chunk(4, dim=-1)
         i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
@@ -82,10 +73,9 @@ class LSTMCell(Cell):
         return (h_next, c_next), (i, f, g, o)
 
     def carry_rest_given_h(self, gi: torch.Tensor, h_prev: torch.Tensor, rest0: Carry, w: LayerWeights) -> Carry:
-        """``(c [R, T, H],)``: the gates of every step in one batch (they read ``h``, not ``c``), then
-        ``c``'s elementwise recurrence alone over ``T``."""
+        """``(c [R, T, H],)``: every step's gates at once (they read ``h``, not ``c``), then ``c``'s recurrence."""
         (_, candidate), (_, f, *_) = self.layer_step_saving(gi, (h_prev, torch.zeros_like(h_prev[..., :1])), w)
-        c, cs = rest0[0], []  # candidate: the cell update from c = 0, i * g
+        c, cs = rest0[0], []  # candidate: i * g
         for f_t, candidate_t in zip(f.unbind(1), candidate.unbind(1)):  # not [:, t]: see backends/reference.py
             c = _cell_update(f_t, c, candidate_t)
             cs.append(c)
@@ -118,4 +108,4 @@ def _cell_update(f: torch.Tensor, c: torch.Tensor, candidate: torch.Tensor) -> t
     return torch.addcmul(candidate, f, c)
 
 
-LSTM = LSTMCell()
+LSTM = register(LSTMCell())

@@ -1,7 +1,5 @@
 """minGRU (Feng et al. 2024, "Were RNNs All We Needed?"): a GRU whose gates read the input only.
-
-Per layer: ``z, c = split(x_t @ weight^T + bias, 2)``, ``z = sigmoid(z)``, ``h_t = (1 - z) * h_{t-1} + z * c``:
-linear in ``h`` with ``a = 1 - z = sigmoid(-z_logit)``, ``b = z * c``.
+Per layer ``z, c = split(x_t @ weight^T + bias, 2)``, ``h_t = (1 - sigmoid(z)) * h_{t-1} + sigmoid(z) * c``.
 """
 
 from __future__ import annotations
@@ -10,7 +8,7 @@ import torch
 from tensordict import TensorDict
 
 from ._linear_rnn import LinearRecurrentCell, init_linear_params
-from .base import Carry, LayerWeights, Saved, StepGrads
+from .base import Carry, LayerWeights, Saved, StepGrads, register
 
 __all__ = ["MIN_GRU", "init_min_gru_params"]
 
@@ -36,16 +34,12 @@ class MinGRUCell(LinearRecurrentCell):
         return StepGrads((g * (1 - z),), torch.cat([d_gate, g * z], dim=-1), None, ())
 
 
-MIN_GRU = MinGRUCell()
+MIN_GRU = register(MinGRUCell())
 
 
 def init_min_gru_params(
-    input_size: int,
-    hidden_size: int,
-    num_layers: int = 1,
-    *,
-    dtype: torch.dtype | None = None,
-    device: torch.device | str | None = None,
+    input_size: int, hidden_size: int, num_layers: int = 1, *,
+    dtype: torch.dtype | None = None, device: torch.device | str | None = None,
     generator: torch.Generator | None = None,
 ) -> TensorDict:
     """minGRU params initialised like ``torch.nn.Linear``: ``weight_l{k} [2H, F_k]``, ``bias_l{k} [2H]``, uniform in

@@ -22,18 +22,15 @@ from tensordict import TensorDict
 
 from .base import (
     Carry, Cell, LayerWeights, Layout, Saved, StepGrads, check_keys, check_shapes, check_sizes, count_layers, uniform_,
+    register,
 )
 
 __all__ = ["NORM_GRU", "init_norm_gru_params"]
 
 
 def init_norm_gru_params(
-    input_size: int,
-    hidden_size: int,
-    num_layers: int = 1,
-    *,
-    dtype: torch.dtype | None = None,
-    device: torch.device | str | None = None,
+    input_size: int, hidden_size: int, num_layers: int = 1, *,
+    dtype: torch.dtype | None = None, device: torch.device | str | None = None,
     generator: torch.Generator | None = None,
 ) -> TensorDict:
     """Layer-normalised GRU parameters: ``weight_l{k} [3H, F_k + H]`` uniform in ``[-1/sqrt(H), 1/sqrt(H)]``
@@ -68,10 +65,8 @@ class NormGRUCell(Cell):
         check_keys(keys, expected, f"a {num_layers}-layer {self.title}")
         w0 = params["weight_l0"]
         if w0.ndim != 2 or w0.shape[0] % 3 or w0.shape[1] <= w0.shape[0] // 3:
-            raise ValueError(
-                f"params['weight_l0']: expected shape [3 * hidden_size, input_size + hidden_size] for the "
-                f"{self.title}, got {tuple(w0.shape)}. Are these params of another cell kind?"
-            )
+            raise ValueError(f"params['weight_l0']: expected shape [3 * hidden_size, input_size + hidden_size] for the "
+                             f"{self.title}, got {tuple(w0.shape)}. Are these params of another cell kind?")
         hidden = w0.shape[0] // 3
         input_size = w0.shape[1] - hidden
         want = {}
@@ -84,15 +79,9 @@ class NormGRUCell(Cell):
     def layer_weights(self, params: Mapping[str, torch.Tensor], layout: Layout, k: int) -> LayerWeights:
         w = params[f"weight_l{k}"]
         layer_in = w.shape[-1] - layout.hidden_size
-        # Contiguous copies of the two column blocks: row-major GEMM operands, and no aliasing
-        # between the weights a scanned step closes over (torch's scan refuses aliased inputs).
-        return LayerWeights(
-            weight_ih=w[..., :layer_in].contiguous(),
-            bias_ih=None,
-            weight_hh=w[..., layer_in:].contiguous(),
-            bias_hh=None,
-            extra=(params[f"norm_weight_l{k}"], params[f"norm_bias_l{k}"]),
-        )
+        # contiguous copies: row-major GEMM operands, and no aliased inputs for a scanned step (scan refuses them)
+        return LayerWeights(w[..., :layer_in].contiguous(), None, w[..., layer_in:].contiguous(), None,
+                            extra=(params[f"norm_weight_l{k}"], params[f"norm_bias_l{k}"]))
 
     def layer_step_saving(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> tuple[Carry, Saved]:
         """``gi = x @ weight_ih^T [N, 3H]``, carry ``(h [N, H],)`` -> ``((h',), saved)``; ``saved = (z_hat [N, 3H],
@@ -100,8 +89,7 @@ class NormGRUCell(Cell):
         (h,) = carry
         norm_weight, norm_bias = w.extra
         z = gi + F.linear(h, w.weight_hh)
-        # eps a literal: a float global becomes a graph input under torch.compile(dynamic=True), which the scan body of
-        # recompute="full" could not lift ("lift_tracked_freevar_to_input should not be called on root SubgraphTracer")
+        # eps a literal: a float global becomes a graph input under dynamic=True, which a scan body cannot lift
         z_hat, _, inv_std = torch.native_layer_norm(z, (z.shape[-1],), None, None, 1e-3)
         r, c, u = (z_hat * norm_weight + norm_bias).chunk(3, dim=-1)
         c = torch.tanh(torch.sigmoid(r) * c)
@@ -119,11 +107,9 @@ class NormGRUCell(Cell):
         d_rc = dh_new * u * (1 - c * c)  # cotangent of r * c_in
         d_zn = torch.cat([d_rc * c_in * r * (1 - r), d_rc * r, dh_new * (c - h) * u * (1 - u)], dim=-1)
         d_hat = d_zn * norm_weight
-        d_z = inv_std * (
-            d_hat - d_hat.mean(-1, keepdim=True) - z_hat * (d_hat * z_hat).mean(-1, keepdim=True)
-        )
+        d_z = inv_std * (d_hat - d_hat.mean(-1, keepdim=True) - z_hat * (d_hat * z_hat).mean(-1, keepdim=True))
         d_h = dh_new * (1 - u) + d_z @ w.weight_hh
         return StepGrads((d_h,), d_z, None, ((d_zn * z_hat).sum(0), d_zn.sum(0)))
 
 
-NORM_GRU = NormGRUCell()
+NORM_GRU = register(NormGRUCell())

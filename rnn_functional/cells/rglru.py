@@ -8,14 +8,16 @@ Per layer: ``u, r, i = split(x_t @ weight^T + bias, 3)``, ``r = sigmoid(r)``, ``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 
 from ._linear_rnn import LinearRecurrentCell, init_linear_params
-from .base import Carry, LayerWeights, Saved, StepGrads
+from .base import Carry, LayerWeights, Saved, StepGrads, register
 
-__all__ = ["RGLRU", "init_rglru_params"]
+__all__ = ["RGLRU", "init_rglru_params", "rglru_params_from_recurrentgemma"]
 
 C = 8  # the gate's exponent scale (Griffin's c); an int: under torch.compile(dynamic=True) Dynamo makes a float global a
 # graph input, which a scan body fails to lift ("lift_tracked_freevar_to_input should not be called on root SubgraphTracer")
@@ -65,13 +67,24 @@ class RGLRUCell(LinearRecurrentCell):
         return StepGrads((g * a,), torch.cat([g * m * i, d_r, d_i], dim=-1), None, (d_lambda,))
 
 
-RGLRU = RGLRUCell()
+RGLRU = register(RGLRUCell())
 
 
-def _init_log_lambda(hidden_size: int, dtype, device, generator) -> torch.Tensor:
-    """``Λ`` with ``sigmoid(Λ)^c`` uniform in ``[0.9, 0.999]`` (Griffin's initialisation)."""
+def _griffin_log_lambda(hidden_size: int, dtype, device, generator) -> torch.Tensor:
+    """``Λ`` with ``sigmoid(Λ)^c`` (the decay at ``r = 1``) uniform in ``[0.9, 0.999]``."""
     decay = torch.empty(hidden_size, dtype=torch.float64, device=device).uniform_(0.9, 0.999, generator=generator)
     return torch.logit(decay ** (1.0 / C)).to(dtype or torch.get_default_dtype())
+
+
+def _recurrentgemma_log_lambda(hidden_size: int, dtype, device, generator) -> torch.Tensor:
+    """``Λ`` as recurrentgemma draws it (``rnn_param_init``): ``sigmoid(Λ)`` itself in ``[0.9, 0.999]``, uniform on the
+    ring's area (``sigmoid(Λ)^2`` uniform in ``[0.81, 0.998]``, each shifted by its ``1e-8``)."""
+    square = torch.empty(hidden_size, dtype=torch.float64, device=device).uniform_(
+        0.9 ** 2 + 1e-8, 0.999 ** 2 + 1e-8, generator=generator)
+    return torch.logit(square.sqrt()).to(dtype or torch.get_default_dtype())
+
+
+_INITS = {"griffin": _griffin_log_lambda, "recurrentgemma": _recurrentgemma_log_lambda}
 
 
 def init_rglru_params(
@@ -79,10 +92,37 @@ def init_rglru_params(
     hidden_size: int,
     num_layers: int = 1,
     *,
+    init: str = "griffin",
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
     generator: torch.Generator | None = None,
 ) -> TensorDict:
     """RG-LRU params: ``weight_l{k} [3H, F_k]`` and ``bias_l{k} [3H]`` initialised like ``torch.nn.Linear`` (uniform in
-    ``[-1/sqrt(F_k), 1/sqrt(F_k)]``), ``log_lambda_l{k} [H]`` so that ``sigmoid(Λ)^8`` is uniform in ``[0.9, 0.999]``."""
-    return init_linear_params(RGLRU, input_size, hidden_size, num_layers, dtype, device, generator, _init_log_lambda)
+    ``[-1/sqrt(F_k), 1/sqrt(F_k)]``), ``log_lambda_l{k} [H]`` by ``init``: ``"griffin"`` puts ``sigmoid(Λ)^8`` (the
+    decay at ``r = 1``) uniform in ``[0.9, 0.999]``; ``"recurrentgemma"`` puts ``sigmoid(Λ)`` in ``[0.9, 0.999]``
+    as DeepMind's code does (uniform on the ring's area; the decay at ``r = 1`` then lies in ``[0.43, 0.992]``)."""
+    if init not in _INITS:
+        raise ValueError(f"init: expected one of {sorted(_INITS)}, got {init!r}.")
+    return init_linear_params(RGLRU, input_size, hidden_size, num_layers, dtype, device, generator, _INITS[init])
+
+
+def rglru_params_from_recurrentgemma(layer: Mapping[str, torch.Tensor] | torch.nn.Module) -> TensorDict:
+    """One-layer RG-LRU params from recurrentgemma's torch ``RGLRU`` (the module or its state dict: ``a_param``,
+    ``input_gate.w/.b``, ``a_gate.w/.b``), sharing nothing. Its layer feeds ``x`` in directly and gates it with two
+    block-diagonal linears (``w [heads, Hb, Hb]``, ``b [heads, Hb]``): here an identity input projection and the
+    gates' blocks on the diagonal of ``weight_l0``; its ``log_a = -8 r softplus(a_param)`` is ours with ``Λ = -a_param``.
+    The recurrence agrees everywhere but at a segment start, where recurrentgemma sets ``a = 0`` and scales the input
+    by 1 (ours: carry reset, input scaled by ``sqrt(1 - a^2)``); see docs/linear_recurrences.md."""
+    tensors = layer.state_dict() if isinstance(layer, torch.nn.Module) else layer
+    a_param = tensors["a_param"].detach()
+    width = a_param.shape[-1]
+
+    def dense(key: str) -> torch.Tensor:  # y = x @ blockdiag(w) + b as F.linear's [out, in] weight
+        return torch.block_diag(*tensors[f"{key}.w"].detach()).T
+
+    weight = torch.cat([torch.eye(width, dtype=a_param.dtype, device=a_param.device), dense("a_gate"),
+                        dense("input_gate")])
+    bias = torch.cat([torch.zeros_like(a_param), tensors["a_gate.b"].detach().flatten(),
+                      tensors["input_gate.b"].detach().flatten()])
+    return TensorDict({"weight_l0": weight, "bias_l0": bias, "log_lambda_l0": -a_param.clone()}, batch_size=[],
+                      device=a_param.device)

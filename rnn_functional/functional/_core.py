@@ -17,12 +17,10 @@ import torch
 import torch.utils._pytree as pytree
 
 from .. import backends
-from ..backends import Route, SegmentPlan, SequenceOptions, ensemble_scan, segments
-from ..cells import Carry, Cell, Layout, apply_reset, final_at_last_step, keep_segment_ends
+from ..backends import Route, SegmentPlan, SequenceOptions, segments
+from ..cells import CELLS, Carry, Cell, Layout, apply_reset, final_at_last_step, keep_segment_ends, multi_layer_step
 from . import selection, slices
 from .options import call_context, check_options
-
-CELLS: dict[str, Cell] = {}  # every cell with public functions, by name (filled by public_functions)
 
 _COUNT = ("no", "one", "two", "three", "four", "five")
 
@@ -140,21 +138,6 @@ class Canonical:
     reset: Carry | None
 
 
-def current_layout(cell: Cell, params: Mapping[str, torch.Tensor], layout: Layout | None) -> Layout:
-    """``layout`` when the caller checked the params against it (a module's own weights, checked when bound)
-    and their dtype, device, sizes and layer count have not moved since (``TensorDict.to_module``,
-    ``load_state_dict(assign=True)`` and ``.to()`` swap the tensors in place); else the params' layout,
-    read and checked now."""
-    weight, w_in = params.get("weight_hh_l0"), params.get("weight_ih_l0")
-    if (layout is None or weight is None or w_in is None or weight.dtype != layout.dtype
-            or weight.device != layout.device or w_in.shape[-1] != layout.input_size
-            or weight.shape[-1] != layout.state_sizes[0]
-            or weight.shape[0] != layout.cell.num_gates * layout.hidden_size
-            or f"weight_hh_l{layout.num_layers - 1}" not in params or f"weight_hh_l{layout.num_layers}" in params):
-        return cell.read_layout(params)
-    return layout
-
-
 def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: bool) -> Canonical:
     """The call checked (every error names the argument, the expected and the actual) and flattened."""
     params = _as_tensor_map(params, cell)
@@ -201,29 +184,34 @@ def flatten(layout: Layout, params: dict[str, torch.Tensor], x: torch.Tensor, ca
             is_init: torch.Tensor | None, reset: Carry | None, sequence: bool = True) -> Canonical:
     """A checked call (shapes against ``layout``, ``is_init`` ``[*B(, T)]`` or with a trailing 1) with its batch
     dims ``*B`` flattened into ``N``; ``carry`` ``None`` for zeros."""
-    if torch.compiler.is_exporting():
-        # torch's ``scan`` clones the tensors its step reads to trace it, and under non-strict export fails on one the
-        # graph holds as a constant (a global closed over: "Cannot access data pointer of Tensor"); a view is an op
-        params, x, is_init, carry, reset = pytree.tree_map_only(
-            torch.Tensor, lambda t: t.view_as(t), (params, x, is_init, carry, reset))
-    if not torch.compiler.is_compiling() and torch.is_grad_enabled():
-        x, is_init, carry, reset = _saveable(x, is_init, carry, reset)
-    layout, params, x, carry, reset = in_autocast_dtype(layout, params, x, carry, reset)
+    if torch.compiler.is_compiling():
+        if torch.compiler.is_exporting():
+            # torch's ``scan`` clones the tensors its step reads to trace it, and under non-strict export fails on one
+            # the graph holds as a constant (a global closed over: "Cannot access data pointer of Tensor"); a view is
+            # an op
+            params, x, is_init, carry, reset = pytree.tree_map_only(
+                torch.Tensor, lambda t: t.view_as(t), (params, x, is_init, carry, reset))
+    elif torch.is_grad_enabled():
+        for t in (x, is_init, *(carry or ()), *(reset or ())):
+            if t is not None and t.is_inference():
+                x, is_init, carry, reset = _saveable(x, is_init, carry, reset)
+                break
+    if layout.cell.aten is not None and torch.is_autocast_enabled(layout.device.type):
+        layout, params, x, carry, reset = in_autocast_dtype(layout, params, x, carry, reset)
     lead = 2 if sequence else 1
     batch_shape = tuple(x.shape[:-lead])
     if len(batch_shape) == 1 and carry is not None and (is_init is None or is_init.ndim == lead):
         return Canonical(layout, params, batch_shape, x, tuple(carry), is_init, reset)  # flat already: a policy step
     n = math.prod(batch_shape)
     time = tuple(x.shape[-2:-1]) if sequence else ()
-    L, sizes = layout.num_layers, layout.state_sizes
+    flat = [_flat(x, (n, *x.shape[len(batch_shape):])), None if is_init is None else _flat(is_init, (n, *time))]
+    for states, lead_shape in ((carry, (n,)), (reset, (n, *time))):
+        if states is not None:
+            states = tuple([_flat(t, (*lead_shape, layout.num_layers, t.shape[-1])) for t in states])
+        flat.append(states)
     if carry is None:
-        carry = tuple(x.new_zeros((n, L, s)) for s in sizes)
-    else:
-        carry = tuple(_flat(t, (n, L, s)) for t, s in zip(carry, sizes))
-    mask = None if is_init is None else _flat(is_init, (n,) + time)
-    if reset is not None:
-        reset = tuple(_flat(t, (n,) + time + (L, s)) for t, s in zip(reset, sizes))
-    return Canonical(layout, params, batch_shape, _flat(x, (n,) + tuple(x.shape[len(batch_shape):])), carry, mask, reset)
+        flat[2] = tuple([x.new_zeros((n, layout.num_layers, size)) for size in layout.state_sizes])
+    return Canonical(layout, params, batch_shape, flat[0], flat[2], flat[1], flat[3])
 
 
 def in_autocast_dtype(layout: Layout, params: Mapping[str, torch.Tensor], x: torch.Tensor, carry: Carry | None,
@@ -239,7 +227,7 @@ def in_autocast_dtype(layout: Layout, params: Mapping[str, torch.Tensor], x: tor
 
 
 def _saveable(x: torch.Tensor, is_init, carry: Carry | None, reset: Carry | None):
-    """The call's tensors with any made under ``torch.inference_mode()`` copied to normal tensors: autograd cannot
+    """The call's tensors with those made under ``torch.inference_mode()`` copied to normal tensors: autograd cannot
     save an inference tensor for backward, and a call that trains on data collected in inference mode is one
     ``nn.LSTM`` and TorchRL serve (their kernels keep only their own buffers)."""
     def own(t):
@@ -278,47 +266,30 @@ def _empty_call(c: Canonical, time: tuple) -> tuple[torch.Tensor, Carry, Carry]:
     return y, tuple(s + zero for s in c.carry), per_step
 
 
-def run_step(cell: Cell, x, state, params, is_init, backend: str) -> tuple[torch.Tensor, object]:
-    """Validate, reset to zeros where ``is_init``, run one step over all layers."""
-    if backend not in selection.STEP_BACKENDS:  # the unknown-name error first; resolve_step rejects 'scan'
-        check_options(backend=backend)
-    c = _canonicalize(cell, x, state, params, is_init, None, sequence=False)
-    step = selection.resolve_step(backend, c.layout, c.x)
+def run_step(cell: Cell, x, state, params, is_init, backend: str, dropout: float = 0.0, training: bool = False,
+             layout: Layout | None = None) -> tuple[torch.Tensor, object]:
+    """The public step functions: validate once (unless ``layout``: the caller checked ``x``, ``state`` and
+    ``is_init`` against these params' layout, as the modules do), reset to zeros where ``is_init``, run one step over
+    all layers (with inter-layer dropout where ``training``, the ``reference`` step: no fused cell applies it)."""
+    if layout is None:
+        if backend not in selection.STEP_BACKENDS:  # the unknown-name error first; resolve_step rejects 'scan'
+            check_options(backend=backend)
+        check_options(dropout=dropout)
+        c = _canonicalize(cell, x, state, params, is_init, None, sequence=False)
+    else:
+        carry = None if state is None else (state,) if isinstance(state, torch.Tensor) else tuple(state)
+        c = flatten(layout, params if isinstance(params, dict) else dict(params), x, carry, is_init, None, False)
     if c.x.shape[0] == 0:
         y, carry, _ = _empty_call(c, ())
+    elif training and dropout > 0 and c.layout.num_layers > 1:
+        carry = apply_reset(c.carry, c.is_init, None)
+        y, carry = multi_layer_step(c.layout, c.params, cell.prepare_input(c.params, c.x), carry, dropout, True)
     else:
+        step = selection.resolve_step(backend, c.layout, c.x, call_context())
         y, carry = step(c.layout, c.params, cell.prepare_input(c.params, c.x), apply_reset(c.carry, c.is_init, None))
-    y, *carry = restore(c.batch_shape, (y, *carry))
-    return y, _from_carry(cell, tuple(carry))
-
-
-def run_validated_step(
-    layout: Layout, params: Mapping[str, torch.Tensor], x: torch.Tensor, carry: Carry, is_init: torch.Tensor | None
-) -> tuple[torch.Tensor, Carry]:
-    """:func:`run_step` (``backend="auto"``) for a caller that has checked its inputs against ``layout``.
-
-    ``x [*B, F]`` with ``*B`` non-empty, carry tensors ``[*B, L, S]``, ``is_init`` bool ``[*B]`` or
-    ``[*B, 1]``; returns ``(y [*B, P], carry)``. The modules' compiled step: they check shapes
-    against their configuration and the params once, when the weights are bound, so the traced
-    step skips :func:`_canonicalize`, whose function and attribute reads each add a guard that every
-    compiled call re-checks (their dtype and device too).
-    """
-    if not torch.compiler.is_compiling() and torch.is_grad_enabled():
-        x, is_init, carry, _ = _saveable(x, is_init, carry, None)
-    layout, params, x, carry, _ = in_autocast_dtype(layout, params, x, carry, None)
-    batch_shape = tuple(x.shape[:-1])
-    if len(batch_shape) == 1:  # flat already (a policy step): ``is_init`` [N] or [N, 1] broadcasts as it is
-        flat, mask = tuple(carry), is_init
-    else:
-        n = math.prod(batch_shape)
-        flat = tuple(t.reshape(n, *t.shape[-2:]) for t in carry)
-        mask = None if is_init is None else is_init.reshape(n)
-        x = x.reshape(n, x.shape[-1])
-    step = selection.resolve_step("auto", layout, x)
-    x = layout.cell.prepare_input(params, x)
-    y, new_carry = step(layout, params, x, apply_reset(flat, mask, None))
-    y, *new_carry = restore(batch_shape, (y, *new_carry))
-    return y, tuple(new_carry)
+    if len(c.batch_shape) != 1:
+        y, *carry = restore(c.batch_shape, (y, *carry))
+    return y, (carry[0] if len(carry) == 1 else tuple(carry))
 
 
 def _first_step_resets(x, carry: Carry, is_init: torch.Tensor, reset: Carry | None, host: np.ndarray):
@@ -379,7 +350,9 @@ def execute(c: Canonical, backend: str, opts: SequenceOptions, slice_len: int | 
         call = slices.split(slice_len, *call)
         host = None if host is None else host.reshape(call[2].shape)
     plan = None
-    if call[2] is not None and not (empty or ctx.traced) and selection.reads_segments(
+    if num_slices is not None and ctx.compiling and not empty:  # the segments in a [num_slices, slice_len] block
+        plan = segments.static_plan(c.is_init, slice_len, num_slices)
+    elif call[2] is not None and not (empty or ctx.traced) and selection.reads_segments(
             backend, c.layout, call[0], opts, ctx, segment_layout):
         host, plan = _read_mask(call[2], host)
         if plan is None:
@@ -388,8 +361,6 @@ def execute(c: Canonical, backend: str, opts: SequenceOptions, slice_len: int | 
     if empty:  # no step runs (the route was still chosen: a backend that cannot serve the call says so)
         y, final, seg = _empty_call(c, (t_len,))
         return SequenceOut(y, final, seg if opts.segment_states else None)
-    if num_slices is not None and ctx.compiling and route.backend != "parallel":  # the segments in a [num_slices, slice_len] block
-        route = Route(route.backend, "aligned", segments.static_plan(c.is_init, slice_len, num_slices))
     result = route.run(c.layout, c.params, *call, opts if call[2] is not None else opts.without_segment_states())
     y, final, seg = result.y, result.final, None
     if opts.segment_states:
@@ -424,13 +395,20 @@ def sequence_route(cell: str, x: torch.Tensor, params: Mapping[str, torch.Tensor
 
 
 def run_sequence(cell: Cell, x, state, params, is_init, reset_state, backend: str, opts: SequenceOptions,
-                 slice_len: int | None = None, num_slices: int | None = None, segment_layout: str = "auto"):
-    """The public sequence functions: check the options and the call once, :func:`execute` it. Returns
+                 slice_len: int | None = None, num_slices: int | None = None, segment_layout: str = "auto",
+                 layout: Layout | None = None):
+    """The public sequence functions: check the options and the call once (unless ``layout``: the caller checked
+    the options and the call against these params' layout, as the modules do), :func:`execute` it. Returns
     ``(y, state_T)`` or, with ``opts.segment_states``, ``(y, state_T, segment states)`` in the public format."""
-    check_options(backend=backend, recompute=opts.recompute, dropout=opts.dropout,
-                  matmul_precision=opts.matmul_precision, compute_dtype=opts.compute_dtype,
-                  segment_layout=segment_layout)
-    c = _canonicalize(cell, x, state, params, is_init, reset_state, sequence=True)
+    if layout is None:
+        check_options(backend=backend, recompute=opts.recompute, dropout=opts.dropout,
+                      matmul_precision=opts.matmul_precision, compute_dtype=opts.compute_dtype,
+                      segment_layout=segment_layout)
+        c = _canonicalize(cell, x, state, params, is_init, reset_state, sequence=True)
+    else:
+        carry, reset = ((None if t is None else (t,) if isinstance(t, torch.Tensor) else tuple(t))
+                        for t in (state, reset_state))
+        c = flatten(layout, params if isinstance(params, dict) else dict(params), x, carry, is_init, reset)
     out = execute(c, backend, opts, slice_len, num_slices, segment_layout)
     y, *final = restore(c.batch_shape, (out.y, *out.final))
     if not opts.segment_states:
@@ -452,6 +430,11 @@ _STEP_DOC = """One time step of a multi-layer {title}.
             ``"reference"``, ``"pad"``, ``"triton"`` or ``"parallel"`` (one step of a linear recurrence: the
             ``reference`` step). See
             :func:`rnn_functional.functional.selection.resolve_step`.
+
+        dropout, training: dropout probability on the outputs of every layer but the last, applied only when
+            ``training`` (then the ``reference`` step runs: no fused cell applies it).
+        layout: the params' layout (``Cell.layout_of``) when the caller has checked ``x``, ``state`` (a tuple
+            of tensors) and ``is_init`` against it, as the modules do: the call skips its own checks.
 
     Returns:
         ``(y [*B, {out}], state)``: the top layer's output and the new state. As ``torch.nn.LSTMCell``'s
@@ -489,11 +472,13 @@ _SEQUENCE_DOC = """A multi-layer {title} over a sequence, with resets.
             A hint that does not match the batch raises (``ValueError`` eagerly, ``RuntimeError``
             from the compiled call); see ``docs/compile.md``.
         segment_layout: how an eager call with interior resets lays out its segments: ``"auto"``
-            (the cheapest by the cost table, ``docs/backends.md``), or, with a named backend, one of
+            (``auto``'s rule, ``docs/backends.md``), or, with a named backend, one of
             its layouts: ``"rows"`` (as they are) or ``"aligned"`` (right-aligned segments) for
             ``reference``/``scan``; ``"packed"``, ``"buckets"`` (one layer) or ``"slices"`` (whole
             slices of one length) for ``pad``. Calls without interior resets, and traced calls,
             run their rows as they are.
+        layout: the params' layout (``Cell.layout_of``) when the caller has checked the options and ``x``,
+            ``state``, ``is_init`` and ``reset_state`` against it, as the modules do: the call skips its checks.
 
     Returns:
         ``(y [*B, T, {out}], state_T)``: top-layer outputs and the carry after the last step
@@ -501,19 +486,12 @@ _SEQUENCE_DOC = """A multi-layer {title} over a sequence, with resets.
     """
 
 
-def register(cell: Cell) -> None:
-    """Make ``cell`` known by name (:func:`sequence_route`, the compiled ensemble op)."""
-    CELLS[cell.name] = cell
-    ensemble_scan.register_cell(cell)
-
-
 def public_functions(cell: Cell) -> tuple[Callable, Callable]:
-    """``cell``'s public step and sequence functions (``{name}_step``, ``{name}_sequence``); registers the cell."""
-    register(cell)
+    """``cell``'s public step and sequence functions (``{name}_step``, ``{name}_sequence``)."""
 
     def step(x: torch.Tensor, state, params: Mapping[str, torch.Tensor], *, is_init: torch.Tensor | None = None,
-             backend: str = "auto"):
-        return run_step(cell, x, state, params, is_init, backend)
+             backend: str = "auto", dropout: float = 0.0, training: bool = False, layout: Layout | None = None):
+        return run_step(cell, x, state, params, is_init, backend, dropout, training, layout)
 
     def sequence(
         x: torch.Tensor,
@@ -532,10 +510,11 @@ def public_functions(cell: Cell) -> tuple[Callable, Callable]:
         slice_len: int | None = None,
         num_slices: int | None = None,
         segment_layout: str = "auto",
+        layout: Layout | None = None,
     ):
         opts = SequenceOptions(dropout, training, recompute, compute_dtype, matmul_precision, return_segment_states)
         return run_sequence(cell, x, state, params, is_init, reset_state, backend, opts, slice_len, num_slices,
-                            segment_layout)
+                            segment_layout, layout)
 
     for fn, kind, doc in ((step, "step", _STEP_DOC), (sequence, "sequence", _SEQUENCE_DOC)):
         fn.__name__ = fn.__qualname__ = f"{cell.name}_{kind}"

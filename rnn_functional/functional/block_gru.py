@@ -1,32 +1,34 @@
-"""The public functions of DreamerV3's block GRU (:mod:`rnn_functional.cells.block_gru`).
+"""The public functions of DreamerV3's block GRU (:mod:`rnn_functional.cells.block_gru`) and of TorchRL's RSSM core
+(:mod:`rnn_functional.cells.rssm`, the block GRU with another input stage).
 
-Its hyperparameters (``activation``, ``norm_eps``, ``update_bias``) are keywords, not params: each combination is
-one cell (:func:`~rnn_functional.cells.block_gru.block_gru_cell`), registered on first use like every public cell.
+Their hyperparameters (``activation``, ``norm_eps``, ``update_bias``) are keywords, not params: each combination is
+one cell (:func:`~rnn_functional.cells.block_gru.block_gru_cell`), made and registered on first use.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
 from ..backends import SequenceOptions
 from ..cells.block_gru import ACTIVATIONS, BlockGRUCell, block_gru_cell
-from ._core import CELLS, register, run_sequence, run_step
+from ..cells.rssm import RSSMCoreCell
+from ._core import run_sequence, run_step
 
-__all__ = ["block_gru_sequence", "block_gru_step", "configured_cell"]
+__all__ = ["block_gru_sequence", "block_gru_step", "configured_cell", "rssm_core_sequence", "rssm_core_step"]
 
-for _activation in ACTIVATIONS:  # the defaults of every activation, registered before any compile
-    register(block_gru_cell(_activation))
+for _activation in ACTIVATIONS:  # the defaults of every activation, made (and registered) before any compile
+    block_gru_cell(_activation), block_gru_cell(_activation, kind=RSSMCoreCell)
+
+Activation = str | Callable[[torch.Tensor], torch.Tensor]
 
 
-def configured_cell(activation: str, norm_eps: float, update_bias: float) -> BlockGRUCell:
-    """The registered cell for these hyperparameters (``ValueError`` naming ``activation`` if unknown); registered
-    on its first use only (a compiled call would otherwise replay the registry writes every time)."""
-    cell = block_gru_cell(activation, norm_eps, update_bias)
-    if CELLS.get(cell.name) is not cell:
-        register(cell)
-    return cell
+def configured_cell(activation: Activation, norm_eps: float, update_bias: float = -1.0,
+                    kind: type[BlockGRUCell] = BlockGRUCell) -> BlockGRUCell:
+    """The cell for these hyperparameters (``ValueError`` naming ``activation`` if unknown), made and registered by
+    :func:`~rnn_functional.cells.block_gru.block_gru_cell` on its first use."""
+    return block_gru_cell(activation, norm_eps, update_bias, kind)
 
 
 def block_gru_step(
@@ -36,7 +38,7 @@ def block_gru_step(
     *,
     is_init: torch.Tensor | None = None,
     backend: str = "auto",
-    activation: str = "silu",
+    activation: Activation = "silu",
     norm_eps: float = 1e-4,
     update_bias: float = -1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,7 +50,9 @@ def block_gru_step(
         params: ``DreamerV3BlockGRUCell`` state-dict keys (see ``init_block_gru_params``).
         is_init: bool ``[*B]`` (or ``[*B, 1]``); where True the state is reset to zeros first.
         backend: ``"auto"`` or ``"reference"`` (``"pad"``/``"triton"`` have no kernel for this cell and say so).
-        activation: ``"silu"`` (DreamerV3's), ``"tanh"`` or ``"relu"``.
+        activation: ``"silu"`` (DreamerV3's), ``"tanh"``, ``"relu"`` or any elementwise callable (``torch.sin``, a
+            parameter-free module), whose derivative the hand-written backward takes by ``torch.func.jvp``; it is
+            held by identity (one cell each, kept for the process): pass the same object on every call.
         norm_eps: the RMS norms' epsilon.
         update_bias: added to the update gate's logit.
 
@@ -67,7 +71,7 @@ def block_gru_sequence(
     reset_state: torch.Tensor | None = None,
     backend: str = "auto",
     recompute: str = "none",
-    activation: str = "silu",
+    activation: Activation = "silu",
     norm_eps: float = 1e-4,
     update_bias: float = -1.0,
     return_segment_states: bool = False,
@@ -96,3 +100,47 @@ def block_gru_sequence(
     opts = SequenceOptions(recompute=recompute, segment_states=return_segment_states)
     return run_sequence(configured_cell(activation, norm_eps, update_bias), x, state, params, is_init, reset_state,
                         backend, opts, slice_len, num_slices, segment_layout)
+
+
+def rssm_core_step(
+    x: torch.Tensor,
+    state: torch.Tensor | None,
+    params: Mapping[str, torch.Tensor],
+    *,
+    is_init: torch.Tensor | None = None,
+    backend: str = "auto",
+    activation: Activation = "silu",
+    norm_eps: float = 1e-4,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of TorchRL's DreamerV3 RSSM core (``RSSMPriorV3(recurrent_model="block_gru").rnn``).
+
+    Args:
+        x: ``[*B, S + A]``: the stochastic state and the action, concatenated (``torch.cat([state, action], -1)``).
+        state: the belief ``[*B, 1, H]``, or ``None`` for zeros.
+        params: the core's state-dict keys (see ``init_rssm_core_params``; ``RSSMPriorV3(...).rnn.state_dict()``).
+        is_init, backend, activation, norm_eps: as :func:`block_gru_step`.
+
+    Returns:
+        ``(belief [*B, H], belief [*B, 1, H])``.
+    """
+    return run_step(configured_cell(activation, norm_eps, kind=RSSMCoreCell), x, state, params, is_init, backend)
+
+
+def rssm_core_sequence(
+    x: torch.Tensor,
+    state: torch.Tensor | None,
+    params: Mapping[str, torch.Tensor],
+    *,
+    is_init: torch.Tensor | None = None,
+    reset_state: torch.Tensor | None = None,
+    backend: str = "auto",
+    recompute: str = "none",
+    activation: Activation = "silu",
+    norm_eps: float = 1e-4,
+    return_segment_states: bool = False,
+):
+    """The RSSM core over a sequence of known stochastic states and actions ``x = [s, a] [*B, T, S + A]``, with
+    resets; every other argument and the result as :func:`block_gru_sequence` (the belief is its ``h``)."""
+    opts = SequenceOptions(recompute=recompute, segment_states=return_segment_states)
+    return run_sequence(configured_cell(activation, norm_eps, kind=RSSMCoreCell), x, state, params, is_init,
+                        reset_state, backend, opts)

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import torch
 
 from ..backends import BACKENDS, LAYOUTS_OF, RECOMPUTE_MODES, SEGMENT_LAYOUTS
-from ..backends.base import forward_mode, transforms
 from ..precision import check_mode
 
 BACKEND_CHOICES = ("auto", *BACKENDS)
@@ -26,16 +25,15 @@ __all__ = ["BACKEND_CHOICES", "RECOMPUTE_MODES", "CallContext", "call_context", 
 @dataclass(frozen=True)
 class CallContext:
     """Where a call runs: under ``torch.compile``, ``torch.vmap``, an eager ``torch.func`` autodiff (or forward-mode
-    AD with dual tensors)."""
+    AD with dual tensors); ``traced`` when any of the three holds (eager-only kernels cannot run)."""
 
     compiling: bool  # torch.compile, or torch.jit.trace: a graph is captured
     vmapped: bool
     differentiated: bool
+    traced: bool = False
 
-    @property
-    def traced(self) -> bool:
-        """True when any of the three holds (eager-only kernels cannot run)."""
-        return self.compiling or self.vmapped or self.differentiated
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "traced", self.compiling or self.vmapped or self.differentiated)
 
 
 def recompute_backends(ctx: CallContext) -> list[str]:
@@ -47,19 +45,24 @@ def recompute_backends(ctx: CallContext) -> list[str]:
 
 
 # every context is one of these: a call builds none (a policy step reads its context on every call)
-_CONTEXTS = {(c, v, d): CallContext(c, v, d) for c in (False, True) for v in (False, True) for d in (False, True)}
-VMAP, GRAD = torch._C._functorch.TransformType.Vmap, torch._C._functorch.TransformType.Grad
+_CONTEXTS = {(c, v, d): CallContext(c, v, d) for c in (False, True) for v in (False, True)
+             for d in (False, True)}
+VMAP, GRAD, JVP = (torch._C._functorch.TransformType.Vmap, torch._C._functorch.TransformType.Grad,
+                   torch._C._functorch.TransformType.Jvp)
 
 
 def call_context() -> CallContext:
-    """The context of the current call: ``is_compiling`` is read first (Dynamo cannot trace the rest), then
-    functorch's transform stack once, and forward-mode AD (:func:`~rnn_functional.backends.base.forward_mode`).
-    ``torch.jit.trace`` (and the TorchScript ONNX exporter, which traces) captures a graph as Dynamo does: a call
-    must not steer by its data there (a host read of ``is_init`` froze the example's resets into the trace)."""
+    """The context of the current call, read once per call: ``is_compiling`` first (Dynamo cannot trace the rest),
+    then functorch's transform stack and the forward-mode AD level. ``torch.jit.trace`` (and the TorchScript ONNX
+    exporter) captures a graph as Dynamo does: a call must not steer by its data there."""
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return _CONTEXTS[True, False, False]
-    kinds = transforms()
-    return _CONTEXTS[False, VMAP in kinds, GRAD in kinds or forward_mode(kinds)]
+    stack = torch._C._functorch.get_interpreter_stack()
+    forward = torch.autograd.forward_ad._current_level >= 0  # dual tensors (torch 2.13 has no public accessor)
+    if not stack:
+        return _CONTEXTS[False, False, forward]
+    kinds = {interpreter.key() for interpreter in stack}
+    return _CONTEXTS[False, VMAP in kinds, forward or GRAD in kinds or JVP in kinds]
 
 
 def compiled_autograd() -> bool:
@@ -129,5 +132,5 @@ def check_options(
             raise ValueError(
                 f"segment_layout={segment_layout!r} is not a layout of backend {backend!r}: "
                 + (f"it lays out calls as one of {list(serving)}." if serving else
-                   "with backend='auto' the layout is chosen by the cost table; name a backend to force one.")
+                   "with backend='auto' the layout follows auto's rule; name a backend to force one.")
             )

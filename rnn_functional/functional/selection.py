@@ -1,4 +1,4 @@
-"""Which route serves a call: ``auto``'s rule, and the cheapest eager route by the cost table.
+"""Which route serves a call: ``auto``'s rule, and the eager layout of a call's segments.
 
 A backend that cannot serve the cell or an option raises ``ValueError`` naming itself,
 what it cannot serve and the backends that can; ``auto`` only picks a backend that serves
@@ -6,8 +6,6 @@ the call (the cell's hooks, the context from :func:`~.options.call_context`, dev
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 
@@ -21,56 +19,31 @@ STEP_BACKENDS = ("auto", "reference", "pad", "triton", "parallel")
 __all__ = ["choose", "reads_segments", "resolve_step", "STEP_BACKENDS"]
 
 
-def _layouts(backend: str, layout: Layout, plan: SegmentPlan | None) -> tuple[str, ...]:
-    """The ways ``backend`` can lay out a call with the segments ``plan`` (``None``: no interior reset)."""
+def _route(backend: str, layout: Layout, plan: SegmentPlan | None, records_grad: bool, forced: str,
+           cuda: bool) -> Route:
+    """``backend``'s route for an eager call with the segments ``plan`` (``None``: no interior reset), laid out as
+    ``forced`` (``segment_layout``) or by the rule: ``pad`` runs whole slices as a view of the call, else (one layer
+    under autograd, a kernel fused on the CPU: oneDNN's LSTM) length buckets, whose unpacked calls keep the fused
+    kernel and a backward linear in the steps, else one packed call (one cuDNN call on CUDA); the loops run the
+    right-aligned segments where they at least halve the steps, else the rows as they are."""
     if plan is None:
-        return ("rows",)
-    serves = {"buckets": layout.num_layers == 1, "slices": plan.slice_len is not None}
-    return tuple(name for name in LAYOUTS_OF[backend] if serves.get(name, True))
-
-
-def _cheapest(backends: tuple[str, ...], layout: Layout, plan: SegmentPlan | None, records_grad: bool,
-              shape: tuple[int, int], forced: str, cuda: bool = False) -> Route:
-    """The route of least estimated cost (:meth:`~rnn_functional.backends.Route.cost`) among ``backends``'
-    layouts of the call, or the one laid out as ``forced`` (``segment_layout``).
-
-    On CUDA (``cuda``) the cost table, measured on a CPU, does not apply: there cuDNN (``pad``) serves the call in
-    one kernel call, over its segments packed where it has interior resets; each length bucket or step of the
-    other routes is a chain of kernel launches (docs/gpu.md)."""
-    if cuda and "pad" in backends:
-        backends = ("pad",)
-    if plan is None:  # no interior reset: each backend's rows, by shape alone
-        if len(backends) == 1:  # a named backend (traced calls too: nothing to estimate)
-            return Route(backends[0], "rows", None, records_grad)
-        return _cheapest_rows(backends, layout, records_grad, shape, torch.get_num_threads())
-    routes = [Route(b, s, plan, records_grad) for b in backends for s in _layouts(b, layout, plan)]
-    if len(routes) == 1 and forced in ("auto", routes[0].segments):
-        return routes[0]
+        return Route(backend)
     if forced == "auto":
-        preferred = ("slices", "packed") if cuda else ("slices",)  # slices: a view of the call, no gather or padding
-        for segments in preferred:
-            for route in routes:
-                if route.segments == segments:
-                    return route
-        return min(routes, key=lambda r: r.cost(layout, shape))
-    for route in routes:
-        if route.segments == forced:
-            return route
+        if backend != "pad":
+            forced = "aligned" if 2 * plan.max_len <= plan.shape[1] else "rows"
+        elif plan.slice_len is not None:
+            forced = "slices"
+        else:
+            fused = layout.cell.aten.fused_on_cpu and not cuda
+            forced = "buckets" if records_grad and layout.num_layers == 1 and fused else "packed"
     why = {"buckets": f"it serves one layer (these params have {layout.num_layers})",
            "slices": "this batch is not whole slices of one length from t = 0 (SliceSampler(strict_length=True))"}
-    raise ValueError(
-        f"segment_layout={forced!r} cannot serve this call on backend {backends[0]!r}: {why.get(forced, '')}. "
-        f"Use one of {[r.segments for r in routes]} or segment_layout='auto'."
-    )
-
-
-@functools.lru_cache(maxsize=1024)
-def _cheapest_rows(backends: tuple[str, ...], layout: Layout, records_grad: bool, shape: tuple[int, int],
-                   threads: int) -> Route:
-    """The backend whose ``rows`` route is estimated cheapest for a call without interior resets: a function of its
-    arguments alone (the cost table is a constant, read at ``threads``), memoised: every such eager call asks, and
-    estimating three routes cost a tiny call (B=1, T=1) a fifth of its time."""
-    return min((Route(b, "rows", None, records_grad) for b in backends), key=lambda r: r.cost(layout, shape))
+    serves = {"buckets": layout.num_layers == 1, "slices": plan.slice_len is not None}
+    if forced not in LAYOUTS_OF[backend] or not serves.get(forced, True):
+        layouts = [name for name in LAYOUTS_OF[backend] if serves.get(name, True)]
+        raise ValueError(f"segment_layout={forced!r} cannot serve this call on backend {backend!r}: "
+                         f"{why.get(forced, '')}. Use one of {layouts} or segment_layout='auto'.")
+    return Route(backend, forced, plan)
 
 
 def _check_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, step: bool = False) -> None:
@@ -115,8 +88,7 @@ def _aten_serves(layout: Layout, opts: SequenceOptions) -> bool:
 
 def _auto_runs_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, ctx: CallContext) -> bool:
     """``auto`` runs ``triton`` on CUDA where it serves the call under ``torch.compile`` or ``torch.vmap`` (it compiles
-    whole and vmaps in one launch), but not in plain eager mode where cuDNN (``pad``) serves it: there cuDNN was 1.03-10x
-    faster on an H200 (docs/gpu.md)."""
+    whole and vmaps in one launch), but not in plain eager mode where cuDNN (``pad``) serves it faster (docs/gpu.md)."""
     if not x.is_cuda or ctx.differentiated:
         return False
     cudnn = not ctx.traced and _aten_serves(layout, opts)
@@ -151,7 +123,18 @@ def _compiled() -> Route:
 
 def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, plan: SegmentPlan | None,
            records_grad: bool, ctx: CallContext, segment_layout: str = "auto") -> Route:
-    """The route serving backend ``name`` for this call (options already checked).
+    """The route serving backend ``name`` for this call (options already checked): :func:`_choose`'s, over the
+    segments of a static ``plan`` (compiled, with ``num_slices``) right-aligned in its ``[num_slices, slice_len]``
+    block (``parallel`` serves any segment layout as it is)."""
+    if plan is None or not plan.static:
+        return _choose(name, layout, x, opts, plan, records_grad, ctx, segment_layout)
+    route = _choose(name, layout, x, opts, None, records_grad, ctx, segment_layout)
+    return route if route.backend == "parallel" else Route(route.backend, "aligned", plan)
+
+
+def _choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, plan: SegmentPlan | None,
+            records_grad: bool, ctx: CallContext, segment_layout: str = "auto") -> Route:
+    """The route serving backend ``name`` for this call.
 
     ``plan``: the call's segments where the caller read ``is_init`` on the host and found interior
     resets (eager ``pad``/``auto``, or a forced ``segment_layout``), else ``None``; ``records_grad``:
@@ -160,12 +143,13 @@ def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, pl
     and vmaps in one launch); ``scan`` under ``torch.compile`` (``reference`` where compiled autograd traces the
     backward: :func:`_compiled`); under eager ``torch.func`` transforms
     ``reference`` (``scan`` for ``recompute="full"``: reference's checkpointing cannot cross them); in
-    plain eager mode the cheapest route of every backend that serves the call, by the cost table.
-    ``pad`` runs ATen's kernels eagerly (its cheapest layout), and computes the same result through
+    plain eager mode ``pad`` for a cell with ATen kernels and ``recompute="none"`` (but for a call under autograd
+    of a cell whose kernel is not fused on the CPU, the GRU, whose segments do not halve the steps), else ``scan``
+    where autograd records the call and ``reference`` where not, each laid out by :func:`_route`.
+    ``pad`` runs ATen's kernels eagerly (laid out by :func:`_route`), and computes the same result through
     ``auto``'s route under ``torch.compile`` and ``reference`` under eager ``torch.func`` transforms, where those
     kernels cannot run (no vmap batching rule, data-dependent splits).
     """
-    shape = (x.shape[0], x.shape[1])
     if name == "auto" and layout.cell.linear_in_state:  # fastest in every context measured (docs/linear_recurrences.md)
         name = "scan" if opts.recompute == "full" and ctx.traced and not ctx.compiling else "parallel"
     if name == "auto":
@@ -174,14 +158,19 @@ def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, pl
         if ctx.compiling:
             return _compiled()
         if not ctx.traced:
-            return _cheapest(("reference", "scan") + ("pad",) * _aten_serves(layout, opts), layout, plan,
-                             records_grad, shape, "auto", x.is_cuda)
+            loop = "scan" if records_grad else "reference"  # scan keeps the activations its backward reads
+            pad_serves = _aten_serves(layout, opts) and not (
+                # ATen's GRU on the CPU is a loop of per-step ops: under autograd, where the segments barely shorten
+                # the time, the scan loop over the rows does the same steps without re-batching them
+                records_grad and plan is not None and plan.slice_len is None and not x.is_cuda
+                and not layout.cell.aten.fused_on_cpu and 2 * plan.max_len > plan.shape[1])
+            return _route("pad" if pad_serves else loop, layout, plan, records_grad, "auto", x.is_cuda)
         name = "scan" if opts.recompute == "full" else "reference"  # scan's recompute crosses vmap and grad
     elif name == "pad":
         pad.aten_kernels(layout)  # raises for a cell without ATen kernels, in every context
         if ctx.traced:
             return _compiled() if ctx.compiling else Route("reference")
-        return _cheapest(("pad",), layout, plan, records_grad, shape, segment_layout, x.is_cuda)
+        return _route("pad", layout, plan, records_grad, segment_layout, x.is_cuda)
     if name == "triton":
         _check_triton(layout, x, opts)
         return Route("triton")
@@ -200,14 +189,14 @@ def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, pl
             "on saved-tensor hooks, which torch.func.grad/vjp refuse. Use backend 'scan' (or 'auto'), which "
             "recomputes inside its own backward, or recompute='none', or run under torch.compile."
         )
-    return _cheapest((name,), layout, plan, records_grad, shape, segment_layout)
+    return _route(name, layout, plan, records_grad, segment_layout, x.is_cuda)
 
 
-def resolve_step(name: str, layout: Layout, x: torch.Tensor):
+def resolve_step(name: str, layout: Layout, x: torch.Tensor, ctx: CallContext):
     """The one-step function ``(layout, params, x [N, F], carry) -> (y, carry)`` for ``name``.
 
     ``auto``: ATen's fused cells (``pad``, cuDNN's on CUDA) in plain eager mode without projection; else the fused
-    ``triton`` step on CUDA where it serves the params (an eager ATen step was 2.5-3.3x faster than it on an H200,
+    ``triton`` step on CUDA where it serves the params (where both serve, ATen's eager step is the faster one,
     docs/gpu.md); else ``reference``.
     ``pad`` is eager-only like its sequence path and runs ``reference`` under
     ``torch.compile`` / ``torch.func`` transforms; it has no projection, so with
@@ -217,7 +206,6 @@ def resolve_step(name: str, layout: Layout, x: torch.Tensor):
         raise no_kernel_for(name, layout.cell, _step_backends(layout, x))
     if name == "auto":
         if x.is_cuda:
-            ctx = call_context()
             aten = not ctx.traced and layout.cell.aten is not None and not layout.proj_size
             if not aten and not ctx.differentiated and triton_backend.serves(layout, x.device):
                 return triton_backend.step
@@ -225,7 +213,7 @@ def resolve_step(name: str, layout: Layout, x: torch.Tensor):
             return multi_layer_step
         name = "pad"
     if name == "pad":  # traced (compile, vmap, torch.func): pad's kernels cannot run, its reference step can
-        return multi_layer_step if layout.proj_size or call_context().traced else pad.step
+        return multi_layer_step if layout.proj_size or ctx.traced else pad.step
     if name == "triton":
         _check_triton(layout, x, SequenceOptions(), step=True)
         return triton_backend.step

@@ -1,24 +1,13 @@
-"""Trajectory slices with static shapes under ``torch.compile``: ``slice_len`` (and ``num_slices``).
+"""Trajectory slices with static shapes under ``torch.compile``: ``slice_len`` (and ``num_slices``), the
+``SliceSampler``'s own settings, give every shape in advance where the segment layout would be read on the host.
 
-A flat ``SliceSampler`` batch ``[N]`` holds trajectory slices, ``is_init`` True at each slice start.
-The eager layouts of :mod:`rnn_functional.backends.segments` run them side by side, but its segment count and
-longest segment are data-dependent host values; under ``torch.compile`` the call would run as one
-row of ``N`` steps. A static hint from the sampler's own settings gives every shape in advance:
+* ``slice_len=L`` (whole slices of exactly ``L`` steps, ``strict_length=True``): a call ``[N, T]`` (``T`` a multiple
+  of ``L``) runs as ``[N * T / L, L]``, a reshape (:func:`split`); slice ``(n, k > 0)`` is reset at its first step,
+  the call's semantics when ``is_init`` is True at every multiple of ``L``, which is checked.
+* ``slice_len=L, num_slices=K`` (``strict_length=False``: at most ``K`` slices of at most ``L`` steps): compiled,
+  the segments run right-aligned in a zero-padded ``[K, L]`` block; eagerly the call takes the usual route.
 
-* ``slice_len=L`` (``SliceSampler(slice_len=L, strict_length=True)``: whole slices of exactly
-  ``L`` steps): a call ``[N, T]`` (``T`` a multiple of ``L``; a flat batch is ``N = 1``) runs as
-  ``[N * T / L, L]``, a reshape (:func:`split`), eagerly and compiled. The row of
-  slice ``(n, k)`` starts from the call's carry for ``k = 0`` (reset there if ``is_init[n, 0]``) and
-  is reset at its first step for ``k > 0``: exactly the call's semantics when ``is_init`` is True at
-  every multiple of ``L``, which is checked.
-* ``slice_len=L, num_slices=K`` (``strict_length=False``: at most ``K`` slices of at most ``L``
-  steps, ``N`` varying between batches): under ``torch.compile`` the segments run right-aligned in
-  a zero-padded ``[K, L]`` block (:func:`~rnn_functional.backends.segments.aligned` over a
-  :func:`~rnn_functional.backends.segments.static_plan`); eagerly the call takes the usual route.
-
-Resets inside a slice stay ordinary resets. The checks raise a ``ValueError`` eagerly; under
-``torch.compile`` they are ``torch._assert_async`` ops in the graph (a ``RuntimeError`` from the
-compiled call, no host synchronisation on CUDA).
+The checks raise a ``ValueError`` eagerly and are in-graph ``torch._assert_async`` ops compiled (no host sync).
 """
 
 from __future__ import annotations
@@ -35,7 +24,6 @@ __all__ = ["check_hint", "check_pair", "check_value", "split"]
 
 _RAGGED = ("Pass slice_len=None (and num_slices=None; on a module recurrent_slice_len=None and recurrent_num_slices=None) "
            "for batches of other shapes.")
-# why a slice start may lack its reset: the sampler's markers are in the batch only through a TensorDictReplayBuffer
 _UNMARKED = ("SliceSampler marks slice starts in is_init in batches sampled through a TensorDictReplayBuffer; a plain "
              "ReplayBuffer returns the stored is_init alone.")
 
@@ -48,8 +36,7 @@ def check_value(value, arg: str = "slice_len") -> None:
 
 
 def check_pair(slice_len, num_slices, owner: str = "", pre: str = "") -> None:
-    """Raise when ``num_slices`` is given without ``slice_len`` (``owner``/``pre``: a module's prefix and its
-    ``recurrent_`` spelling of the names)."""
+    """Raise when ``num_slices`` is given without ``slice_len`` (``owner``, ``pre``: a module's names)."""
     if num_slices is not None and slice_len is None:
         raise ValueError(f"{owner}{pre}num_slices={num_slices} needs {pre}slice_len (the longest slice); got "
                          f"{pre}slice_len=None.")
@@ -65,10 +52,8 @@ def _check(ok: torch.Tensor, compiling: bool, message: Callable[[], str]) -> Non
 
 def check_hint(slice_len, num_slices, t_len: int, is_init: torch.Tensor | None, compiling: bool,
                host: np.ndarray | None = None) -> None:
-    """Raise when the hint does not describe a call of ``T = t_len`` steps with resets ``is_init [N, T]``.
-
-    ``host``: ``is_init`` already read on the host (a plain eager call reads it once, for this check and the
-    segment plan); else the check runs on the device (an in-graph assert when ``compiling``)."""
+    """Raise when the hint does not describe a call of ``T = t_len`` steps with resets ``is_init [N, T]``; ``host``:
+    ``is_init`` already read on the host, else the check runs on the device (in-graph when ``compiling``)."""
     check_value(slice_len)
     check_value(num_slices, "num_slices")
     check_pair(slice_len, num_slices)
@@ -144,17 +129,11 @@ def _lengths(seg_of: torch.Tensor, bound: int) -> torch.Tensor:
 
 
 def split(slice_len: int, x: torch.Tensor, carry: Carry, is_init: torch.Tensor, reset: Carry | None):
-    """A call ``x [N, T, F]`` as ``[N * K, slice_len, F]`` (``K = T / slice_len``): ``(x, carry, is_init, reset)``.
-
-    Row ``n * K + k`` is slice ``k`` of row ``n``; its carry is :func:`~rnn_functional.backends.segments.slice_carries`'
-    (what the backend puts there, as ``is_init`` is True at its first step). The results come back with
-    :func:`~rnn_functional.backends.segments.merge_slices`.
-    """
+    """A call ``x [N, T, F]`` as ``[N * K, slice_len, F]`` (``K = T / slice_len``, row ``n * K + k`` slice ``k`` of
+    row ``n``): ``(x, carry, is_init, reset)``; the results come back with ``segments.merge_slices``."""
     n, t_len = is_init.shape
     k = t_len // slice_len
     rows = n * k
     carry = segments.slice_carries(slice_len, k, carry, reset)
-    x = x.reshape(rows, slice_len, x.shape[-1])
-    is_init = is_init.reshape(rows, slice_len)
     reset = None if reset is None else tuple(r.reshape(rows, slice_len, *r.shape[2:]) for r in reset)
-    return x, carry, is_init, reset
+    return x.reshape(rows, slice_len, x.shape[-1]), carry, is_init.reshape(rows, slice_len), reset

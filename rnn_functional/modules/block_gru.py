@@ -10,6 +10,7 @@ reads the parameters as they are at that call (nothing derived from them is kept
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -17,7 +18,7 @@ from torch import nn
 
 from ..backends import SequenceOptions
 from ..cells.block_gru import init_weight_
-from ..functional._core import execute, flatten, run_step, run_validated_step
+from ..functional._core import execute, flatten, run_step
 from ..functional.block_gru import configured_cell
 from ._options import checked_option, options_state
 
@@ -48,25 +49,32 @@ class _BlockLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features, device=device))
 
 
-def _activation_name(activation_class) -> str:
-    if not callable(activation_class):  # TorchRL calls it: a TypeError there too
-        raise TypeError(f"activation_class: expected nn.SiLU, nn.Tanh or nn.ReLU (class or instance), got "
-                        f"{activation_class!r}, which is not callable.")
-    cls = activation_class if isinstance(activation_class, type) else type(activation_class)
-    if cls not in _ACTIVATION_NAMES:
-        raise ValueError(
-            f"activation_class: expected one of nn.SiLU, nn.Tanh, nn.ReLU (class or instance), got {activation_class!r}. "
-            f"The block GRU's hand-written backward knows these three activations' derivatives."
-        )
-    return _ACTIVATION_NAMES[cls]
+def activation_of(activation_class) -> nn.Module | Callable:
+    """The activation TorchRL's constructors build from ``activation_class`` (a class is instantiated), refused as
+    they refuse it: ``TypeError`` unless callable, ``ValueError`` if it has parameters."""
+    activation = activation_class() if isinstance(activation_class, type) else activation_class
+    if not callable(activation):
+        raise TypeError(f"activation_class: expected a parameter-free elementwise activation (a module class or "
+                        f"instance, or a function such as torch.sin), got {activation_class!r}, which is not callable.")
+    if isinstance(activation, nn.Module) and next(activation.parameters(), None) is not None:
+        raise ValueError(f"activation_class: {activation!r} has learnable parameters; the block GRU's activation must "
+                         f"have none (as TorchRL's).")
+    return activation
+
+
+def functional_activation(activation: nn.Module | Callable) -> str | nn.Module | Callable:
+    """The functional core's ``activation``: the name of ``nn.SiLU``/``nn.Tanh``/``nn.ReLU`` (closed-form derivatives),
+    else the callable itself (its derivative by ``torch.func.jvp``)."""
+    return _ACTIVATION_NAMES.get(type(activation), activation)
 
 
 class DreamerV3BlockGRUCell(nn.Module):
     """One step of DreamerV3's block-diagonal GRU: ``forward(input [*B, F], hidden [*B, H] | None) -> hidden'``.
 
     Args as TorchRL's ``DreamerV3BlockGRUCell``: ``input_size``, ``hidden_size``, ``projection_size=512``,
-    ``num_blocks=8``, ``num_layers=1`` (dynamics layers), ``activation_class`` (``nn.SiLU``, ``nn.Tanh`` or
-    ``nn.ReLU``), ``norm_eps=1e-4``, ``update_bias=-1.0``, ``device``. See :func:`rnn_functional.block_gru_step`.
+    ``num_blocks=8``, ``num_layers=1`` (dynamics layers), ``activation_class`` (any parameter-free elementwise
+    activation: a module class or instance, or a function), ``norm_eps=1e-4``, ``update_bias=-1.0``, ``device``. See
+    :func:`rnn_functional.block_gru_step`.
     """
 
     def __init__(
@@ -89,8 +97,7 @@ class DreamerV3BlockGRUCell(nn.Module):
             raise ValueError(f"hidden_size must be divisible by num_blocks, got {hidden_size} and {num_blocks}.")
         if num_layers < 1:
             raise ValueError(f"num_layers must be positive, got {num_layers}.")
-        _activation_name(activation_class)  # refused here, as TorchRL's constructor does
-        self.activation = activation_class() if isinstance(activation_class, type) else activation_class
+        self.activation = activation_of(activation_class)
         self.input_size, self.hidden_size, self.projection_size = input_size, hidden_size, projection_size
         self.num_blocks, self.num_layers, self.norm_eps, self.update_bias = num_blocks, num_layers, norm_eps, update_bias
         # built in TorchRL's order, the projections re-initialised last as its ``apply`` does: the same draws
@@ -112,7 +119,7 @@ class DreamerV3BlockGRUCell(nn.Module):
     def functional_cell(self):
         """The functional core's cell for this module's activation, ``norm_eps`` and ``update_bias``, as they are at
         this call (TorchRL's forward reads ``self.activation``: assigning another one takes effect)."""
-        return configured_cell(_activation_name(self.activation), self.norm_eps, self.update_bias)
+        return configured_cell(functional_activation(self.activation), self.norm_eps, self.update_bias)
 
     def params(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The parameters as the functional API takes them (TorchRL's names), in ``dtype``: TorchRL runs the
@@ -134,9 +141,7 @@ class DreamerV3BlockGRUCell(nn.Module):
         params = self.params(dtype)
         cell = self.functional_cell()
         h = input.new_zeros((*batch, 1, self.hidden_size), dtype=dtype) if hidden is None else hidden.to(dtype).unsqueeze(-2)
-        if 0 in batch:  # no rows for the validated step: the public step returns the empty result, as TorchRL's
-            return run_step(cell, input.to(dtype), h, params, None, "auto")[1].squeeze(-2)
-        _, (h,) = run_validated_step(cell.read_layout(params), params, input.to(dtype), (h,), None)
+        _, h = run_step(cell, input.to(dtype), h, params, None, "auto", layout=cell.read_layout(params))
         return h.squeeze(-2)
 
 
@@ -145,31 +150,22 @@ class DreamerV3BlockGRU(nn.Module):
     (or [B, T, 1]) | None) -> (output [B, T, H], hidden [B, H])``; the carry is zeroed before every step where
     ``is_init``.
 
-    Args as TorchRL's ``DreamerV3BlockGRU``, plus ``recurrent_backend``: ``"auto"`` (the default: the cheapest of
-    ``reference`` and ``scan``, ``scan`` under ``torch.compile``), ``"reference"`` or ``"scan"``. TorchRL's
-    ``"triton"`` is refused: this library has no Triton kernel for the block GRU.
+    Args as TorchRL's ``DreamerV3BlockGRU``, plus ``recurrent_backend``: ``"auto"`` (the default: ``scan`` when
+    autograd records the call or under ``torch.compile``, else ``reference``), ``"reference"`` or ``"scan"``. TorchRL's
+    ``"triton"`` is refused: this library has no Triton kernel for the block GRU. Any activation runs on every
+    backend (a callable without a closed-form derivative through ``torch.func.jvp`` in the hand-written backward).
     """
 
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        *,
-        projection_size: int = 512,
-        num_blocks: int = 8,
-        num_layers: int = 1,
-        activation_class: type[nn.Module] | Callable = nn.SiLU,
-        norm_eps: float = 1e-4,
-        update_bias: float = -1.0,
-        recurrent_backend: str = "auto",
-        device: torch.device | str | int | None = None,
-    ):
+    def __init__(self, *args, recurrent_backend: str = "auto", **kwargs):
         super().__init__()
-        self.recurrent_backend = recurrent_backend
-        self.cell = DreamerV3BlockGRUCell(
-            input_size, hidden_size, projection_size=projection_size, num_blocks=num_blocks, num_layers=num_layers,
-            activation_class=activation_class, norm_eps=norm_eps, update_bias=update_bias, device=device,
-        )
+        self.recurrent_backend = recurrent_backend  # checked first, as TorchRL's
+        self.cell = DreamerV3BlockGRUCell(*args, **kwargs)
+
+    # the cell's signature (its one definition), recurrent_backend inserted before device as TorchRL lists it
+    _cell_args = list(inspect.signature(DreamerV3BlockGRUCell.__init__).parameters.values())
+    __init__.__signature__ = inspect.Signature([*_cell_args[:-1], inspect.Parameter(
+        "recurrent_backend", inspect.Parameter.KEYWORD_ONLY, default="auto", annotation=str), _cell_args[-1]])
+    del _cell_args
 
     recurrent_backend = checked_option("recurrent_backend")
 

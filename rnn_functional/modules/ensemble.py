@@ -1,10 +1,9 @@
 """``EnsembleModule``: E independent copies of a recurrent module (``LSTMModule``, ``GRUModule``, ``MinGRUModule``,
 ``RGLRUModule``) run by ``torch.vmap``.
 
-The members' parameters live stacked (leading dim ``E``) as plain parameters of the child
-``members`` (``ens.params`` views them as a TensorDict); a call vmaps the wrapped module's
-forward over them. Outputs carry the ensemble dim first (``[E, *B, ...]``); keys, modes
-(``set_recurrent_mode``) and every other shape are the wrapped module's. See ``docs/ensembles.md``.
+The members' parameters live stacked (leading dim ``E``) as plain parameters of the child ``members``; a call vmaps
+the wrapped module's forward over them. Outputs carry the ensemble dim first (``[E, *B, ...]``); keys, modes and every
+other shape are the wrapped module's. See ``docs/ensembles.md``.
 """
 
 from __future__ import annotations
@@ -30,31 +29,20 @@ class EnsembleModule(TensorDictModuleBase):
 
     Args:
         module: an :class:`~rnn_functional.LSTMModule`, :class:`~rnn_functional.GRUModule`,
-            :class:`~rnn_functional.MinGRUModule` or :class:`~rnn_functional.RGLRUModule`; it
-            gives the architecture, keys and options. Its parameter values are not used and it is
-            left unchanged (the ensemble keeps a copy holding ``meta`` tensors); the members are
-            freshly initialised.
+            :class:`~rnn_functional.MinGRUModule` or :class:`~rnn_functional.RGLRUModule`: the architecture, keys
+            and options. Left unchanged and its values unused; the members are freshly initialised.
         num_members: E.
-        shared_input: True (default): the input TensorDict ``[*B]`` is the same for every member
-            and is read without copies (``vmap`` with ``in_dims=None``). False: the input carries
-            the ensemble dim first, ``[E, *B]`` (e.g. the output of a previous step).
-        randomness: ``torch.vmap``'s randomness for dropout: ``"different"`` (default: every
-            member draws its own masks, as independent models would), ``"same"`` or ``"error"``.
+        shared_input: True (default): the input TensorDict ``[*B]`` is every member's, read without copies.
+            False: the input carries the ensemble dim first, ``[E, *B]``.
+        randomness: ``torch.vmap``'s randomness for dropout: ``"different"`` (default: every member draws its own
+            masks), ``"same"`` or ``"error"``.
         generator: RNG for the members' initialisation (drawn member after member).
 
-    Input ``[*B]`` (or ``[E, *B]``) -> output TensorDict ``[E, *B]`` with the wrapped module's
-    output keys added. The input TensorDict is not modified.
+    Input ``[*B]`` (or ``[E, *B]``) -> a new TensorDict ``[E, *B]`` with the wrapped module's output keys added.
     """
 
-    def __init__(
-        self,
-        module: Member,
-        num_members: int,
-        *,
-        shared_input: bool = True,
-        randomness: str = "different",
-        generator: torch.Generator | None = None,
-    ) -> None:
+    def __init__(self, module: Member, num_members: int, *, shared_input: bool = True, randomness: str = "different",
+                 generator: torch.Generator | None = None) -> None:
         super().__init__()
         if not isinstance(module, Member):
             raise TypeError(
@@ -69,22 +57,16 @@ class EnsembleModule(TensorDictModuleBase):
         template = TensorDict.from_module(module)
         first = next(iter(template[name].values()))
         members = members.to(dtype=first.dtype, device=first.device)
-        # plain parameters of a plain child module: torch.func.functional_call swaps them by name
-        # ("members.weight_ih_l0", ...), which it cannot do inside a TensorDictParams
+        # plain parameters of a plain child: functional_call swaps them by name, which it cannot inside TensorDictParams
         self.members = torch.nn.Module()
         for key, value in members.items():
             self.members.register_parameter(key, torch.nn.Parameter(value))
-        # the wrapped module only provides code and config: a copy of it holding meta tensors (leaves, so the
-        # ensemble deep-copies), made while the user's module briefly holds them; the user's module is unchanged
+        # the wrapped module gives code and config: a copy holding meta leaves (so the ensemble deep-copies)
         with template.detach().to("meta").to_module(module):
             shell = copy.deepcopy(module)
         object.__setattr__(self, "_template", shell)  # not a child: its meta tensors stay out of state_dict
-        self._name = name
-        self.num_members = num_members
-        self.shared_input = shared_input
-        self.randomness = randomness
-        self.in_keys = list(module.in_keys)
-        self.out_keys = list(module.out_keys)
+        self._name, self.num_members, self.shared_input, self.randomness = name, num_members, shared_input, randomness
+        self.in_keys, self.out_keys = list(module.in_keys), list(module.out_keys)
 
     @property
     def module(self) -> Member:
@@ -93,9 +75,8 @@ class EnsembleModule(TensorDictModuleBase):
 
     @property
     def params(self) -> TensorDict:
-        """The members' parameters stacked in the wrapped module's layout: a TensorDict ``[E]``
-        ``{"lstm" | "gru" | ...: {"weight_ih_l0": [E, ...], ...}}`` whose leaves are this module's
-        parameters (``ens.params[e].to_module(single_module)`` runs member ``e`` in a plain module)."""
+        """The members' parameters in the wrapped module's layout, a TensorDict ``[E]`` ``{"lstm" | ...: {...}}`` of
+        this module's parameters (``ens.params[e].to_module(single_module)`` runs member ``e`` alone)."""
         return TensorDict({self._name: dict(self.members._parameters)}, batch_size=[self.num_members])
 
     @params.setter
@@ -110,10 +91,8 @@ class EnsembleModule(TensorDictModuleBase):
             )
         for key, tensor in value[self._name].items():
             if tensor.shape != current[self._name, key].shape:
-                raise ValueError(
-                    f"EnsembleModule.params[{self._name!r}, {key!r}]: expected shape "
-                    f"{list(current[self._name, key].shape)}, got {list(tensor.shape)}."
-                )
+                raise ValueError(f"EnsembleModule.params[{self._name!r}, {key!r}]: expected shape "
+                                 f"{list(current[self._name, key].shape)}, got {list(tensor.shape)}.")
             param = tensor if isinstance(tensor, torch.nn.Parameter) else torch.nn.Parameter(tensor)
             self.members.register_parameter(key, param)
 
@@ -134,8 +113,7 @@ class EnsembleModule(TensorDictModuleBase):
             module.train(self.training)
 
         def member(params: dict[str, torch.Tensor], td: TensorDictBase) -> TensorDictBase:
-            # explicit weights, never swapped into the nn.LSTM/GRU child (compiles without graph breaks);
-            # a shallow copy keeps the caller's TensorDict untouched
+            # explicit weights, not swapped into the child (no graph breaks); a shallow copy leaves the input as it is
             return module.forward_with_params(td.copy(), params)
 
         in_dims = (0, None if self.shared_input else 0)

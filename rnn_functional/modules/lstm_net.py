@@ -1,10 +1,7 @@
 """``LSTMNet``: an MLP embedder followed by a multi-layer LSTM and a linear head.
 
-A drop-in replacement for TorchRL's ``LSTMNet`` (same constructor and ``forward``), computed
-by the functional core, so that it runs under ``torch.compile(fullgraph=True)`` and
-``torch.vmap`` (ensembles through ``torch.func.functional_call``) with any backend, and is
-exact with ``proj_size``. Shapes (``B`` batch, ``T`` time, ``L`` layers, ``H`` hidden size,
-``P`` = proj_size or H):
+A drop-in for TorchRL's ``LSTMNet`` (same constructor and ``forward``) over the functional core: it compiles with
+``fullgraph=True`` and vmaps with any backend, exact with ``proj_size``. Shapes (``L`` layers, ``P = proj_size or H``):
 
 =====================  ==================  ===================  ======================
                        1-D input ``[F]``   2-D input ``[B, F]``  3-D input ``[B, T, F]``
@@ -15,8 +12,8 @@ meaning                one step            one step per row     a sequence per r
 ``hidden1`` in / out   ``[L, H]``          ``[B, L, H]``        ``[B, T, L, H]``
 =====================  ==================  ===================  ======================
 
-For a sequence only the input hiddens at ``t = 0`` are read, and the output hiddens hold the
-final state at ``t = T - 1`` and zeros elsewhere (so that they fit a ``[B, T]`` TensorDict).
+For a sequence only the input hiddens at ``t = 0`` are read; the output hiddens hold the final state at ``t = T - 1``
+and zeros elsewhere (so that they fit a ``[B, T]`` TensorDict).
 """
 
 from __future__ import annotations
@@ -27,9 +24,8 @@ import torch
 from torch import nn
 
 from ..functional.options import BACKEND_CHOICES, check_options
-from ._cells import LSTM_CELL
-from ._forward import bound_layout, run_sequence, run_step
-from ._weights import RNNChild
+from ..functional import lstm_sequence, lstm_step
+from .rnn import LSTM_CELL, RNNChild
 
 __all__ = ["LSTMNet", "MLP"]
 
@@ -46,27 +42,18 @@ _MLP_KWARGS = ("in_features", "out_features", "depth", "num_cells", "activation_
 class MLP(nn.Sequential):
     """A multi-layer perceptron taking TorchRL ``MLP``'s keyword arguments (the common subset).
 
-    Layers ``Linear -> [Dropout] -> [norm] -> activation`` repeated ``depth`` times, then a final
-    ``Linear`` (activated too with ``activate_last_layer``), numbered as TorchRL numbers them so
-    that state dicts are interchangeable. ``in_features=None`` makes the first layer lazy.
-    ``num_cells`` defaults to 32 per hidden layer when only ``depth`` is given, and to no hidden
-    layer when neither is. ``[*, in_features]`` -> ``[*, out_features]``.
+    ``Linear -> [Dropout] -> [norm] -> activation`` repeated ``depth`` times, then a ``Linear`` (activated too with
+    ``activate_last_layer``), numbered as TorchRL's so that state dicts are interchangeable. ``in_features=None``: a
+    lazy first layer. ``num_cells`` defaults to 32 per hidden layer given ``depth``, else no hidden layer.
+    ``[*, in_features]`` -> ``[*, out_features]``.
     """
 
     def __init__(
-        self,
-        in_features: int | None = None,
-        out_features: int | None = None,
-        depth: int | None = None,
-        num_cells: Sequence[int] | int | None = None,
-        activation_class: type[nn.Module] = nn.Tanh,
-        activation_kwargs: dict | None = None,
-        norm_class: type[nn.Module] | None = None,
-        norm_kwargs: dict | None = None,
-        dropout: float | None = None,
-        bias_last_layer: bool = True,
-        activate_last_layer: bool = False,
-        device: torch.device | str | None = None,
+        self, in_features: int | None = None, out_features: int | None = None, depth: int | None = None,
+        num_cells: Sequence[int] | int | None = None, activation_class: type[nn.Module] = nn.Tanh,
+        activation_kwargs: dict | None = None, norm_class: type[nn.Module] | None = None,
+        norm_kwargs: dict | None = None, dropout: float | None = None, bias_last_layer: bool = True,
+        activate_last_layer: bool = False, device: torch.device | str | None = None,
     ) -> None:
         if not isinstance(out_features, int):
             raise TypeError(f"MLP: out_features must be an int, got {out_features!r}.")
@@ -83,15 +70,11 @@ class MLP(nn.Sequential):
             if value is not None and not isinstance(value, dict):
                 raise TypeError(f"MLP: {arg} must be a dict (one for every layer), got {type(value).__name__}.")
         layers: list[nn.Module] = []
-        widths_in = [in_features, *num_cells]
-        widths_out = [*num_cells, out_features]
-        for i, (n_in, n_out) in enumerate(zip(widths_in, widths_out)):
+        for i, (n_in, n_out) in enumerate(zip([in_features, *num_cells], [*num_cells, out_features])):
             last = i == len(num_cells)
             bias = bias_last_layer if last else True
-            if n_in is None:
-                layers.append(nn.LazyLinear(n_out, bias=bias, device=device))
-            else:
-                layers.append(nn.Linear(n_in, n_out, bias=bias, device=device))
+            layers.append(nn.LazyLinear(n_out, bias=bias, device=device) if n_in is None
+                          else nn.Linear(n_in, n_out, bias=bias, device=device))
             if not last or activate_last_layer:
                 if dropout is not None:
                     layers.append(nn.Dropout(p=dropout))
@@ -107,35 +90,25 @@ class LSTMNet(RNNChild, nn.Module):
 
     Args:
         out_features: width of ``y``, the head's output.
-        lstm_kwargs: ``torch.nn.LSTM`` arguments (``input_size`` = the MLP's ``out_features``,
-            ``hidden_size``, ``num_layers``, ``bias``, ``dropout``, ``proj_size``, ``dtype``).
-            The LSTM is always batch-first; ``bidirectional=True`` is rejected. Not modified.
-        mlp_kwargs: TorchRL ``MLP`` arguments (see :class:`MLP`). Pass ``in_features`` to build
-            every layer eagerly (needed before ``torch.vmap``/``functional_call`` ensembles).
+        lstm_kwargs: ``torch.nn.LSTM`` arguments, not modified (``input_size`` = the MLP's ``out_features``,
+            ``hidden_size``, ``num_layers``, ``bias``, ``dropout``, ``proj_size``, ``dtype``; always batch-first).
+        mlp_kwargs: TorchRL ``MLP`` arguments (see :class:`MLP`); ``in_features`` builds every layer eagerly (needed
+            before ``torch.vmap``/``functional_call`` ensembles).
         device: where the parameters live.
 
     Keyword Args:
-        lstm_backend: our backend for sequences (``"auto"``, ``"reference"``, ``"scan"``,
-            ``"pad"``, ``"triton"``), or TorchRL's names ``"torch"`` (= ``"pad"``: the ATen
-            kernels eagerly, ``scan`` under compile/vmap) and ``"torchrl"`` (= ``"reference"``).
-            Default ``None`` = ``"auto"``. Under ``torch.compile`` / ``torch.vmap``, ``pad`` is
-            routed to a backend that runs there, so every choice compiles and vmaps.
+        lstm_backend: our backend for sequences (``"auto"``, ``"reference"``, ``"scan"``, ``"pad"``, ``"triton"``),
+            or TorchRL's names ``"torch"`` (= ``"pad"``) and ``"torchrl"`` (= ``"reference"``); ``None`` =
+            ``"auto"``. Every choice compiles and vmaps (``pad`` is routed to a backend that runs there).
 
-    The weights live in ``self.mlp``, ``self.lstm`` (a real ``torch.nn.LSTM``, never called by
-    the forward) and ``self.linear``: the state dict reads like TorchRL's.
+    The weights live in ``self.mlp``, ``self.lstm`` (a ``torch.nn.LSTM`` the forward never calls) and
+    ``self.linear``: the state dict reads like TorchRL's.
     """
 
     _cell = LSTM_CELL
 
-    def __init__(
-        self,
-        out_features: int,
-        lstm_kwargs: dict,
-        mlp_kwargs: dict,
-        device: torch.device | str | None = None,
-        *,
-        lstm_backend: str | None = None,
-    ) -> None:
+    def __init__(self, out_features: int, lstm_kwargs: dict, mlp_kwargs: dict,
+                 device: torch.device | str | None = None, *, lstm_backend: str | None = None) -> None:
         super().__init__()
         if lstm_backend not in _BACKEND_ALIASES and lstm_backend not in BACKEND_CHOICES:
             raise ValueError(
@@ -160,24 +133,16 @@ class LSTMNet(RNNChild, nn.Module):
         self.lstm = nn.LSTM(**kw, batch_first=True)
         self.linear = nn.Linear(self.lstm.proj_size or self.lstm.hidden_size, out_features, device=device)
 
-    def forward(
-        self, input: Tensor, hidden0_in: Tensor | None = None, hidden1_in: Tensor | None = None
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """``(y, hidden0_in, hidden1_in, hidden0_out, hidden1_out)``; shapes in the module doc.
-
-        ``hidden0``/``hidden1`` are the LSTM's ``h``/``c``; both or neither must be given
-        (neither = zeros, returned as the input hiddens).
-        """
+    def forward(self, input: Tensor, hidden0_in: Tensor | None = None,
+                hidden1_in: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """``(y, hidden0_in, hidden1_in, hidden0_out, hidden1_out)``, shapes in the module doc: ``hidden0``/``hidden1``
+        are the LSTM's ``h``/``c``, both or neither given (neither = zeros, returned as the input hiddens)."""
         if input.ndim not in (1, 2, 3):
-            raise ValueError(
-                f"LSTMNet: input must be [F] or [B, F] (one step) or [B, T, F] (a sequence), got shape "
-                f"{list(input.shape)}."
-            )
+            raise ValueError(f"LSTMNet: input must be [F] or [B, F] (one step) or [B, T, F] (a sequence), got shape "
+                             f"{list(input.shape)}.")
         if (hidden0_in is None) != (hidden1_in is None):  # TorchRL's class for this mistake
-            raise RuntimeError(
-                f"LSTMNet: pass both hidden0_in and hidden1_in or neither; got hidden0_in "
-                f"{type(hidden0_in).__name__} and hidden1_in {type(hidden1_in).__name__}."
-            )
+            raise RuntimeError(f"LSTMNet: pass both hidden0_in and hidden1_in or neither; got hidden0_in "
+                               f"{type(hidden0_in).__name__} and hidden1_in {type(hidden1_in).__name__}.")
         unbatched = input.ndim == 1
         if unbatched:
             input = input.unsqueeze(0)
@@ -188,23 +153,23 @@ class LSTMNet(RNNChild, nn.Module):
         lead = tuple(x.shape[:2]) if sequence else tuple(x.shape[:1])
         (L, P), (_, H) = self._state_shapes
         if hidden0_in is None:
-            hidden0_in = x.new_zeros(*lead, L, P)
-            hidden1_in = x.new_zeros(*lead, L, H)
+            hidden0_in, hidden1_in = x.new_zeros(*lead, L, P), x.new_zeros(*lead, L, H)
         for name, h, width in (("hidden0_in", hidden0_in, P), ("hidden1_in", hidden1_in, H)):
             if tuple(h.shape) != (*lead, L, width):
                 raise ValueError(
                     f"LSTMNet: {name} must have shape {[*lead, L, width]} ([*batch{', T' if sequence else ''}, "
                     f"num_layers, {'P' if name == 'hidden0_in' else 'H'}]), got {list(h.shape)}."
                 )
+        dropout = float(self._live.attrs["dropout"]) if self.training else 0.0
+        state = (hidden0_in, hidden1_in)
+        if sequence:  # the state entering step 0 ([B, 0, ...] when T = 0: zeros, no step reads them)
+            state = tuple(h[:, 0] if h.shape[1] else h.new_zeros(h.shape[0], *h.shape[2:]) for h in state)
+        params, layout = self._checked(self._weights, self._layout, x, state, ["input", "hidden0_in", "hidden1_in"])
         if sequence:  # outputs the final state at the last step, zeros before it
-            # the state entering step 0 ([B, 0, ...] when T = 0: zeros, no step reads them)
-            first = tuple(h[:, 0] if h.shape[1] else h.new_zeros(h.shape[0], *h.shape[2:]) for h in (hidden0_in, hidden1_in))
-            params, layout = bound_layout(LSTM_CELL, self._weights, self._layout, x, first,
-                                          ["input", "hidden0_in", "hidden1_in"], self._state_shapes, owner="LSTMNet")
-            y, (h, c) = run_sequence(x, first, None, params, layout, None, backend=self.lstm_backend,
-                                     dropout=self._dropout, training=self.training)
+            y, _, (h, c) = lstm_sequence(x, state, params, backend=self.lstm_backend, dropout=dropout,
+                                         training=self.training, return_segment_states=True, layout=layout)
         else:
-            y, (h, c) = run_step(LSTM_CELL, x, (hidden0_in, hidden1_in), self._weights, None, dropout=self._dropout,
-                                 training=self.training, backend=self.lstm_backend)
+            y, (h, c) = lstm_step(x, state, params, dropout=dropout, training=self.training, layout=layout)
+            y = y.clone()
         out = (self.linear(y), hidden0_in, hidden1_in, h, c)
         return tuple(o.squeeze(0) for o in out) if unbatched else out

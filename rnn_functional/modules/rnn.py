@@ -1,15 +1,11 @@
-"""``LSTMModule`` / ``GRUModule``: TensorDict modules over the functional core.
+"""``LSTMModule`` / ``GRUModule`` (and the linear cells' modules): TensorDict modules over the functional core.
 
-Drop-in replacements for ``torchrl.modules.LSTMModule`` / ``GRUModule``: same
-constructor, keys, shapes and modes. The module only moves tensors between the
-TensorDict and :func:`~rnn_functional.lstm_step` / :func:`~rnn_functional.lstm_sequence`
-(resp. the GRU functions); all math lives in the core. The pieces live in small files:
-``_cells`` (one spec per cell kind), ``_weights`` (the ``torch.nn`` child holding the
-weights), ``_keys`` (constructor keys), ``_compat`` (TorchRL's modes, primers, kernel
-switches) and ``_forward`` (TensorDict checks and the core calls).
+Drop-ins for ``torchrl.modules.LSTMModule`` / ``GRUModule``: same constructor, keys, shapes and modes. A call
+reads and checks its keys once, then calls the public function users call (``lstm_sequence`` / ``lstm_step``, ...)
+with ``layout=`` (the call is checked); all math lives in the core.
 
-TensorDict layout (``*B`` batch dims, ``T`` time = the last batch dim in recurrent mode,
-``L`` layers, ``H`` hidden size, ``P`` = proj_size or H):
+TensorDict layout (``*B`` batch dims, ``T`` time = the last batch dim in recurrent mode, ``L`` layers, ``H``
+hidden size, ``P`` = proj_size or H):
 
 ============================  =====================  =========================
 key                           sequential mode        recurrent mode
@@ -21,74 +17,370 @@ hidden ``h`` / ``c`` (in)     ``[*B, L, P|H]``       ``[*B, T, L, P|H]``
 hidden (out, ``("next", .)``)  ``[*B, L, P|H]``       ``[*B, T, L, P|H]``
 ============================  =====================  =========================
 
-Sequential mode resets the incoming hidden to zeros where ``is_init`` is True and runs
-one step. Recurrent mode starts from the stored hidden at ``t = 0`` and, at every ``t``
-where ``is_init`` is True, restarts from the stored hidden at ``t`` (collected data holds
-the primer's zeros there); the output hidden holds each trajectory's final state at its
-last step and zeros elsewhere, as TorchRL writes it.
+Sequential mode resets the incoming hidden to zeros where ``is_init`` is True and runs one step. Recurrent mode
+starts from the stored hidden at ``t = 0`` and, at every ``t`` where ``is_init`` is True, restarts from the stored
+hidden at ``t`` (collected data holds the primer's zeros there); the output hidden holds each trajectory's final
+state at its last step and zeros elsewhere, as TorchRL writes it.
+
+The weights live in a real ``torch.nn.LSTM``/``GRU`` child (``module.lstm`` / ``module.gru``, TorchRL's names), so
+state dicts, ``named_parameters``, ``TensorDict.from_module`` and ``module.lstm(x)`` behave as in TorchRL. The
+forward never touches the child (``torch.compile`` graph-breaks on any access to an ``nn.LSTM``): it reads the
+child's ``_parameters`` dict, the object every parameter swap writes into (``to_module``, ``functional_call``,
+``.to()``, ``load_state_dict``), through a :class:`LiveParams` reference.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import importlib
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
-from tensordict import TensorDictBase, is_tensorclass
+from tensordict import TensorDictBase, is_tensorclass, unravel_key_list
 from tensordict.nn import TensorDictModuleBase, dispatch
 from tensordict.utils import NestedKey
 from torch import nn
+from torch.nn.utils import prune
 
 from ..backends.base import backends_for, no_kernel_for
-from ..functional.options import check_options
+from ..cells import Cell, Layout
+from ..cells.gru import GRU
+from ..cells.lstm import LSTM
+from ..ensemble import ensemble_init_gru_params, ensemble_init_lstm_params
+from ..functional import gru_sequence, gru_step, lstm_sequence, lstm_step
+from ..functional._core import autocast_dtype
+from ..functional.options import call_context, check_options
 from ..functional.slices import check_pair, check_value
-from ._cells import GRU_CELL, LSTM_CELL
-from ._compat import TorchRLCompat
-from ._forward import bound_layout, read_inputs, run_sequence, run_step, write_outputs
-from ._keys import resolve_keys
+from ._mode import _TORCHRL_RNN
 from ._options import checked_option, options_state
-from ._weights import RNNChild, build_rnn
+from ._mode import recurrent_mode as _context_mode
 
-__all__ = ["LSTMModule", "GRUModule"]
+__all__ = ["LSTMModule", "GRUModule", "ModuleCell", "LiveParams", "RNNChild"]
 
-# tensordict memoises "is this type a tensorclass?" in eager code only. A forward compiled before any
-# eager TensorDict write misses torch.Tensor in that memo and guards on the whole memo, so the first
-# eager write afterwards (an env step, a replay buffer) forces a recompile. Asking once here makes the
-# compiled forward guard on that one entry instead.
+# tensordict memoises "is this type a tensorclass?" in eager code only: a forward compiled before any eager write
+# would guard on the whole memo and recompile at the first eager write; asking once here guards on one entry
 is_tensorclass(torch.Tensor)
 
-# the options checked on assignment (``checked_option``)
+
+@dataclass(frozen=True)
+class ModuleCell:
+    """A cell kind as the modules see it: the module's name (error prefix), the ``torch.nn`` class holding the
+    weights and TorchRL's attribute for it, the hyper-parameters it exposes, the state names, TorchRL's default
+    hidden keys, the core's cell and public functions, the stacked init and ``rnn -> state widths``."""
+
+    module_name: str
+    nn_class: type[nn.Module]
+    child_attr: str
+    hyper_names: tuple[str, ...]
+    state_names: tuple[str, ...]
+    default_in_keys: tuple[NestedKey, ...]
+    default_out_keys: tuple[NestedKey, ...]
+    core: Cell
+    step: Callable
+    sequence: Callable
+    ensemble_init: Callable
+    state_widths: Callable[[nn.Module], tuple[int, ...]]
+
+    def shape_hyper(self, rnn: nn.Module) -> dict:
+        """``rnn``'s hyper-parameters that fix the weights' shapes (all but ``dropout``)."""
+        return {name: getattr(rnn, name) for name in self.hyper_names if name != "dropout"}
+
+
+def gru_widths(rnn: nn.Module) -> tuple[int]:
+    return (rnn.hidden_size,)
+
+
+HYPER = ("input_size", "hidden_size", "num_layers", "bias", "dropout")
+LSTM_CELL = ModuleCell("LSTMModule", nn.LSTM, "lstm", (*HYPER, "proj_size"), ("h", "c"),
+                       ("recurrent_state_h", "recurrent_state_c"),
+                       (("next", "recurrent_state_h"), ("next", "recurrent_state_c")), LSTM, lstm_step, lstm_sequence,
+                       ensemble_init_lstm_params, lambda rnn: (rnn.proj_size or rnn.hidden_size, rnn.hidden_size))
+GRU_CELL = ModuleCell("GRUModule", nn.GRU, "gru", HYPER, ("h",), ("recurrent_state",), (("next", "recurrent_state"),),
+                      GRU, gru_step, gru_sequence, ensemble_init_gru_params, gru_widths)
+
+
+# ----------------------------------------------------------------------------- the weight child
+
+
+class LiveParams:
+    """A reference to a child module's attribute dict (the same object, never a copy) that pytree leaves alone:
+    ``torch.export`` snapshots plain module attributes with a pytree copy while the parameters are fake tensors and
+    writes the copy back, which replaced a bare dict reference by one holding the trace's fakes."""
+
+    __slots__ = ("attrs",)
+
+    def __init__(self, module: nn.Module) -> None:
+        self.attrs = module.__dict__
+
+    def __reduce__(self):
+        """Copied or pickled empty: the owner re-binds it to its own child (the attribute dict holds weak refs)."""
+        return object.__new__, (LiveParams,)
+
+
+def check_child(cell: ModuleCell, rnn) -> None:
+    """Raise unless ``rnn`` can hold ``cell``'s weights: an ``nn.RNNBase`` in the cell's mode for the ``torch.nn``
+    cells (``nn.LSTM``, or e.g. ``torchrl.modules.LSTM``), else a ``cell.nn_class``."""
+    cls = cell.nn_class
+    if issubclass(cls, nn.RNNBase):
+        ok = isinstance(rnn, nn.RNNBase) and rnn.mode == cls.__name__
+        want, alt = f"a torch.nn.{cls.__name__}", f" (or an nn.RNNBase in {cls.__name__} mode)"
+        note = " (a quantized one cannot serve: the forward computes with the child's float parameters, read by name)"
+    else:
+        ok, want, alt, note = isinstance(rnn, cls), f"a {cls.__module__}.{cls.__qualname__}", "", ""
+    if not ok:
+        raise TypeError(f"{cell.module_name}: {cell.child_attr} must be {want}{alt}, got {type(rnn).__module__}."
+                        f"{type(rnn).__qualname__}. Assign {want}{note}.")
+
+
+class RNNChild:
+    """Mixin for an ``nn.Module`` whose weights live in the child named ``_cell.child_attr``: assigning that child
+    (``__setattr__``, ``add_module``; a direct module-dict write is seen by the next eager call), unpickling and
+    ``.to()`` re-bind what the forward reads: the child's parameter dict, the sizes, and the params' layout, checked
+    once."""
+
+    _cell: ModuleCell
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        if name == self._cell.child_attr:
+            self._bind_rnn(value)
+
+    def add_module(self, name: str, module: nn.Module | None) -> None:
+        super().add_module(name, module)
+        if name == self._cell.child_attr:
+            self._bind_rnn(module)
+
+    def _bind_rnn(self, rnn: nn.Module) -> None:
+        check_child(self._cell, rnn)
+        self._live = LiveParams(rnn)
+        self._layout = self._cell.core.read_layout(self._weights)
+        self._input_size = int(rnn.input_size)
+        self._state_shapes = tuple((int(rnn.num_layers), width) for width in self._cell.state_widths(rnn))
+        self._sizes = (int(rnn.num_layers), tuple(w for _, w in self._state_shapes))
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._bind_rnn(self._rnn)
+
+    def _apply(self, fn, recurse: bool = True):
+        out = super()._apply(fn, recurse)
+        self._bind_rnn(self._rnn)
+        return out
+
+    @property
+    def _weights(self) -> dict:
+        """The child's weights by name: its parameter dict, or, where the child computes some (parametrizations,
+        ``torch.nn.utils.prune``), a dict holding them as it computes them."""
+        if not torch.compiler.is_compiling():
+            attr = self._cell.child_attr
+            child = self._modules.get(attr)
+            if child is None:  # a RuntimeError: an AttributeError raised in a property reads as a missing property
+                raise RuntimeError(f"{self._cell.module_name}: the child module.{attr} holding the weights was "
+                                   f"deleted; assign a new one to module.{attr}.")
+            if child.__dict__ is not self._live.attrs:  # replaced by a direct module-dict write (quantize_dynamic)
+                self._bind_rnn(child)
+        attrs = self._live.attrs
+        params = attrs["_parameters"]
+        parametrized, hooks = attrs["_modules"].get("parametrizations"), attrs["_forward_pre_hooks"]
+        if parametrized is None and not hooks:
+            return params
+        weights = dict(params)
+        for name, weight in (parametrized or {}).items():
+            weights[name] = weight()
+        for hook in hooks.values():
+            if isinstance(hook, prune.BasePruningMethod):
+                name = hook._tensor_name
+                weights[name] = weights.pop(name + "_orig") * attrs["_buffers"][name + "_mask"]
+        return weights
+
+    @property
+    def _rnn(self) -> nn.Module:
+        return getattr(self, self._cell.child_attr)
+
+    def _checked(self, params, layout: Layout | None, x: torch.Tensor, states, in_keys) -> tuple[dict, Layout]:
+        """``(params, their layout)`` with ``x`` and ``states`` (checked against the module's sizes by the caller)
+        checked against the params' dtype, device and sizes. ``layout``: the own weights' layout, checked when
+        bound (``None`` for other params: an ensemble's members, ``functional_call``)."""
+        owner, params = type(self).__name__, params if isinstance(params, dict) else dict(params.items())
+        layout = self._cell.core.layout_of(params, layout)
+        if layout.device.type == "meta":
+            raise RuntimeError(
+                f"{owner}: its weights are on the meta device and hold no values (an EnsembleModule keeps such a copy "
+                f"as its template: the members' weights are in ens.params). Run a member with "
+                f"ens.params[e].to_module(module), or load weights with module.to_empty(device=...) and "
+                f"load_state_dict(...).")
+        if layout.input_size != x.shape[-1] or (layout.num_layers, layout.state_sizes) != self._sizes:
+            raise ValueError(
+                f"{owner}: the weights are for input_size={layout.input_size}, num_layers={layout.num_layers} and "
+                f"state widths {list(layout.state_sizes)}, but the module is built for input_size={x.shape[-1]}, "
+                f"states {[list(s) for s in self._state_shapes]}. Load weights of the module's sizes (or build the "
+                f"module for these).")
+        for key, t in zip(in_keys, (x, *(states or ()))):
+            if (t.dtype != layout.dtype and t.dtype != autocast_dtype(layout)) or t.device != layout.device:
+                raise ValueError(f"{owner}: key {key!r}: expected dtype {layout.dtype} on {layout.device} (the "
+                                 f"params'), got {t.dtype} on {t.device}. Convert the TensorDict (td.to(...)) or the "
+                                 f"module (module.to(...)).")
+        return params, layout
+
+
+# ----------------------------------------------------------------------------- the one constructor signature
+
+_SIGNATURE = (("input_size", None), ("hidden_size", None), ("num_layers", 1), ("bias", True), ("batch_first", True),
+              ("dropout", 0), ("proj_size", 0), ("bidirectional", False), ("python_based", False),
+              ("recurrent_backend", "auto"), ("recurrent_compute_dtype", None), ("recurrent_recompute", "none"),
+              ("recurrent_matmul_precision", "auto"))
+_KEYWORDS = (("in_key", None), ("in_keys", None), ("out_key", None), ("out_keys", None), ("device", None),
+             ("CHILD", None), ("default_recurrent_mode", None), ("recurrent_slice_len", None),
+             ("recurrent_num_slices", None))
 _OPTIONS = ("recurrent_backend", "recurrent_recompute", "recurrent_compute_dtype", "recurrent_matmul_precision")
 
 
-class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
-    """What :class:`LSTMModule` and :class:`GRUModule` share; each sets ``_cell``."""
+def _signature(cell: ModuleCell, takes_child: bool) -> inspect.Signature:
+    """TorchRL's constructor signature for ``cell`` (``proj_size`` for the LSTM alone, ``lstm=``/``gru=`` for the
+    modules whose child is a ``torch.nn`` RNN)."""
+    kind = inspect.Parameter
+    params = [kind(name, kind.POSITIONAL_OR_KEYWORD, default=default) for name, default in _SIGNATURE
+              if name != "proj_size" or "proj_size" in cell.hyper_names]
+    params += [kind(cell.child_attr if name == "CHILD" else name, kind.KEYWORD_ONLY, default=default)
+               for name, default in _KEYWORDS if name != "CHILD" or takes_child]
+    return inspect.Signature(params)
 
-    def _setup(self, rnn: nn.RNNBase | None, given: dict, *, batch_first, bidirectional, python_based,
-               recurrent_backend, recurrent_compute_dtype, recurrent_recompute, recurrent_matmul_precision,
-               in_key, in_keys, out_key, out_keys, device, default_recurrent_mode,
-               recurrent_slice_len=None, recurrent_num_slices=None) -> None:
+
+def _key_list(owner: str, arg: str, keys, n: int, what: str) -> list[NestedKey]:
+    if not isinstance(keys, (list, tuple)):  # TorchRL passes it to unravel_key_list, whose binding raises TypeError
+        raise TypeError(
+            f"{owner}: incompatible function arguments: {arg} must be a list or tuple of {n} keys ({what}), got "
+            f"{type(keys).__name__} {keys!r}. Use {arg[:-1]}={keys!r} to name only the "
+            f"{'input' if arg == 'in_keys' else 'output'} and keep the default hidden-state keys.")
+    return unravel_key_list(list(keys))
+
+
+def resolve_keys(cell: ModuleCell, in_key, in_keys, out_key, out_keys) -> tuple[list[NestedKey], list[NestedKey]]:
+    """``(in_keys, out_keys)``: ``[input, *hidden, "is_init"]`` and ``[output, *("next", hidden)]``, TorchRL's rules
+    and exception classes (one of ``in_key``/``in_keys``; a single key gets the default hidden keys)."""
+    owner, n = cell.module_name, 1 + len(cell.state_names)
+    what = f"a value and {len(cell.state_names)} hidden state(s) {cell.state_names}"
+    if not ((in_key is None) ^ (in_keys is None)):
+        raise ValueError(f"Either in_keys or in_key must be specified but not both or none. "
+                         f"Got {in_keys} and {in_key} respectively.")
+    if not ((out_key is None) ^ (out_keys is None)):
+        raise ValueError(f"Either out_keys or out_key must be specified but not both or none. "
+                         f"Got {out_keys} and {out_key} respectively.")
+    in_keys = _key_list(owner, "in_keys", [in_key, *cell.default_in_keys] if in_key is not None else in_keys, n, what)
+    out_keys = _key_list(owner, "out_keys", [out_key, *cell.default_out_keys] if out_key is not None else out_keys, n,
+                         what)
+    if len(in_keys) != n and not (len(in_keys) == n + 1 and in_keys[-1] == "is_init"):
+        raise ValueError(f"{owner} expects {n} inputs: {what} (and optionally a final 'is_init' marker). "
+                         f"Got in_keys {in_keys} instead.")
+    if len(out_keys) != n:
+        raise ValueError(f"{owner} expects {n} outputs: {what}. Got out_keys {out_keys} instead.")
+    return (in_keys if "is_init" in in_keys else in_keys + ["is_init"]), out_keys
+
+
+def build_rnn(cell: ModuleCell, rnn, given: dict, *, batch_first: bool, bidirectional: bool, device) -> nn.Module:
+    """The child: ``rnn`` itself, checked, or a new ``cell.nn_class`` built from ``given`` (the constructor's
+    hyper-parameters); TorchRL's exception classes for the same mistakes."""
+    owner, arg, kind = cell.module_name, cell.child_attr, cell.nn_class.__name__
+    bidirectional_msg = (f"{owner}: bidirectional RNNs are not supported: a backward pass over time cannot honour "
+                         f"is_init resets causally. Use bidirectional=False.")
+    if rnn is None:
+        takes_child = issubclass(cell.nn_class, nn.RNNBase)
+        if not batch_first:
+            raise ValueError(f"The input {arg} must have batch_first=True." if takes_child else
+                             f"{owner}: batch_first=False is not supported: inputs are [*B, T, F]. Use batch_first=True.")
+        for name in ("input_size", "hidden_size"):  # TorchRL (nn.RNNBase) raises TypeError, input_size first
+            if given[name] is None:
+                raise TypeError(f"{owner}: {name} must be passed (an int), got None"
+                                + (f"; or pass a built {arg}=nn.{kind}(...)." if takes_child else "."))
+        if bidirectional:
+            raise ValueError(bidirectional_msg)
+        return cell.nn_class(**given, batch_first=True, device=device)
+    check_child(cell, rnn)
+    if not rnn.batch_first:
+        raise ValueError(f"The input {arg} must have batch_first=True.")
+    if given["input_size"] is not None or given["hidden_size"] is not None:
+        raise ValueError(f"An {kind} instance cannot be passed along with class argument: {owner}({arg}=...) takes "
+                         f"input_size and hidden_size from the module; drop them.")
+    defaults = {"num_layers": 1, "bias": True, "dropout": 0, "proj_size": 0}
+    for key in cell.hyper_names:
+        if key in defaults and given[key] != defaults[key] and given[key] != getattr(rnn, key):
+            raise ValueError(f"{owner}: {key}={given[key]!r} conflicts with the wrapped {arg} ({key}="
+                             f"{getattr(rnn, key)!r}); the wrapped module's hyper-parameters are used: drop {key}.")
+    if rnn.bidirectional:
+        raise ValueError(bidirectional_msg)
+    param = next(rnn.parameters())
+    if device is not None and torch.device(device) != param.device:
+        raise ValueError(f"{owner}: device={device!r} differs from the wrapped {arg}'s device {param.device}; "
+                         f"move the module with .to(device) instead.")
+    return rnn
+
+
+# ----------------------------------------------------------------------------- TorchRL's python-based child
+
+_PYTHON_PREFIX = "TorchRLPython"
+_PYTHON_CLASSES: dict[str, type[nn.RNNBase]] = {}
+
+
+def _python_class(kind: str) -> type[nn.RNNBase]:
+    """``torch.nn.<kind>`` with TorchRL's Python forward first in its MRO (an instance of both)."""
+    if kind not in _PYTHON_CLASSES:
+        trl = importlib.import_module(_TORCHRL_RNN)
+        name = _PYTHON_PREFIX + kind
+        _PYTHON_CLASSES[kind] = type(name, (getattr(trl, kind), getattr(nn, kind)),
+                                     {"__module__": __name__, "__qualname__": name})
+    return _PYTHON_CLASSES[kind]
+
+
+def __getattr__(name: str):
+    """Unpickling a python-based child looks its class up here: build it on demand."""
+    if name.startswith(_PYTHON_PREFIX):
+        return _python_class(name[len(_PYTHON_PREFIX):])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ----------------------------------------------------------------------------- the modules
+
+
+class RecurrentModule(RNNChild, TensorDictModuleBase):
+    """What every recurrent TensorDict module shares; each subclass sets ``_cell`` (and ``_takes_child``: the
+    constructor takes a built ``torch.nn`` child by the child's name)."""
+
+    _cell: ModuleCell
+    _takes_child = True
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "_cell" in cls.__dict__:
+            cls.__signature__ = _signature(cls._cell, cls._takes_child)
+            cls.DEFAULT_IN_KEYS = list(cls._cell.default_in_keys)
+            cls.DEFAULT_OUT_KEYS = list(cls._cell.default_out_keys)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__()
         cell = self._cell
-        self._check_options(dropout=given["dropout"], recurrent_backend=recurrent_backend,
-                            recurrent_recompute=recurrent_recompute, recurrent_compute_dtype=recurrent_compute_dtype,
-                            recurrent_matmul_precision=recurrent_matmul_precision)
-        check_value(recurrent_slice_len, f"{cell.module_name}: recurrent_slice_len")
-        check_value(recurrent_num_slices, f"{cell.module_name}: recurrent_num_slices")
-        check_pair(recurrent_slice_len, recurrent_num_slices, f"{cell.module_name}: ", "recurrent_")
-        if not isinstance(python_based, bool):
-            raise TypeError(f"{cell.module_name}: python_based must be a bool, got {type(python_based).__name__}.")
-        rnn = build_rnn(cell, rnn, given, batch_first=batch_first, bidirectional=bidirectional, device=device)
-        self.in_keys, self.out_keys = resolve_keys(cell, in_key, in_keys, out_key, out_keys)
+        a = type(self).__signature__.bind(*args, **kwargs)
+        a.apply_defaults()
+        a = a.arguments
+        given = {name: a[name] for name in cell.hyper_names}
+        self._check_options(dropout=given["dropout"], **{name: a[name] for name in _OPTIONS})
+        check_value(a["recurrent_slice_len"], f"{cell.module_name}: recurrent_slice_len")
+        check_value(a["recurrent_num_slices"], f"{cell.module_name}: recurrent_num_slices")
+        check_pair(a["recurrent_slice_len"], a["recurrent_num_slices"], f"{cell.module_name}: ", "recurrent_")
+        if not isinstance(a["python_based"], bool):
+            raise TypeError(f"{cell.module_name}: python_based must be a bool, got {type(a['python_based']).__name__}.")
+        rnn = build_rnn(cell, a.get(cell.child_attr), given, batch_first=a["batch_first"],
+                        bidirectional=a["bidirectional"], device=a["device"])
+        self.in_keys, self.out_keys = resolve_keys(cell, a["in_key"], a["in_keys"], a["out_key"], a["out_keys"])
         setattr(self, cell.child_attr, rnn)
         self.python_based = False
-        if python_based:
+        if a["python_based"]:
             self.make_python_based()
-        self._recurrent_backend = recurrent_backend  # checked together above; assignments later check each
-        self._recurrent_compute_dtype = recurrent_compute_dtype
-        self._recurrent_recompute = recurrent_recompute
-        self._recurrent_matmul_precision = recurrent_matmul_precision
-        self.recurrent_slice_len = recurrent_slice_len
-        self.recurrent_num_slices = recurrent_num_slices
-        self._recurrent_mode = default_recurrent_mode
+        for name in _OPTIONS:  # checked together above; assignments later check each
+            object.__setattr__(self, f"_{name}", a[name])
+        self.recurrent_slice_len, self.recurrent_num_slices = a["recurrent_slice_len"], a["recurrent_num_slices"]
+        self._recurrent_mode = a["default_recurrent_mode"]
 
     recurrent_backend = checked_option("recurrent_backend")
     recurrent_recompute = checked_option("recurrent_recompute")
@@ -97,8 +389,7 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
 
     def _check_options(self, *, recurrent_backend: str, recurrent_recompute: str, recurrent_compute_dtype,
                        recurrent_matmul_precision, dropout: float = 0.0) -> None:
-        """Raise unless these recurrent options could serve a call: each value, their combination (``recompute``
-        with ``pad``) and the backend for this cell."""
+        """Raise unless these options could serve a call: each value, their combination and the backend's cell."""
         cell = self._cell
         check_options(backend=recurrent_backend, recompute=recurrent_recompute, dropout=dropout,
                       matmul_precision=recurrent_matmul_precision, compute_dtype=recurrent_compute_dtype,
@@ -112,16 +403,14 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(options_state(state, _OPTIONS))
 
+    # ------------------------------------------------------------------ forward
+
     def forward(self, *args, **kwargs) -> TensorDictBase:
-        """Read the input, hidden and ``is_init`` keys, run one step or a sequence, write outputs.
+        """Read the input, hidden and ``is_init`` keys, run one step or a sequence, write the outputs.
 
-        ``module(tensordict)``: see the module docstring for shapes; returns ``tensordict``, updated
-        in place. ``module(input=..., is_init=..., ...)`` (tensors named by the ``in_keys``, as
-        tensordict's ``dispatch``) returns the output tensors instead.
-
-        The TensorDict call does not go through ``dispatch``'s wrapper: under ``torch.compile``
-        that extra traced frame cost ~15 us per call of a compiled policy step on CPU
-        (``benchmarks/bench_policy_step.py``).
+        ``module(tensordict)`` updates ``tensordict`` in place and returns it (not through ``dispatch``'s wrapper:
+        under ``torch.compile`` that frame adds guards to every policy step); ``module(input=..., is_init=...)``
+        (tensors named by the ``in_keys``) returns the output tensors.
         """
         if args and isinstance(args[0], TensorDictBase):
             if len(args) == 1 and not kwargs:
@@ -129,8 +418,7 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
             raise TypeError(
                 f"{type(self).__name__}.forward() takes a TensorDict alone, or the in_keys' tensors "
                 f"{[str(k) for k in self.in_keys]} without one; got a TensorDict and {len(args) - 1} more positional "
-                f"argument(s), keyword(s) {sorted(kwargs)}. Pass module(tensordict): it is updated in place and returned."
-            )
+                f"argument(s), keyword(s) {sorted(kwargs)}. Pass module(tensordict): it is updated in place and returned.")
         return self._forward_from_tensors(*args, **kwargs)
 
     @dispatch
@@ -138,173 +426,224 @@ class _RecurrentModule(RNNChild, TorchRLCompat, TensorDictModuleBase):
         return self._forward(tensordict, self._weights, self._layout)
 
     def forward_with_params(self, tensordict: TensorDictBase, params) -> TensorDictBase:
-        """:meth:`forward` with explicit weights (``torch.nn`` state-dict names) instead of the child's.
-
-        What :class:`~rnn_functional.EnsembleModule` vmaps over stacked members: it never touches the
-        ``nn.LSTM``/``nn.GRU`` child, so it traces under ``torch.compile`` without graph breaks.
-        """
+        """:meth:`forward` with explicit weights (``torch.nn`` state-dict names) instead of the child's: what
+        :class:`~rnn_functional.EnsembleModule` vmaps over stacked members (it never touches the child)."""
         return self._forward(tensordict, params, None)
 
-    def _forward(self, tensordict: TensorDictBase, params, layout) -> TensorDictBase:
-        """``layout``: the layout of the module's own weights, checked when they were bound (``None`` for other
-        params, read and checked per call). Passed in, not found by ``params is self._weights``: torch 2.11's
-        Dynamo cannot trace ``is`` between two dicts (a compiled ensemble failed on it)."""
-        cell, recurrent = self._cell, self.recurrent_mode
-        # tensordict stores ``in_keys``/``out_keys`` in ``_in_keys``/``_out_keys_apparent``: reading those skips two
-        # property lookups through the class hierarchy, 8 guards a compiled call re-checks (bench_policy_step.py)
+    def _forward(self, td: TensorDictBase, params, layout: Layout | None) -> TensorDictBase:
+        """``layout``: the own weights' layout (``None`` for other params). Passed in, not found by ``params is
+        self._weights``: Dynamo cannot trace ``is`` between two dicts."""
+        cell, recurrent, owner = self._cell, self.recurrent_mode, type(self).__name__
+        # tensordict's private key lists: each public property read adds guards that a compiled call re-checks
         in_keys, out_keys = self._in_keys, self._out_keys_apparent
-        x, states, is_init = read_inputs(cell, tensordict, in_keys, self._input_size, self._state_shapes, recurrent)
-        params, layout = bound_layout(cell, params, layout, x, states, in_keys, self._state_shapes)
-        if recurrent:
-            # [*B, T, L, S] at t = 0; none for an empty time dim (empty outputs, as the functional sequence returns)
-            first = None if states is None or states[0].shape[-3] == 0 else tuple(s.select(-3, 0) for s in states)
-            y, out_states = run_sequence(
-                x, first, states, params, layout, is_init,
-                backend=self._sequence_backend(),
-                dropout=self._dropout if self.training else 0.0,
-                training=self.training,
-                recompute=self.recurrent_recompute,
-                compute_dtype=self.recurrent_compute_dtype,
-                matmul_precision=self.recurrent_matmul_precision,
-                slice_len=self.recurrent_slice_len,
-                num_slices=self.recurrent_num_slices,
-            )
+        n = len(cell.state_names)
+        dims = "[*batch, T" if recurrent else "[*batch"
+        if recurrent and td.ndim == 0:
+            raise ValueError(f"{owner} in recurrent mode needs a TensorDict with at least one batch dim (time, the "
+                             f"last one); got batch_size {list(td.batch_size)}. Use sequential mode for single steps.")
+        x, is_init = td.get(in_keys[0], None), td.get(in_keys[-1], None)
+        if x is None:
+            raise KeyError(f"{owner}: input key {in_keys[0]!r} not found in the TensorDict (keys: {_keys_of(td)}). "
+                           f"Store the input there ({dims}, {self._input_size}]) or name its key with in_key=... / "
+                           f"in_keys=[...].")
+        if x.ndim == 0 or x.shape[-1] != self._input_size:
+            raise ValueError(f"{owner}: input key {in_keys[0]!r} holds shape {list(x.shape)}; expected {dims}, "
+                             f"{self._input_size}] (input_size={self._input_size} features last).")
+        lead = tuple(x.shape[:-1])
+        if is_init is None:
+            raise KeyError(f"{owner}: key {in_keys[-1]!r} not found in the TensorDict (keys: {_keys_of(td)}). It marks "
+                           f"trajectory starts: add torchrl.envs.InitTracker() to the env (Collector(..., "
+                           f"auto_register_policy_transforms=True) does), or set it yourself (bool {list(lead) + [1]}).")
+        if is_init.dtype != torch.bool:
+            raise TypeError(f"{owner}: key {in_keys[-1]!r} holds dtype {is_init.dtype}; expected torch.bool. Store "
+                            f"td[{in_keys[-1]!r}] = td[{in_keys[-1]!r}].bool().")
+        if tuple(is_init.shape) not in (lead, (*lead, 1)):
+            raise ValueError(f"{owner}: key {in_keys[-1]!r} holds shape {list(is_init.shape)}; expected "
+                             f"{list(lead) + [1]} or {list(lead)} ({dims}(, 1)], the input's leading dims). Store one "
+                             f"flag per {'step' if recurrent else 'batch element'}.")
+        states, missing = [], []
+        for key in in_keys[1:1 + n]:
+            states.append(td.get(key, None))
+            if states[-1] is None:
+                missing.append(key)
+        if len(missing) == n:
+            states = None  # zeros, as TorchRL
+        elif missing:
+            raise RuntimeError(f"{owner}: hidden state keys {missing} are missing while "
+                               f"{[k for k in in_keys[1:1 + n] if k not in missing]} are present; provide all of "
+                               f"{in_keys[1:1 + n]} or none (zeros).")
         else:
-            dropout = self._dropout if self.training else 0.0
-            backend = self._sequence_backend() if dropout > 0 else None  # only a step with dropout runs a sequence
-            y, out_states = run_step(cell, x, states, params, is_init, dropout=dropout, training=self.training,
-                                     backend=backend, layout=layout)
-        return write_outputs(tensordict, out_keys, y, out_states)
+            states = tuple(states)
+            for key, state, (layers, width) in zip(in_keys[1:], states, self._state_shapes):
+                if tuple(state.shape) != (*lead, layers, width):
+                    hint = (f" It lacks the layer dim: store td[{key!r}] = td[{key!r}].unsqueeze(-2)."
+                            if tuple(state.shape) == (*lead, width) and layers == 1
+                            else " Build env hidden states with module.make_tensordict_primer().")
+                    raise ValueError(f"{owner}: hidden state key {key!r} holds shape {list(state.shape)}; expected "
+                                     f"{[*lead, layers, width]} ({dims}, num_layers, {width}]).{hint}")
+        params, layout = self._checked(params, layout, x, states, in_keys)
+        dropout = float(self._live.attrs["dropout"]) if self.training else 0.0  # the child's, now (as TorchRL)
+        if recurrent:
+            # the states at t = 0 (none for an empty time dim: empty outputs, as the functional sequence returns)
+            first = None if states is None or states[0].shape[-3] == 0 else tuple(s.select(-3, 0) for s in states)
+            y, _, out = cell.sequence(
+                x, first, params, is_init=is_init, reset_state=states, backend=self._sequence_backend(),
+                dropout=dropout, training=self.training, recompute=self.recurrent_recompute,
+                compute_dtype=self.recurrent_compute_dtype, matmul_precision=self.recurrent_matmul_precision,
+                return_segment_states=True, slice_len=self.recurrent_slice_len, num_slices=self.recurrent_num_slices,
+                layout=layout)
+        else:
+            y, out = cell.step(x, states, params, is_init=is_init, dropout=dropout, training=self.training,
+                               layout=layout)
+            y = y.clone()  # the core's step returns the top layer's h as both (nn.LSTMCell's contract); TorchRL's two
+        td.set(out_keys[0], y)
+        for key, value in zip(out_keys[1:], (out,) if n == 1 else out):
+            td.set(key, value)
+        return td
+
+    # ------------------------------------------------------------------ TorchRL's modes, kernels, keys, primers
+
+    @property
+    def recurrent_mode(self) -> bool:
+        """True when the module processes ``[*B, T]`` sequences, False for single steps."""
+        mode = _context_mode()
+        return bool(self._recurrent_mode) if mode is None else mode
+
+    @recurrent_mode.setter
+    def recurrent_mode(self, value) -> None:
+        raise RuntimeError("recurrent_mode cannot be changed in-place. Use the set_recurrent_mode context manager "
+                           "(rnn_functional.set_recurrent_mode or torchrl.modules.set_recurrent_mode) or the "
+                           "default_recurrent_mode constructor argument.")
+
+    @property
+    def temporal_mode(self):
+        raise RuntimeError("temporal_mode is deprecated, use recurrent_mode instead.")
+
+    def set_recurrent_mode(self, mode: bool = True):
+        raise RuntimeError(
+            f"{self._cell.module_name}.set_recurrent_mode() does not exist (TorchRL removed it in v0.8). Use the "
+            f"set_recurrent_mode context manager (rnn_functional.set_recurrent_mode or "
+            f"torchrl.modules.set_recurrent_mode) or the default_recurrent_mode constructor argument.")
+
+    def _sequence_backend(self) -> str:
+        """``python_based`` (TorchRL: a Python loop instead of the torch.nn kernels) runs the eager ``pad``/``auto``
+        path on ``reference``; compiled and vmapped calls keep the configured backend, which runs there."""
+        name = self.recurrent_backend
+        if self.python_based and name in ("pad", "auto"):
+            context = call_context()
+            if not (context.compiling or context.vmapped):
+                return "reference"
+        return name
+
+    def make_python_based(self):
+        """Run the eager ``pad``/``auto`` recurrent path with the ``reference`` loop; when TorchRL is loaded the
+        child's class also becomes TorchRL's Python implementation (still a ``torch.nn`` class). Returns self."""
+        self.python_based = True
+        if _TORCHRL_RNN in sys.modules and issubclass(self._cell.nn_class, nn.RNNBase) \
+                and type(self._rnn) is self._cell.nn_class:
+            self._rnn.__class__ = _python_class(self._cell.nn_class.__name__)
+        return self
+
+    def make_cudnn_based(self):
+        """Run the eager recurrent path with ATen's (cuDNN/oneDNN) kernels: ``recurrent_backend="pad"``. Returns
+        self."""
+        owner = self._cell.module_name
+        if self._cell.core.aten is None:
+            raise ValueError(f"{owner}.make_cudnn_based(): cuDNN/oneDNN have no {self._cell.core.title} kernel "
+                             f"(backend 'pad'); keep recurrent_backend={self.recurrent_backend!r}.")
+        if self.recurrent_recompute != "none":
+            raise ValueError(f"{owner}.make_cudnn_based(): recurrent_recompute={self.recurrent_recompute!r} cannot be "
+                             f"served by the cuDNN/oneDNN kernels (backend 'pad'); keep recurrent_backend="
+                             f"{self.recurrent_backend!r} or set recurrent_recompute='none' first.")
+        self.python_based = False
+        self.recurrent_backend = "pad"
+        if type(self._rnn) in _PYTHON_CLASSES.values():
+            self._rnn.__class__ = self._cell.nn_class
+        return self
+
+    @property
+    def canonical_keys(self) -> list[NestedKey]:
+        """The keys whose memory layout matters to this module: ``in_keys + out_keys``."""
+        return list(self.in_keys) + list(self.out_keys)
+
+    def canonicalize(self, data: TensorDictBase, *, inplace: bool = False) -> TensorDictBase:
+        """``data`` with only the :attr:`canonical_keys` leaves made contiguous (missing keys skipped);
+        ``inplace=False`` returns a shallow copy."""
+        present = set(data.keys(include_nested=True))
+        keys = [k for k in self.canonical_keys if k in present]
+        if not keys:
+            return data
+        out = data if inplace else data.copy()
+        out.update(data.select(*keys).contiguous(canonical=True))
+        return out
+
+    def make_tensordict_primer(self):
+        """A ``torchrl.envs.TensorDictPrimer`` adding zero hidden states (unbounded specs ``[L, P|H]``, expanded to
+        the env's batch size) to env TensorDicts. Requires torchrl (imported here, lazily)."""
+        from torchrl.data import Unbounded
+        from torchrl.envs.transforms import TensorDictPrimer
+
+        def as_tuple(key):
+            return key if isinstance(key, tuple) else (key,)
+
+        n = len(self._cell.state_names)
+        in_hidden = [as_tuple(k) for k in self.in_keys[1:1 + n]]
+        if any(as_tuple(o) != ("next", *i) for i, o in zip(in_hidden, self.out_keys[1:])):
+            raise RuntimeError(
+                "make_tensordict_primer is supposed to work with in_keys/out_keys that have compatible names, "
+                "ie. the out_keys should be named after ('next', <in_key>). Got "
+                f"in_keys={self.in_keys} and out_keys={self.out_keys} instead.")
+        dtype = next(iter(self._weights.values())).dtype
+        return TensorDictPrimer({k: Unbounded(shape=shape, dtype=dtype) for k, shape in
+                                 zip(in_hidden, self._state_shapes)}, expand_specs=True)
 
 
-class LSTMModule(_RecurrentModule):
+def _keys_of(td: TensorDictBase) -> list:
+    return list(td.keys(include_nested=True, leaves_only=True))
+
+
+class LSTMModule(RecurrentModule):
     """Drop-in replacement for ``torchrl.modules.LSTMModule`` built on the functional core.
 
     Args (TorchRL's, same order and defaults):
         input_size, hidden_size, num_layers, bias, dropout, proj_size: as ``torch.nn.LSTM``.
         batch_first: must be True (TorchRL's rule).
         bidirectional: must be False (resets are causal); raises otherwise.
-        python_based: eager recurrent mode runs the ``reference`` Python loop instead of
-            ATen kernels for ``recurrent_backend`` ``"pad"``/``"auto"``; when TorchRL is
-            loaded, ``self.lstm`` is also TorchRL's Python LSTM (see ``make_python_based``).
-        recurrent_backend: core ``backend`` of recurrent mode: ``"auto"`` (default; TorchRL's
-            default is ``"pad"``, which ``auto`` picks whenever it is the fastest exact path),
-            ``"pad"``, ``"scan"``, ``"triton"`` or ``"reference"``.
-        recurrent_compute_dtype, recurrent_matmul_precision: passed to the core as
-            ``compute_dtype`` / ``matmul_precision`` (used by ``triton``; other backends
-            compute at the params' precision). ``recurrent_compute_dtype=None`` (default)
-            means the params' dtype: ``torch.float32`` for fp32 params, as in TorchRL.
-        recurrent_recompute: ``"none"`` or ``"full"`` (checkpointed backward); ``"full"``
-            with ``recurrent_backend="pad"`` raises.
+        python_based: eager recurrent mode runs the ``reference`` Python loop instead of ATen kernels for
+            ``recurrent_backend`` ``"pad"``/``"auto"``; when TorchRL is loaded, ``self.lstm`` is also TorchRL's
+            Python LSTM (see ``make_python_based``).
+        recurrent_backend: core ``backend`` of recurrent mode: ``"auto"`` (default; TorchRL's default is ``"pad"``,
+            which ``auto`` picks in plain eager mode), ``"pad"``, ``"scan"``, ``"triton"`` or ``"reference"``.
+        recurrent_compute_dtype, recurrent_matmul_precision: the core's ``compute_dtype`` / ``matmul_precision``
+            (read by ``triton``; other backends compute at the params' precision).
+        recurrent_recompute: ``"none"`` or ``"full"`` (checkpointed backward); ``"full"`` with ``"pad"`` raises.
 
     Keyword Args:
-        in_key / in_keys: the input key (hidden keys default to ``recurrent_state_h``,
-            ``recurrent_state_c``) or the triplet ``[input, h, c]`` (``"is_init"`` is appended).
-        out_key / out_keys: the output key (hidden outputs default to
-            ``("next", "recurrent_state_h")``, ``("next", "recurrent_state_c")``) or the triplet.
+        in_key / in_keys: the input key (hidden keys default to ``recurrent_state_h``, ``recurrent_state_c``) or
+            the triplet ``[input, h, c]`` (``"is_init"`` is appended).
+        out_key / out_keys: the output key (hidden outputs default to ``("next", "recurrent_state_h")``,
+            ``("next", "recurrent_state_c")``) or the triplet.
         device: device of new parameters.
         lstm: an ``nn.LSTM`` (``batch_first=True``) kept as ``self.lstm``: its parameters are the module's.
         default_recurrent_mode: mode when no ``set_recurrent_mode`` context is active (False).
-        recurrent_slice_len: ``None`` (default), or ``L`` when recurrent-mode batches are whole
-            slices of exactly ``L`` steps along time, ``is_init`` True at each slice start (what
-            ``SliceSampler(slice_len=L, strict_length=True)`` returns): they then run side by side
-            with static shapes, which makes a flat ``[N]`` batch fast under ``torch.compile``
-            (see ``docs/compile.md``). Passed to the core as ``slice_len``; a batch that is not
-            whole slices raises. Not a TorchRL argument.
-        recurrent_num_slices: ``None`` (default), or ``K`` with ``recurrent_slice_len=L`` when
-            batches hold at most ``K`` slices of at most ``L`` steps (``SliceSampler(slice_len=L,
-            strict_length=False)`` with ``batch_size = K * L``): compiled, they run in a padded
-            ``[K, L]`` block. Passed to the core as ``num_slices``.
+        recurrent_slice_len: ``L`` when recurrent-mode batches are whole slices of exactly ``L`` steps along time
+            (``SliceSampler(slice_len=L, strict_length=True)``): they run side by side with static shapes (fast flat
+            ``[N]`` batches under ``torch.compile``, ``docs/compile.md``); the core's ``slice_len``. Not TorchRL's.
+        recurrent_num_slices: ``K`` with ``recurrent_slice_len=L`` when batches hold at most ``K`` slices of at most
+            ``L`` steps (``strict_length=False``): compiled, they run in a padded ``[K, L]`` block.
 
-    ``self.lstm`` is a real ``torch.nn.LSTM`` (``batch_first=True``) holding the module's
-    parameters: callable, state dicts read ``lstm.weight_ih_l0``, ... as TorchRL's.
+    ``self.lstm`` is a real ``torch.nn.LSTM`` holding the module's parameters (TorchRL's state-dict names).
     """
 
     _cell = LSTM_CELL
-    DEFAULT_IN_KEYS = list(LSTM_CELL.default_in_keys)
-    DEFAULT_OUT_KEYS = list(LSTM_CELL.default_out_keys)
-
-    def __init__(
-        self,
-        input_size: int | None = None,
-        hidden_size: int | None = None,
-        num_layers: int = 1,
-        bias: bool = True,
-        batch_first: bool = True,
-        dropout: float = 0,
-        proj_size: int = 0,
-        bidirectional: bool = False,
-        python_based: bool = False,
-        recurrent_backend: str = "auto",
-        recurrent_compute_dtype: torch.dtype | None = None,
-        recurrent_recompute: str = "none",
-        recurrent_matmul_precision: str = "auto",
-        *,
-        in_key: NestedKey | None = None,
-        in_keys: Sequence[NestedKey] | None = None,
-        out_key: NestedKey | None = None,
-        out_keys: Sequence[NestedKey] | None = None,
-        device: torch.device | str | None = None,
-        lstm: nn.LSTM | None = None,
-        default_recurrent_mode: bool | None = None,
-        recurrent_slice_len: int | None = None,
-        recurrent_num_slices: int | None = None,
-    ) -> None:
-        super().__init__()
-        given = dict(input_size=input_size, hidden_size=hidden_size, num_layers=num_layers, bias=bias,
-                     dropout=dropout, proj_size=proj_size)
-        self._setup(lstm, given, batch_first=batch_first, bidirectional=bidirectional, python_based=python_based,
-                    recurrent_backend=recurrent_backend, recurrent_compute_dtype=recurrent_compute_dtype,
-                    recurrent_recompute=recurrent_recompute, recurrent_matmul_precision=recurrent_matmul_precision,
-                    in_key=in_key, in_keys=in_keys, out_key=out_key, out_keys=out_keys, device=device,
-                    default_recurrent_mode=default_recurrent_mode, recurrent_slice_len=recurrent_slice_len,
-                    recurrent_num_slices=recurrent_num_slices)
 
 
-class GRUModule(_RecurrentModule):
+class GRUModule(RecurrentModule):
     """Drop-in replacement for ``torchrl.modules.GRUModule`` built on the functional core.
 
-    Same arguments as :class:`LSTMModule` without ``proj_size``, with ``gru=`` (an
-    ``nn.GRU``) instead of ``lstm=``, and one hidden key: ``in_keys = [input, h]``,
-    ``out_keys = [output, ("next", h)]`` (defaults ``recurrent_state`` /
-    ``("next", "recurrent_state")``). ``self.gru`` is a real ``torch.nn.GRU`` holding the weights.
+    Same arguments as :class:`LSTMModule` without ``proj_size``, with ``gru=`` (an ``nn.GRU``) instead of
+    ``lstm=``, and one hidden key: ``in_keys = [input, h]``, ``out_keys = [output, ("next", h)]`` (defaults
+    ``recurrent_state`` / ``("next", "recurrent_state")``). ``self.gru`` is a real ``torch.nn.GRU``.
     """
 
     _cell = GRU_CELL
-    DEFAULT_IN_KEYS = list(GRU_CELL.default_in_keys)
-    DEFAULT_OUT_KEYS = list(GRU_CELL.default_out_keys)
-
-    def __init__(
-        self,
-        input_size: int | None = None,
-        hidden_size: int | None = None,
-        num_layers: int = 1,
-        bias: bool = True,
-        batch_first: bool = True,
-        dropout: float = 0,
-        bidirectional: bool = False,
-        python_based: bool = False,
-        recurrent_backend: str = "auto",
-        recurrent_compute_dtype: torch.dtype | None = None,
-        recurrent_recompute: str = "none",
-        recurrent_matmul_precision: str = "auto",
-        *,
-        in_key: NestedKey | None = None,
-        in_keys: Sequence[NestedKey] | None = None,
-        out_key: NestedKey | None = None,
-        out_keys: Sequence[NestedKey] | None = None,
-        device: torch.device | str | None = None,
-        gru: nn.GRU | None = None,
-        default_recurrent_mode: bool | None = None,
-        recurrent_slice_len: int | None = None,
-        recurrent_num_slices: int | None = None,
-    ) -> None:
-        super().__init__()
-        given = dict(input_size=input_size, hidden_size=hidden_size, num_layers=num_layers, bias=bias,
-                     dropout=dropout)
-        self._setup(gru, given, batch_first=batch_first, bidirectional=bidirectional, python_based=python_based,
-                    recurrent_backend=recurrent_backend, recurrent_compute_dtype=recurrent_compute_dtype,
-                    recurrent_recompute=recurrent_recompute, recurrent_matmul_precision=recurrent_matmul_precision,
-                    in_key=in_key, in_keys=in_keys, out_key=out_key, out_keys=out_keys, device=device,
-                    default_recurrent_mode=default_recurrent_mode, recurrent_slice_len=recurrent_slice_len,
-                    recurrent_num_slices=recurrent_num_slices)

@@ -328,28 +328,31 @@ def test_recompute_full_gradients_equal(backend):
         torch.testing.assert_close(a, b)
 
 
-def test_options_reach_the_core(monkeypatch):
-    """recurrent_* arguments are passed to the core's sequence function, never dropped."""
-    from rnn_functional.modules import _forward
+def _spy_cell(module, seen: dict):
+    """``module`` calling spies of its cell's public functions that record their keyword arguments."""
+    from dataclasses import replace
 
+    cell = module._cell
+    step = lambda *a, **kw: seen.setdefault("step", kw) and cell.step(*a, **kw)  # noqa: E731
+    sequence = lambda *a, **kw: seen.setdefault("sequence", kw) and cell.sequence(*a, **kw)  # noqa: E731
+    module._cell = replace(cell, step=step, sequence=sequence)
+    return module
+
+
+def test_options_reach_the_core():
+    """recurrent_* arguments are passed to the public sequence function the module calls, never dropped, with the
+    weights' layout checked when bound (not re-read per call)."""
     seen = {}
-    real = _forward.execute
-
-    def spy(c, backend, opts, slice_len, num_slices):
-        seen.update(backend=backend, opts=opts, layout=c.layout)
-        return real(c, backend, opts, slice_len, num_slices)
-
-    monkeypatch.setattr(_forward, "execute", spy)
-    module = make_module(
+    module = _spy_cell(make_module(
         "gru", recurrent_backend="scan", recurrent_recompute="full", recurrent_compute_dtype=torch.bfloat16,
         recurrent_matmul_precision="tf32x3", default_recurrent_mode=True,
-    )
+    ), seen)
     module(make_td("gru", (1, 3)))
-    opts = seen["opts"]
-    assert seen["backend"] == "scan" and opts.recompute == "full"
-    assert opts.compute_dtype is torch.bfloat16 and opts.matmul_precision == "tf32x3"
-    assert opts.segment_states is True
-    assert seen["layout"] is module._layout  # the weights' layout, checked when bound, not re-read per call
+    kw = seen["sequence"]
+    assert kw["backend"] == "scan" and kw["recompute"] == "full"
+    assert kw["compute_dtype"] is torch.bfloat16 and kw["matmul_precision"] == "tf32x3"
+    assert kw["return_segment_states"] is True
+    assert kw["layout"] is module._layout
 
 
 @pytest.mark.parametrize("option, value, exc, message", [
@@ -528,22 +531,19 @@ def test_step_dtype_checked_after_to(cell):
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
-def test_validated_step_non_contiguous_inputs_match_torch_nn(cell, monkeypatch):
-    """The module's step on its own weights (the validated step) with non-contiguous ``x``, states and
-    ``is_init`` (views of transposed storage, 2-d batch) equals ``torch.nn``, outputs and every gradient."""
-    from rnn_functional.modules import _forward
-
-    calls = []
-    validated = _forward.run_validated_step
-    monkeypatch.setattr(_forward, "run_validated_step", lambda *a: calls.append(1) or validated(*a))
-    module = make_module(cell, layers=2)
+def test_validated_step_non_contiguous_inputs_match_torch_nn(cell):
+    """The module's step on its own weights (checked when bound: the step skips the public step's checks) with
+    non-contiguous ``x``, states and ``is_init`` (views of transposed storage, 2-d batch) equals ``torch.nn``,
+    outputs and every gradient."""
+    seen = {}
+    module = _spy_cell(make_module(cell, layers=2), seen)
     td = make_td(cell, (3, 2), layers=2, reset_prob=0.5)
     leaves = {k: td[k].transpose(0, 1).contiguous().transpose(0, 1).requires_grad_(td[k].is_floating_point())
               for k in ["x", *HIDDEN_KEYS[cell], "is_init"]}
     assert not any(t.is_contiguous() for t in leaves.values())
     out = module(TensorDict(dict(leaves), [3, 2]))
     got = [out["y"], *(out["next", k] for k in HIDDEN_KEYS[cell])]
-    assert calls, "the module's step did not take the validated path"
+    assert seen["step"]["layout"] is module._layout, "the module's step did not pass its checked layout"
     rnn = torch_rnn(module)
     states = [leaves[k] for k in HIDDEN_KEYS[cell]]
     y, hn = nn_step(rnn, leaves["x"], leaves["is_init"], states)

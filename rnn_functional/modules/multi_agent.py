@@ -1,0 +1,251 @@
+"""``MultiAgentGRU`` / ``MultiAgentLSTM``: recurrent layers for TorchRL's multi-agent TensorDicts.
+
+TorchRL's ``MultiAgentMLP`` conventions (``n_agent_inputs``, ``n_agents``, ``centralized``,
+``share_params``) for a recurrent cell. The agent dim comes after time, as in TorchRL's and VMAS'
+rollouts (``*B`` batch dims, ``T`` time = the TensorDict's last batch dim in recurrent mode,
+``n`` agents, ``L`` layers, ``H`` hidden size):
+
+- ``in_key`` (default ``("agents", "observation")``): ``[*B, n, F]`` (step) / ``[*B, T, n, F]`` (recurrent);
+- ``("agents", "is_init")``: ``[*B(, T), n, 1]`` when present, else the root ``is_init`` ``[*B(, T), 1]`` for
+  every agent;
+- states ``("agents", "recurrent_state")`` (GRU) or ``("agents", "recurrent_state_h" | "recurrent_state_c")``
+  (LSTM): ``[*B(, T), n, L, H]``;
+- ``out_key`` (default ``("agents", "embed")``): ``[*B(, T), n, H]``; ``("next", "agents", <state>)``:
+  ``[*B(, T), n, L, H]`` (in recurrent mode each segment's final state at its last step, zeros elsewhere).
+
+Agents are batch rows of one call of the public functional core (moved in front of the batch dims),
+so every agent resets on its own ``is_init`` and no state crosses agents; with ``share_params=False``
+one ``torch.vmap`` runs the same call over agent-stacked weights. Recurrent mode keeps the
+semantics of :class:`~rnn_functional.GRUModule`: start from the stored state at ``t = 0``, restart
+from the stored state wherever ``is_init``, write each segment's final state at its last step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from tensordict.utils import NestedKey
+from torch import nn
+
+from ..functional import gru_sequence, gru_step, lstm_sequence, lstm_step
+from ..params import init_gru_params, init_lstm_params
+from . import recurrent_mode as _context_mode
+
+__all__ = ["MultiAgentGRU", "MultiAgentLSTM"]
+
+Tensor = torch.Tensor
+
+
+def _key(key: NestedKey) -> tuple[str, ...]:
+    return key if isinstance(key, tuple) else (key,)
+
+
+class _MultiAgentRNN(TensorDictModuleBase):
+    """What :class:`MultiAgentGRU` and :class:`MultiAgentLSTM` share; each sets the class attributes below."""
+
+    _state_suffixes: tuple[str, ...]
+    _init: Callable
+    _step: Callable
+    _sequence: Callable
+
+    def __init__(self, n_agent_inputs: int, hidden_size: int, n_agents: int, *, centralized: bool = False,
+                 share_params: bool = True, num_layers: int = 1, bias: bool = True,
+                 in_key: NestedKey = ("agents", "observation"), out_key: NestedKey = ("agents", "embed"),
+                 state_key: str = "recurrent_state", default_recurrent_mode: bool = False,
+                 recurrent_backend: str = "auto", recurrent_slice_len: int | None = None,
+                 recurrent_num_slices: int | None = None, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None, generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        name = type(self).__name__
+        for arg, value in (("n_agent_inputs", n_agent_inputs), ("hidden_size", hidden_size), ("n_agents", n_agents),
+                           ("num_layers", num_layers)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}: {arg} must be a positive int, got {value!r}.")
+        in_key, out_key = _key(in_key), _key(out_key)
+        if len(in_key) < 2 or len(out_key) < 2:
+            raise ValueError(f"{name}: in_key and out_key must be nested under the agent group, e.g. ('agents', "
+                             f"'observation'); got {in_key!r}, {out_key!r}. The group's entries carry the agent dim.")
+        if not share_params and (recurrent_slice_len, recurrent_num_slices) != (None, None):
+            raise ValueError(f"{name}: recurrent_slice_len/recurrent_num_slices need share_params=True: the core "
+                             f"checks the slice layout with an assert that torch.vmap (which runs per-agent weights) "
+                             f"cannot batch. Share the weights, or pass neither hint (flat batches still run).")
+        group = in_key[:-1]
+        self.n_agent_inputs, self.hidden_size, self.n_agents, self.num_layers = (n_agent_inputs, hidden_size,
+                                                                                 n_agents, num_layers)
+        self.centralized, self.share_params, self.recurrent_backend = centralized, share_params, recurrent_backend
+        self.recurrent_slice_len, self.recurrent_num_slices = recurrent_slice_len, recurrent_num_slices
+        # agents are rows of one core call: its segments are every agent's
+        self._num_slices = None if recurrent_num_slices is None else recurrent_num_slices * n_agents
+        self._recurrent_mode = default_recurrent_mode
+        self.group_init_key = (*group, "is_init")
+        state_keys = [(*group, state_key + suffix) for suffix in self._state_suffixes]
+        self.in_keys = [in_key, *state_keys, self.group_init_key, "is_init"]
+        self.out_keys = [out_key, *[("next", *k) for k in state_keys]]
+        # nn.GRU / nn.LSTM state-dict names, a leading agent dim with per-agent weights
+        width = n_agent_inputs * n_agents if centralized else n_agent_inputs
+        members = [type(self)._init(width, hidden_size, num_layers, bias=bias, dtype=dtype, device=device,
+                                    generator=generator) for _ in range(1 if share_params else n_agents)]
+        self._param_names = tuple(members[0].keys())
+        for k in self._param_names:
+            value = members[0][k] if share_params else torch.stack([m[k] for m in members])
+            self.register_parameter(k, nn.Parameter(value))
+
+    @property
+    def recurrent_mode(self) -> bool:
+        """True when the module processes ``[*B, T]`` sequences: ``set_recurrent_mode`` (ours or TorchRL's), else
+        ``default_recurrent_mode``."""
+        mode = _context_mode()
+        return bool(self._recurrent_mode) if mode is None else mode
+
+    def agent_params(self, i: int) -> TensorDict:
+        """Agent ``i``'s weights with ``nn.GRU``/``nn.LSTM`` state-dict names, as the functional API takes them
+        (the module's own tensors when shared; views of agent ``i``'s slice otherwise)."""
+        if not -self.n_agents <= i < self.n_agents:
+            raise IndexError(f"{type(self).__name__}.agent_params: agent {i} out of range for "
+                             f"n_agents={self.n_agents}.")
+        return TensorDict({k: getattr(self, k) if self.share_params else getattr(self, k)[i]
+                           for k in self._param_names}, batch_size=[])
+
+    def make_tensordict_primer(self):
+        """A ``torchrl.envs.TensorDictPrimer`` adding zero states ``[*B, n_agents, L, H]`` under the agent group."""
+        from torchrl.data import Composite, Unbounded
+        from torchrl.envs.transforms import TensorDictPrimer
+
+        dtype = getattr(self, self._param_names[0]).dtype
+        shape = (self.n_agents, self.num_layers, self.hidden_size)
+        # the group is a Composite of shape [n_agents]: a flat nested key would make it [*B] in the env's specs and
+        # fake_tensordict(), which a collector's buffers then fail to stack with the env's [*B, n_agents] group
+        spec = Composite({k[-1]: Unbounded(shape=shape, dtype=dtype) for k in self.in_keys[1:-2]}, shape=shape[:1])
+        for name in reversed(self.group_init_key[:-1]):
+            spec = Composite({name: spec})
+        return TensorDictPrimer(spec, expand_specs=True)
+
+    def _read(self, td: TensorDictBase, recurrent: bool) -> tuple[Tensor, tuple[Tensor, ...] | None, Tensor]:
+        """``(x [*B, n, F], states [*B, n, L, H] or None, is_init [*B, n])`` (``T`` after ``*B`` in recurrent mode),
+        each checked; every error names the key, the expected and actual shape and the fix."""
+        name, n, in_key = type(self).__name__, self.n_agents, self.in_keys[0]
+        lead = list(td.batch_size)
+        dims = "[*B, T" if recurrent else "[*B"
+        if recurrent and not lead:
+            raise ValueError(f"{name} in recurrent mode needs a TensorDict whose last batch dim is time; got "
+                             f"batch_size []. Use sequential mode for single steps.")
+        x = td.get(in_key, None)
+        if x is None:
+            raise KeyError(f"{name}: input key {in_key!r} not found in the TensorDict. Store the agents' inputs there "
+                           f"({dims}, n_agents={n}, {self.n_agent_inputs}]) or pass in_key=...")
+        if list(x.shape) != [*lead, n, self.n_agent_inputs]:
+            raise ValueError(
+                f"{name}: key {in_key!r} holds shape {list(x.shape)}; expected {[*lead, n, self.n_agent_inputs]} "
+                f"({dims}, n_agents, n_agent_inputs], the TensorDict's batch dims then the agent dim). The agent dim "
+                f"comes after time: move it with x.movedim(...) or build the TensorDict with batch_size {dims}]."
+            )
+        dtype = getattr(self, self._param_names[0]).dtype
+        if x.dtype != dtype:
+            raise TypeError(f"{name}: key {in_key!r} holds dtype {x.dtype}; expected {dtype} (the weights'). Convert "
+                            f"the input (e.g. torchrl.envs.DTypeCastTransform) or the module (module.to({x.dtype})).")
+        init_key, is_init = self.group_init_key, td.get(self.group_init_key, None)
+        expected = ([*lead, n, 1], [*lead, n])
+        if is_init is None:
+            init_key, is_init, expected = "is_init", td.get("is_init", None), ([*lead, 1], lead)
+            if is_init is None:
+                raise KeyError(f"{name}: neither {self.group_init_key!r} nor 'is_init' is in the TensorDict. They mark "
+                               f"trajectory starts: add torchrl.envs.InitTracker() to the env, or store bool "
+                               f"{[*lead, n, 1]} per agent at {self.group_init_key!r}.")
+        if is_init.dtype != torch.bool:
+            raise TypeError(f"{name}: key {init_key!r} holds dtype {is_init.dtype}; expected torch.bool. Store "
+                            f"td[{init_key!r}] = td[{init_key!r}].bool().")
+        if list(is_init.shape) not in expected:
+            raise ValueError(f"{name}: key {init_key!r} holds shape {list(is_init.shape)}; expected {expected[0]} or "
+                             f"{expected[1]} (n_agents={n}). Store one flag per agent and step, the agent dim after "
+                             f"the TensorDict's batch dims.")
+        is_init = is_init.reshape(*lead, -1).expand(*lead, n)  # the root flag broadcast to every agent
+        states = tuple(td.get(k, None) for k in self.in_keys[1:-2])
+        if all(s is None for s in states):
+            return x, None, is_init
+        for key, s in zip(self.in_keys[1:-2], states):
+            want = [*lead, n, self.num_layers, self.hidden_size]
+            if s is None or list(s.shape) != want:
+                raise ValueError(f"{name}: state key {key!r} holds {None if s is None else list(s.shape)}; expected "
+                                 f"{want} ({dims}, n_agents, num_layers, hidden_size]). Build env states with "
+                                 f"module.make_tensordict_primer() (all state keys or none).")
+        return x, states, is_init
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Read the agent group's keys, run one step or a sequence for every agent, write the outputs in place."""
+        recurrent = self.recurrent_mode
+        x, states, is_init = self._read(tensordict, recurrent)
+        n, lead = self.n_agents, tuple(x.shape[:-2])
+        if self.centralized:  # every agent reads all agents' inputs, concatenated in agent order
+            x = x.flatten(-2).unsqueeze(-2).expand(*lead, n, n * self.n_agent_inputs)
+        if states is None:
+            states = tuple(x.new_zeros(*lead, n, self.num_layers, self.hidden_size) for _ in self._state_suffixes)
+        # agents first: [n, *B(, T), ...], a batch dim of the core's call or the vmapped dim
+        x, is_init = x.movedim(-2, 0), is_init.movedim(-1, 0)
+        states = tuple(s.movedim(-3, 0) for s in states)
+        params = {k: getattr(self, k) for k in self._param_names}
+        run = self._run_sequence if recurrent else self._run_step
+        if not self.share_params:
+            run = torch.vmap(run, in_dims=(0, 0, 0, 0))
+        y, out = run(x, states, is_init, params)
+        tensordict.set(self.out_keys[0], y.movedim(0, -2))
+        for key, s in zip(self.out_keys[1:], out):
+            tensordict.set(key, s.movedim(0, -3))
+        return tensordict
+
+    def _pack(self, states: tuple[Tensor, ...]):
+        return states if len(states) > 1 else states[0]
+
+    def _run_step(self, x: Tensor, states: tuple[Tensor, ...], is_init: Tensor, params: dict):
+        y, new = type(self)._step(x, self._pack(states), params, is_init=is_init)
+        # the core's step returns the top layer's h as the output too: the output must not alias the state
+        return y.clone(), (new if isinstance(new, tuple) else (new,))
+
+    def _run_sequence(self, x: Tensor, states: tuple[Tensor, ...], is_init: Tensor, params: dict):
+        first = self._pack(tuple(s.select(-3, 0) for s in states))  # the stored state at t = 0
+        y, _, segment = type(self)._sequence(x, first, params, is_init=is_init, reset_state=self._pack(states),
+                                             backend=self.recurrent_backend, return_segment_states=True,
+                                             slice_len=self.recurrent_slice_len, num_slices=self._num_slices)
+        return y, (segment if isinstance(segment, tuple) else (segment,))
+
+
+class MultiAgentGRU(_MultiAgentRNN):
+    """A GRU per agent over TorchRL's multi-agent TensorDicts (see the module docstring for keys and shapes).
+
+    Args:
+        n_agent_inputs: features per agent (``F``).
+        hidden_size: ``H``.
+        n_agents: ``n``, the size of the agent dim.
+
+    Keyword Args:
+        centralized: every agent reads all agents' inputs concatenated (input width ``n * F``).
+        share_params: one set of weights for all agents (True) or one per agent, run by ``torch.vmap``.
+        num_layers, bias: as ``torch.nn.GRU``.
+        in_key: the agents' input, nested under the agent group (default ``("agents", "observation")``); the
+            state ``(*group, "recurrent_state")`` and ``(*group, "is_init")`` live in the same group.
+        out_key: the output (default ``("agents", "embed")``).
+        state_key: the state's name in the group (``"recurrent_state"``; the LSTM adds ``_h`` and ``_c``): two
+            modules in one policy (an actor's and a critic's) need two names.
+        default_recurrent_mode: the mode outside any ``set_recurrent_mode`` context.
+        recurrent_backend: the core's ``backend`` in recurrent mode (``"auto"``, ``"scan"``, ``"pad"``, ...).
+        recurrent_slice_len, recurrent_num_slices: the core's ``slice_len``/``num_slices`` hints for flat
+            ``SliceSampler`` batches, as :class:`~rnn_functional.GRUModule`'s (static shapes under compile);
+            ``recurrent_num_slices`` counts one agent's segments (slices, and its own resets inside them).
+        device, dtype, generator: of the initial weights (``torch.nn.GRU``'s initialisation, one draw per agent).
+
+    Weights are parameters with ``nn.GRU`` state-dict names (``weight_ih_l0``, ...), with a leading agent dim when
+    ``share_params=False``; :meth:`agent_params` gives agent ``i``'s.
+    """
+
+    _state_suffixes = ("",)
+    _init, _step, _sequence = staticmethod(init_gru_params), staticmethod(gru_step), staticmethod(gru_sequence)
+
+
+class MultiAgentLSTM(_MultiAgentRNN):
+    """An LSTM per agent: :class:`MultiAgentGRU`'s arguments, with states ``(*group, "recurrent_state_h")`` and
+    ``(*group, "recurrent_state_c")`` and ``nn.LSTM`` state-dict names."""
+
+    _state_suffixes = ("_h", "_c")
+    _init, _step, _sequence = staticmethod(init_lstm_params), staticmethod(lstm_step), staticmethod(lstm_sequence)
