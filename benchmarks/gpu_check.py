@@ -9,7 +9,9 @@ starts. The benchmarks start no row past 70% of their share and rewrite their JS
 overrun loses one row, not the step. Steps: ``tests`` (the GPU-marked tests), ``profile``
 (``benchmarks/gpu_profile.py``: host against kernel time of one ``triton`` call), then the benchmark suites
 ``sequences`` (TorchRL's grid), ``policy``, ``compile``, ``flat`` and ``ensemble`` (``python -m benchmarks SUITE
---device cuda``). Writes into ``DIR`` (at most 8 files, what the device tool brings back): ``gpu_check.json``
+--device cuda``); ``persistent`` (issue 55, run when asked for: ``gpu_profile.py --persistent``; the first lease's
+command is ``bash scripts/gpu_check.sh --steps tests,persistent --budget-s 290 --out
+benchmarks/results/gpu_<device>_<date>``). Writes into ``DIR`` (at most 8 files, what the device tool brings back): ``gpu_check.json``
 (the environment: device, driver, torch, triton, CPU, library versions; every step's command, exit
 status, wall time and output tail), ``summary.md`` (the same as a table), and each benchmark step's
 own JSON. The dry run writes the same files on CPU; the test suite runs it
@@ -42,13 +44,14 @@ class Step:
 
 # each step's share of the total budget; a benchmark starts no row after 70% of its share (``--budget-s``) and
 # rewrites its JSON after every row, so that the step's hard limit, its share, loses at most the row in flight
-SHARES = {"tests": 0.15, "profile": 0.08, "sequences": 0.30, "policy": 0.10, "compile": 0.12, "flat": 0.13,
-          "ensemble": 0.12}
+SHARES = {"tests": 0.15, "persistent": 0.3, "profile": 0.08, "sequences": 0.30, "policy": 0.10, "compile": 0.12,
+          "flat": 0.13, "ensemble": 0.12}
 SUITES = ("sequences", "policy", "compile", "flat", "ensemble")  # python -m benchmarks SUITE, one step each
 ROW_BUDGET = 0.7
+DEFAULT_STEPS = tuple(name for name in SHARES if name != "persistent")  # issue 55's grid runs when asked for
 
 
-def steps(out: Path, dry_run: bool, total_s: float, only: tuple[str, ...] = tuple(SHARES)) -> list[Step]:
+def steps(out: Path, dry_run: bool, total_s: float, only: tuple[str, ...] = DEFAULT_STEPS) -> list[Step]:
     """The steps named in ``only``, in order: tests first (a kernel that fails them makes its timings moot), then a
     profile of one call (host against kernel time), then the benchmarks; each within its share of ``total_s``
     (the shares of ``only`` scaled to fill it)."""
@@ -76,6 +79,8 @@ def _every_step(out: Path, dry_run: bool, budget: dict[str, int]) -> list[Step]:
         return [
             Step("tests", (*pytest, "tests/backends/test_triton.py", "-k", "matches_reference_fp64"), budget["tests"],
                  env=interp),
+            Step("persistent", (py, "benchmarks/gpu_profile.py", "--smoke", "--persistent", *rows("persistent"),
+                                "--out", str(out / "persistent.json")), budget["persistent"], "persistent.json", interp),
             Step("profile", (py, "benchmarks/gpu_profile.py", "--smoke", *rows("profile"), "--out",
                              str(out / "profile.json")), budget["profile"], "profile.json", interp),
             *(suite(name, "--device", "cpu", "--quick", "--rows", "1", "--skip", "compiled") for name in SUITES),
@@ -83,6 +88,10 @@ def _every_step(out: Path, dry_run: bool, budget: dict[str, int]) -> list[Step]:
     return [
         # the GPU-marked tests: compiled kernels against reference, CUDA graphs, CUDA's sync debug mode
         Step("tests", (*pytest, "-m", "gpu", "tests", "compile_tests"), budget["tests"]),
+        # issue 55: the flag barrier alone, the persistent kernels against cuDNN (with and without resets) and today's
+        # kernels, forward and forward+backward, and the compiled policy step
+        Step("persistent", (py, "benchmarks/gpu_profile.py", "--persistent", *rows("persistent"), "--out",
+                            str(out / "persistent.json")), budget["persistent"], "persistent.json"),
         Step("profile", (py, "benchmarks/gpu_profile.py", *rows("profile"), "--out", str(out / "profile.json")),
              budget["profile"], "profile.json"),
         # TorchRL's grid (every backend, TorchRL's modules, torch.nn), then the policy step, compile, flat batches
@@ -154,9 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, TRITON_INTERPRET=1")
     ap.add_argument("--budget-s", type=float, default=450.0,
                     help="the whole run's time, shared among the steps (default 450: 7.5 minutes)")
-    ap.add_argument("--steps", default=",".join(SHARES),
-                    help=f"the steps to run, comma-separated (default all: {','.join(SHARES)}); a shorter lease can "
-                         "rerun some, the budget shared among them")
+    ap.add_argument("--steps", default=",".join(DEFAULT_STEPS),
+                    help=f"the steps to run, comma-separated (default: {','.join(DEFAULT_STEPS)}; also: persistent); "
+                         "a shorter lease can rerun some, the budget shared among them")
     args = ap.parse_args(argv)
     only = tuple(args.steps.split(","))
     unknown = [name for name in only if name not in SHARES]

@@ -2,6 +2,14 @@
 
     python benchmarks/gpu_profile.py --out DIR/profile.json [--budget-s S]
     TRITON_INTERPRET=1 python benchmarks/gpu_profile.py --smoke --out PATH   # CPU: checks the harness only
+    python benchmarks/gpu_profile.py --persistent --out DIR/persistent.json [--budget-s S]   # issue 55's grid
+
+``--persistent`` (issue 55): the flag barrier alone (us per step, a 128-program grid), then per configuration
+(LSTM at B in {512, 2048, 128} x H in {256, 128, 512}, T=64, 1% resets, fp32 at the default precision (TF32, as
+cuDNN) and bf16; GRU at B=512, H=256), forward and forward+backward, interleaved: ``triton`` (the persistent
+kernels where they serve), ``triton_streamed`` (today's kernels, forced), ``pad`` (cuDNN with the resets),
+``torch.nn`` (cuDNN without resets: the target), and last the compiled policy step (``torch.compile`` of
+``lstm_step`` at B=512, H=256, against ``nn.LSTMCell``). Rows most wanted first, each within the budget.
 
 For a few configurations (LSTM and GRU, B=256, T=64, H in {64, 256}, fp32 with the recurrent matmul in
 ``ieee`` and ``tf32``, and bf16; 3% resets), forward under ``torch.no_grad`` and forward + backward of
@@ -38,12 +46,12 @@ SMOKE = [("lstm", 4, 6, 16, "float32", None, "triton"), ("gru", 4, 6, 16, "float
 
 
 def make_call(cell: str, B: int, T: int, H: int, dtype: str, precision: str | None, backend: str,
-              device: torch.device, backward: bool):
+              device: torch.device, backward: bool, reset: float = 0.03):
     gen = torch.Generator().manual_seed(0)
     init = rf.init_lstm_params if cell == "lstm" else rf.init_gru_params
     params = init(H, H, generator=gen).to(device=device, dtype=getattr(torch, dtype))
     x = torch.randn(B, T, H, generator=gen).to(device=device, dtype=params["weight_ih_l0"].dtype)
-    is_init = (torch.rand(B, T, generator=gen) < 0.03).to(device)
+    is_init = (torch.rand(B, T, generator=gen) < reset).to(device)
     seq = rf.lstm_sequence if cell == "lstm" else rf.gru_sequence
     floor = (torch.nn.LSTM if cell == "lstm" else torch.nn.GRU)(H, H, batch_first=True).to(device, params["weight_ih_l0"].dtype)
     if backward:
@@ -62,6 +70,73 @@ def make_call(cell: str, B: int, T: int, H: int, dtype: str, precision: str | No
                 y.sum().backward()
 
     return call
+
+
+PERSISTENT = [(cell, B, 64, H, dtype) for B, H in ((512, 256), (2048, 256), (512, 128), (512, 512), (128, 256),
+                                                  (2048, 512), (128, 128), (2048, 128), (128, 512))
+              for dtype in ("float32", "bfloat16") for cell in ("lstm",)] + [("gru", 512, 64, 256, "float32")]
+CONTENDERS = ("triton", "triton_streamed", "pad", "torch.nn")
+
+
+def barrier_us(device: torch.device, steps: int = 1000) -> float:
+    """Microseconds per step of the persistent kernels' flag barrier alone: 16 slices x 8 row groups, no work."""
+    import triton
+    import triton.language as tl
+
+    from rnn_functional.backends.triton.kernels import _grid_barrier
+
+    @triton.jit
+    def only_barriers(flag_ptr, steps):
+        for t in range(steps):
+            _grid_barrier(flag_ptr + tl.program_id(1), (t + 1) * tl.num_programs(0))
+
+    def call():
+        only_barriers[(16, 8)](torch.zeros(8, dtype=torch.int32, device=device), steps, num_warps=4)
+
+    return interleaved({"b": call}, device, warmup=2, repeats=7)["b"]["median_s"] * 1e6 / steps
+
+
+def persistent_rows(device: torch.device, budget: Budget, smoke: bool) -> list[dict]:
+    """Issue 55's comparison: one row per (configuration, mode) with every contender's median us side by side."""
+    from rnn_functional.backends.triton import kernel_variant
+
+    configs = [("lstm", 4, 3, 16, "float32"), ("gru", 4, 3, 16, "bfloat16")] if smoke else PERSISTENT
+    rows = []
+    for cell, B, T, H, dtype in configs:
+        for backward in (False, True):
+            if not budget.left():
+                return rows
+            calls = {name: make_call(cell, B, T, H, dtype, None, name.split("_")[0], device, backward, reset=0.01)
+                     for name in CONTENDERS}
+            forced = {"triton": "persistent" if smoke else "auto", "triton_streamed": "streamed"}
+            for name, variant in forced.items():
+                calls[name] = (lambda f, v: lambda: _in_variant(kernel_variant, v, f))(calls[name], variant)
+            timing = interleaved(calls, device, warmup=1 if smoke else 3, repeats=2 if smoke else 10)
+            row = {"cell": cell, "B": B, "T": T, "H": H, "dtype": dtype, "mode": "fwd+bwd" if backward else "fwd",
+                   **{f"{k}_us": (v["median_s"] * 1e6 if "error" not in v else v["error"]) for k, v in timing.items()}}
+            if isinstance(row["triton_us"], float) and isinstance(row["torch.nn_us"], float):
+                row["triton_over_cudnn_no_resets"] = row["triton_us"] / row["torch.nn_us"]
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
+def _in_variant(kernel_variant, variant: str, call) -> None:
+    with kernel_variant(variant):
+        call()
+
+
+def policy_step_row(device: torch.device, smoke: bool) -> dict:
+    """The compiled policy step: ``torch.compile(lstm_step)`` (auto: the triton step) against ``nn.LSTMCell``."""
+    B, H = (4, 16) if smoke else (512, 256)
+    params = rf.init_lstm_params(H, H, device=device)
+    x, state = torch.randn(B, H, device=device), (torch.zeros(B, 1, H, device=device),) * 2
+    cell = torch.nn.LSTMCell(H, H, device=device)
+    step = torch.compile(lambda x, s: rf.lstm_step(x, s, params), fullgraph=True)
+    with torch.no_grad():
+        timing = interleaved({"compiled_step": lambda: step(x, state), "nn.LSTMCell": lambda: cell(x)}, device,
+                             warmup=3, repeats=2 if smoke else 20)
+    return {"B": B, "H": H, **{f"{k}_us": v.get("median_s", 0) * 1e6 for k, v in timing.items()}}
 
 
 def breakdown(call, device: torch.device) -> dict:
@@ -89,11 +164,21 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--smoke", action="store_true", help="tiny CPU configurations through the interpreter")
     ap.add_argument("--budget-s", type=float, default=None, help="start no configuration after this many seconds")
+    ap.add_argument("--persistent", action="store_true", help="issue 55's grid: persistent kernels against cuDNN")
     args = ap.parse_args()
     device = torch.device("cpu" if args.smoke else "cuda")
     if not args.smoke and not torch.cuda.is_available():
         sys.exit("gpu_profile: no CUDA device (use --smoke with TRITON_INTERPRET=1 to check the harness).")
     budget = Budget(args.budget_s)
+    if args.persistent:
+        doc = {"environment": environment(device)}
+        doc["barrier_us_per_step"] = None if args.smoke else barrier_us(device)
+        doc["rows"] = persistent_rows(device, budget, args.smoke)
+        doc["policy_step"] = policy_step_row(device, args.smoke) if budget.left() and not args.smoke else None
+        doc["coverage"] = budget.report(len(doc["rows"]), 4 if args.smoke else 2 * len(PERSISTENT))
+        write_json(args.out, doc)
+        print(doc, flush=True)
+        return
     configs = SMOKE if args.smoke else CONFIGS
     rows = []
     for cell, B, T, H, dtype, precision, backend in configs:

@@ -11,9 +11,12 @@ User-facing modes:
 
 Resolution order: the call's ``matmul_precision`` argument, then the process-wide setting of
 :func:`set_recurrent_matmul_precision`, then the environment variable
-``RNN_FUNCTIONAL_PRECISION``, then ``torch.get_float32_matmul_precision()``
-(``"highest"`` -> ``"ieee"``, ``"high"`` -> ``"high-prec"``, ``"medium"`` -> ``"fast"``). The first
-source that is set and not ``"auto"`` wins. The environment variable accepts the modes above and
+``RNN_FUNCTIONAL_PRECISION``, then ``torch.get_float32_matmul_precision()`` when it was changed from
+torch's default (``"high"`` -> ``"high-prec"``, ``"medium"`` -> ``"fast"``), and last cuDNN's RNN
+rule: ``"fast"`` (TF32) while ``torch.backends.cudnn.allow_tf32`` (default ``True``), else ``"ieee"``.
+So by default fp32 recurrent products run as cuDNN's own RNN kernels do, in TF32 on compute capability
+>= 8; ``"ieee"`` (any source above, or ``torch.backends.cudnn.allow_tf32 = False``) gives IEEE fp32.
+The first source that is set and not ``"auto"`` wins. The environment variable accepts the modes above and
 torch's names (``"highest"``, ``"high"``, ``"medium"``).
 
 TF32 only concerns fp32 operands: with ``compute_dtype=torch.bfloat16`` (or fp64 params) the
@@ -31,7 +34,7 @@ CONCRETE_MODES = ("ieee", "tf32", "tf32x3")
 PRESETS = {"fast": "tf32", "high-prec": "tf32x3"}
 USER_MODES = ("auto", *CONCRETE_MODES, *PRESETS)
 ENV_VAR = "RNN_FUNCTIONAL_PRECISION"
-_FROM_TORCH = {"highest": "ieee", "high": "high-prec", "medium": "fast"}
+_FROM_TORCH = {"highest": "ieee", "high": "high-prec", "medium": "fast"}  # torch's names, for the env var
 
 _global_mode = "auto"
 
@@ -107,7 +110,11 @@ def resolve_matmul_precision(mode: str | None = None, device: torch.device | Non
             chosen = source
             break
     if chosen is None:
-        chosen = _FROM_TORCH[torch.get_float32_matmul_precision()]
+        torch_mode = torch.get_float32_matmul_precision()
+        if torch_mode != "highest":  # the user asked torch for TF32 products
+            chosen = _FROM_TORCH[torch_mode]
+        else:  # torch's default: as cuDNN's RNNs, TF32 while cudnn allows it
+            chosen = "fast" if torch.backends.cudnn.allow_tf32 else "ieee"
     chosen = PRESETS.get(chosen, chosen)
     return chosen if _has_tf32(device) else "ieee"
 

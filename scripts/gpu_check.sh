@@ -4,6 +4,8 @@
 # benchmarks/gpu_check.py: the GPU tests and benchmarks, each within its time budget, results in --out.
 #   bash scripts/gpu_check.sh --out DIR             (CUDA)
 #   bash scripts/gpu_check.sh --dry-run --out DIR   (the same steps on CPU, tiny sizes)
+#   bash scripts/gpu_check.sh --steps tests,persistent --budget-s 290 --out benchmarks/results/gpu_<device>_<date>
+#       (issue 55's first lease, under 5 minutes: the GPU tests, then the persistent kernels against cuDNN)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}

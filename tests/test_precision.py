@@ -13,8 +13,10 @@ CUDA = torch.device("cuda")
 
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch):
-    """No global setting, no env var, torch's default fp32 precision; restored afterwards."""
+    """No global setting, no env var, torch's default fp32 precision, cuDNN's TF32 off (the TF32 default that follows
+    it is tested in tests/backends/test_triton_precision.py); restored afterwards."""
     monkeypatch.delenv(precision.ENV_VAR, raising=False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     previous = torch.get_float32_matmul_precision()
     rf.set_recurrent_matmul_precision("auto")
     torch.set_float32_matmul_precision("highest")

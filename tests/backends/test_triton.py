@@ -404,50 +404,21 @@ def test_too_large_for_32bit_indexing_raises(monkeypatch) -> None:
         rf.lstm_sequence(torch.randn(3, 5, 2), None, rf.init_lstm_params(2, 8), backend="triton")
 
 
-# ----------------------------------------------------------------------------- streamed (large-H) kernels
+# ----------------------------------------------------------------------------- kernel variants
 
 
-@pytest.mark.parametrize("cell", ["lstm", "gru"])
-def test_streamed_kernels_match_reference(cell: str) -> None:
-    """The tiled kernels used where the weights do not fit on chip, forced here at H=48 with
-    32-wide tiles (two tiles, the second one partly masked)."""
-    problem = make_problem(cell, **SIZES, layers=2, reset_prob=0.35)
-    with tb.kernel_variant("streamed"):
-        out, grads = outputs_and_grads(problem, "triton")
-    ref_out, ref_grads = outputs_and_grads(problem, "reference")
-    _assert_all_close(out, ref_out)
-    _assert_all_close(grads, ref_grads)
-
-
-def test_streamed_bf16_matches_resident() -> None:
-    """bf16 params: both variants keep the state in fp32 and round only the outputs, so they agree
-    to bf16 rounding (assert_close's bf16 defaults) over T steps."""
-    problem = _cast_problem(make_problem("lstm", **SIZES, layers=2, requires_grad=False), torch.bfloat16)
-    resident_out = flat(run_sequence(problem, "triton"))
-    with tb.kernel_variant("streamed"):
-        _assert_all_close(flat(run_sequence(problem, "triton")), resident_out)
-
-
-def test_kernel_variant_forces_the_streamed_kernels() -> None:
-    """``kernel_variant("streamed")`` switches the launcher's choice (the tests above rely on it) and restores it."""
-    assert tb.variant_for(48, 4, 4) == "resident"
-    with tb.kernel_variant("streamed"):
-        assert tb.variant_for(48, 4, 4) == "streamed"
-        with tb.kernel_variant("auto"):
-            assert tb.variant_for(48, 4, 4) == "resident"
-    assert tb.variant_for(48, 4, 4) == "resident" and tb.variant_for(256, 4, 4) == "streamed"
-    with pytest.raises(ValueError, match=r"variant: expected one of \['auto', 'streamed'\], got 'tiled'"):
+def test_kernel_variant_forces_a_variant() -> None:
+    """``kernel_variant`` switches the launcher's choice (the tests rely on it) and restores it."""
+    assert tb.variant_for(64, 4, 4, batch=64) == "streamed"  # the interpreter: auto keeps the streamed kernels
+    with tb.kernel_variant("persistent"):
+        assert tb.variant_for(64, 4, 4, batch=64) == "persistent"
+        with tb.kernel_variant("streamed"):
+            assert tb.variant_for(64, 4, 4, batch=64, sms=132) == "streamed"
+        assert tb.variant_for(48, 4, 4, batch=64) == "streamed"  # where the persistent kernels cannot serve
+    assert tb.variant_for(64, 4, 4, batch=64, sms=132) == "persistent"  # on a GPU
+    with pytest.raises(ValueError, match=r"variant: expected one of \['auto', 'streamed', 'persistent'\], got 'tiled'"):
         with tb.kernel_variant("tiled"):
             pass
-
-
-def test_resident_budget() -> None:
-    """Which widths keep the recurrent weights on chip (documented in the backend's docstring)."""
-    from rnn_functional.backends.triton.kernels import resident
-
-    assert resident(64, 4, 4) and not resident(65, 4, 4) and not resident(128, 3, 4)  # fp32
-    assert resident(128, 4, 2) and not resident(129, 4, 2)  # bf16
-    assert resident(64, 4, 8) and not resident(65, 3, 8)  # fp64
 
 
 # ----------------------------------------------------------------------------- GPU (realistic sizes)

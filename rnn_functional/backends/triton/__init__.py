@@ -8,16 +8,18 @@ reverse-loop kernel computes the per-step gate gradients and the carry gradients
 and input gradients are GEMMs over all ``N * T`` rows. ``recompute="full"`` saves no per-step
 gates and replays the forward in backward.
 
-Two kernel variants (:mod:`.kernels`), picked per call by :func:`.kernels.resident` (or forced to the streamed
-one by :func:`kernel_variant`, to test and time it at widths the resident one serves):
+Two kernel variants (:mod:`.kernels`), picked per call by :func:`variant_for` (or forced by :func:`kernel_variant`):
 
-* resident: the padded ``[H, H]`` gate blocks of ``W_hh`` are loaded once before the time loop
-  and stay on chip (the compiled kernels hold them in shared memory), the state in registers.
-  Used while ``G * next_pow2(H)^2 * itemsize <= 128 KiB`` of the matmul operand dtype: H <= 64
-  for fp32 (LSTM and GRU) and fp64, H <= 128 for bf16.
-* streamed: beyond that, the state lives in the output buffers (L1/L2) and ``32 x 32`` weight
-  tiles (``kernels.TILE``) are streamed per step, still one launch for all ``T`` steps; any H.
+* persistent (CUDA, by default where it serves: H a power of two in [16, 1024], one program's slice of the
+  weights within 128 KiB, the grid within the SM count; fp32 and bf16): the hidden units split in slices over
+  all SMs, each slice of ``W_hh`` in shared memory for the whole sequence, 64-row tensor-core products, one
+  release/acquire flag per step. The interpreter runs it one step per launch (``kernel_variant("persistent")``).
+* streamed: anywhere else (and in the interpreter under ``auto``): ``BLOCK_N`` rows per program, the state in
+  the output buffers (L1/L2), ``32 x 32`` weight tiles (``kernels.TILE``) streamed per step; any H.
 
+fp32 products run in TF32 by default, as cuDNN's (:mod:`rnn_functional.precision`). What the compiled time
+loops do (tensor-core ops, weight loads, spills, barriers, co-residency) for sm_90 and sm_80 is in
+``benchmarks/results/triton_sass_report.json`` (``benchmarks/triton_aot.py --sass-report``).
 Registers, spills and shared memory of every launchable configuration, compiled ahead of time
 for sm_90 and sm_80, are in ``benchmarks/results/triton_aot_resources.json`` (docs/backends.md).
 

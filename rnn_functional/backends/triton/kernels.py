@@ -1,16 +1,14 @@
 """Triton kernels of one LSTM/GRU layer over a whole sequence (forward and backward).
 
-Resident kernels (``_rnn_fwd_kernel``, ``_rnn_bwd_kernel``): one program owns ``BLOCK_N`` batch
-rows of one ensemble member (grid ``(cdiv(N, BLOCK_N), E)``) and the full hidden width, padded
-to ``BLOCK_H = max(16, next_power_of_2(H))``. The recurrent weights are loaded once, before the
-time loop, and stay on chip for all ``T`` steps (compiled, Triton keeps these loop-invariant
-``tl.dot`` operands in shared memory: see ``benchmarks/triton_aot.py``); the state ``(h, c)`` is carried in
-registers in the accumulation dtype (fp32, or fp64 for fp64 params). The input projection ``gx =
-x @ W_ih^T + b_ih`` comes precomputed for all steps (one GEMM).
+Two variants, both one launch for all ``T`` steps (:func:`.variant.variant_for` says which runs): the
+persistent kernels (all SMs, the recurrent weights on chip for the whole sequence, one flag per step:
+``_rnn_fwd_persistent_kernel``, ``_rnn_bwd_persistent_kernel``) and the streamed ones (``BLOCK_N`` rows per
+program, weight tiles streamed per step: ``_rnn_fwd_tiled_kernel``, ``_rnn_bwd_tiled_kernel``) where the
+persistent ones cannot serve. The state is kept in the accumulation dtype (fp32, or fp64 for fp64 params).
+The input projection ``gx = x @ W_ih^T + b_ih`` comes precomputed for all steps (one GEMM).
 
 Each cell's gate math is written once (``_lstm_fwd_gates``, ``_gru_fwd_gates``, ``_lstm_bwd_gates``,
-``_gru_bwd_gates``) and shared by the resident and the streamed kernels, which are the time loops
-with the loads and stores around it.
+``_gru_bwd_gates``) and shared by both variants, which are the time loops with the loads and stores around it.
 
 Layouts (every tensor has a leading ensemble dim ``E``, stride 0 where shared):
 ``gx [E, N, T, G*H]``, ``w [E, G*H, H]``, ``b [E, G*H]``, ``h0/c0 [E, N, H]``,
@@ -43,18 +41,6 @@ def _operand(x, CDT: tl.constexpr, ACC: tl.constexpr, UPCAST: tl.constexpr):
     if UPCAST:
         return x.to(CDT).to(ACC)
     return x.to(CDT)
-
-
-@triton.jit
-def _load_w(w_base, sw, g, H, rows_kk, cols_jj, TRANSPOSE: tl.constexpr, CDT: tl.constexpr,
-            ACC: tl.constexpr, UPCAST: tl.constexpr):
-    """Gate ``g``'s block of ``w [G*H, H]``: transposed ``[k, j] = w[g*H + j, k]`` or plain ``[j, k]``."""
-    mask = (rows_kk < H) & (cols_jj < H)
-    if TRANSPOSE:
-        ptr = w_base + (g * H + cols_jj) * sw + rows_kk
-    else:
-        ptr = w_base + (g * H + rows_kk) * sw + cols_jj
-    return _operand(tl.load(ptr, mask=mask, other=0.0), CDT, ACC, UPCAST)
 
 
 @triton.jit
@@ -95,7 +81,7 @@ def _reset_grad(d, dr_ptr, mask, init2, HAS_RESET: tl.constexpr):
 
 # ----------------------------------------------------------------------------- gate math
 #
-# One step of each cell on a tile, written once for the resident and the streamed kernels, which
+# One step of each cell on a tile, written once for the persistent and the streamed kernels, which
 # do the loads and stores around it (in the order ptxas allocates fewest registers for). ``a_k``
 # are the recurrent pre-activations ``h W_k^T + b_k``, ``x_k`` the input projection's and ``q_k``
 # the saved activations (LSTM ``i, f, g, o``; GRU ``r, z, n, W_hn h + b_hn``).
@@ -162,211 +148,14 @@ def _gru_bwd_gates(dh, h_prev, q0, q1, q2, q3):
     return da2 * q3 * q0 * (1.0 - q0), da1, da2, dhn, dh * q1
 
 
-# ----------------------------------------------------------------------------- resident
-
-
-@triton.jit
-def _rnn_fwd_kernel(
-    gx_ptr, s_gx_e, s_gx_n, s_gx_t,
-    w_ptr, s_w_e, s_w_r,
-    b_ptr, s_b_e,
-    h0_ptr, s_h0_e, s_h0_n,
-    c0_ptr, s_c0_e, s_c0_n,
-    init_ptr, s_i_e, s_i_n, s_i_t,
-    rh_ptr, s_rh_e, s_rh_n, s_rh_t,
-    rc_ptr, s_rc_e, s_rc_n, s_rc_t,
-    hs_ptr, cs_ptr, gates_ptr,
-    N, T, H,
-    IS_LSTM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_INIT: tl.constexpr, HAS_RESET: tl.constexpr,
-    SAVE: tl.constexpr, CDT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-):
-    pid_n = tl.program_id(0)
-    e = tl.program_id(1)
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    cols = tl.arange(0, BLOCK_H)
-    rmask = rows < N
-    cmask = cols < H
-    m2 = rmask[:, None] & cmask[None, :]
-    r2 = rows[:, None]
-    c2 = cols[None, :]
-    kk = tl.arange(0, BLOCK_H)[:, None]
-
-    # recurrent weights, transposed per gate ([k, j]), resident for the whole time loop
-    w_base = w_ptr + e * s_w_e
-    w0 = _load_w(w_base, s_w_r, 0, H, kk, c2, True, CDT, ACC, UPCAST)
-    w1 = _load_w(w_base, s_w_r, 1, H, kk, c2, True, CDT, ACC, UPCAST)
-    w2 = _load_w(w_base, s_w_r, 2, H, kk, c2, True, CDT, ACC, UPCAST)
-    if IS_LSTM:
-        w3 = _load_w(w_base, s_w_r, 3, H, kk, c2, True, CDT, ACC, UPCAST)
-    if HAS_BIAS:
-        b_base = b_ptr + e * s_b_e
-        b0 = tl.load(b_base + cols, mask=cmask, other=0.0).to(ACC)[None, :]
-        b1 = tl.load(b_base + H + cols, mask=cmask, other=0.0).to(ACC)[None, :]
-        b2 = tl.load(b_base + 2 * H + cols, mask=cmask, other=0.0).to(ACC)[None, :]
-        if IS_LSTM:
-            b3 = tl.load(b_base + 3 * H + cols, mask=cmask, other=0.0).to(ACC)[None, :]
-
-    T1 = T + 1
-    hs_row = hs_ptr + (e * N + r2) * T1 * H + c2  # contiguous [E, N, T+1, H]
-    cs_row = cs_ptr + (e * N + r2) * T1 * H + c2
-    g_row = gates_ptr + (e * N + r2) * T * 4 * H + c2
-    gx_row = gx_ptr + e * s_gx_e + r2 * s_gx_n + c2
-
-    h = tl.load(h0_ptr + e * s_h0_e + r2 * s_h0_n + c2, mask=m2, other=0.0).to(ACC)
-    tl.store(hs_row, h.to(hs_ptr.dtype.element_ty), mask=m2)
-    if IS_LSTM:
-        c = tl.load(c0_ptr + e * s_c0_e + r2 * s_c0_n + c2, mask=m2, other=0.0).to(ACC)
-        tl.store(cs_row, c.to(cs_ptr.dtype.element_ty), mask=m2)
-
-    for t in range(T):
-        if HAS_INIT:
-            init2 = _init_tile(init_ptr, s_i_e, s_i_n, s_i_t, e, rows, rmask, t, HAS_INIT, BLOCK_N)
-            h = _reset(h, rh_ptr + e * s_rh_e + r2 * s_rh_n + t * s_rh_t + c2, m2, init2, HAS_RESET, ACC)
-            if IS_LSTM:
-                c = _reset(c, rc_ptr + e * s_rc_e + r2 * s_rc_n + t * s_rc_t + c2, m2, init2, HAS_RESET, ACC)
-        hc = _operand(h, CDT, ACC, UPCAST)
-        gx_t = gx_row + t * s_gx_t
-        a0 = tl.dot(hc, w0, input_precision=PREC, out_dtype=ACC)
-        a1 = tl.dot(hc, w1, input_precision=PREC, out_dtype=ACC)
-        a2 = tl.dot(hc, w2, input_precision=PREC, out_dtype=ACC)
-        if HAS_BIAS:
-            a0 += b0
-            a1 += b1
-            a2 += b2
-        x0 = tl.load(gx_t, mask=m2, other=0.0).to(ACC)
-        x1 = tl.load(gx_t + H, mask=m2, other=0.0).to(ACC)
-        x2 = tl.load(gx_t + 2 * H, mask=m2, other=0.0).to(ACC)
-        if IS_LSTM:
-            a3 = tl.dot(hc, w3, input_precision=PREC, out_dtype=ACC)
-            if HAS_BIAS:
-                a3 += b3
-            x3 = tl.load(gx_t + 3 * H, mask=m2, other=0.0).to(ACC)
-            gi, gf, gg, go, c, h = _lstm_fwd_gates(a0, a1, a2, a3, x0, x1, x2, x3, c)
-            tl.store(cs_row + (t + 1) * H, c.to(cs_ptr.dtype.element_ty), mask=m2)
-            if SAVE:
-                _store_gates(g_row + t * 4 * H, H, m2, gi, gf, gg, go)
-        else:
-            gr, gz, gn, h = _gru_fwd_gates(a0, a1, a2, x0, x1, x2, h)
-            if SAVE:
-                _store_gates(g_row + t * 4 * H, H, m2, gr, gz, gn, a2)
-        tl.store(hs_row + (t + 1) * H, h.to(hs_ptr.dtype.element_ty), mask=m2)
-
-
-@triton.jit
-def _rnn_bwd_kernel(
-    gates_ptr, hs_ptr, cs_ptr,
-    w_ptr, s_w_e, s_w_r,
-    init_ptr, s_i_e, s_i_n, s_i_t,
-    rh_ptr, s_rh_e, s_rh_n, s_rh_t,
-    rc_ptr, s_rc_e, s_rc_n, s_rc_t,
-    dhs_ptr, dcs_ptr,
-    dgx_ptr, dgh_ptr, dh0_ptr, dc0_ptr, drh_ptr, drc_ptr,
-    N, T, H,
-    IS_LSTM: tl.constexpr, HAS_INIT: tl.constexpr, HAS_RESET: tl.constexpr,
-    CDT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-):
-    """Reverse time loop: gate pre-activation grads per step and the carry grads.
-
-    Writes ``dgx [E, N, T, G*H]`` (grad of the input projection), for GRU ``dgh [E, N, T, H]``
-    (grad of ``W_hn h + b_hn``), ``dh0/dc0 [E, N, H]`` and, with reset states, ``drh/drc``.
-    ``hs``, ``cs``, ``dhs``, ``dcs``, ``gates`` and all outputs are contiguous.
-    """
-    pid_n = tl.program_id(0)
-    e = tl.program_id(1)
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    cols = tl.arange(0, BLOCK_H)
-    rmask = rows < N
-    cmask = cols < H
-    m2 = rmask[:, None] & cmask[None, :]
-    r2 = rows[:, None]
-    c2 = cols[None, :]
-    jj = tl.arange(0, BLOCK_H)[:, None]
-
-    # recurrent weights, per gate [j, k] (not transposed): dh_prev = sum_g da_g @ W_g
-    w_base = w_ptr + e * s_w_e
-    w0 = _load_w(w_base, s_w_r, 0, H, jj, c2, False, CDT, ACC, UPCAST)
-    w1 = _load_w(w_base, s_w_r, 1, H, jj, c2, False, CDT, ACC, UPCAST)
-    w2 = _load_w(w_base, s_w_r, 2, H, jj, c2, False, CDT, ACC, UPCAST)
-    if IS_LSTM:
-        w3 = _load_w(w_base, s_w_r, 3, H, jj, c2, False, CDT, ACC, UPCAST)
-
-    T1 = T + 1
-    G = 4 if IS_LSTM else 3
-    hs_row = hs_ptr + (e * N + r2) * T1 * H + c2
-    cs_row = cs_ptr + (e * N + r2) * T1 * H + c2
-    dhs_row = dhs_ptr + (e * N + r2) * T1 * H + c2
-    dcs_row = dcs_ptr + (e * N + r2) * T1 * H + c2
-    g_row = gates_ptr + (e * N + r2) * T * 4 * H + c2
-    dgx_row = dgx_ptr + (e * N + r2) * T * G * H + c2
-    dgh_row = dgh_ptr + (e * N + r2) * T * H + c2
-    drh_row = drh_ptr + (e * N + r2) * T * H + c2
-    drc_row = drc_ptr + (e * N + r2) * T * H + c2
-
-    dh = tl.zeros((BLOCK_N, BLOCK_H), dtype=ACC)
-    dc = tl.zeros((BLOCK_N, BLOCK_H), dtype=ACC)
-    for tt in range(T):
-        t = T - 1 - tt
-        dh += tl.load(dhs_row + (t + 1) * H, mask=m2, other=0.0).to(ACC)
-        if HAS_INIT:
-            # per element, not a broadcast per-row load: that crashes LLVM's SLP vectorizer for sm_90. Padding lanes
-            # read as reset: a non-finite segment's products leave NaN there (NaN * 0), which would otherwise cross
-            # the reset and return through the next product (0 * NaN) into the earlier segment's gradients
-            init2 = tl.load(init_ptr + e * s_i_e + r2 * s_i_n + t * s_i_t + c2 * 0, mask=m2, other=1) != 0
-        q0, q1, q2, q3 = _load_gates(g_row + t * 4 * H, H, m2, ACC)
-        dgx_t = dgx_row + t * G * H
-        if IS_LSTM:
-            dc += tl.load(dcs_row + (t + 1) * H, mask=m2, other=0.0).to(ACC)
-            c_t = tl.load(cs_row + (t + 1) * H, mask=m2, other=0.0).to(ACC)
-            c_prev = tl.load(cs_row + t * H, mask=m2, other=0.0).to(ACC)
-            if HAS_INIT:
-                rc_t = rc_ptr + e * s_rc_e + r2 * s_rc_n + t * s_rc_t + c2
-                c_prev = _reset(c_prev, rc_t, m2, init2, HAS_RESET, ACC)
-            da0, da1, da2, da3, dc = _lstm_bwd_gates(dh, dc, c_t, c_prev, q0, q1, q2, q3)
-            _store_gates(dgx_t, H, m2, da0, da1, da2, da3)
-            dh = tl.zeros((BLOCK_N, BLOCK_H), dtype=ACC)  # LSTM's h_prev reaches h only through the gates
-        else:
-            h_prev = tl.load(hs_row + t * H, mask=m2, other=0.0).to(ACC)
-            if HAS_INIT:
-                rh_t = rh_ptr + e * s_rh_e + r2 * s_rh_n + t * s_rh_t + c2
-                h_prev = _reset(h_prev, rh_t, m2, init2, HAS_RESET, ACC)
-            da0, da1, da2, dhn, dh = _gru_bwd_gates(dh, h_prev, q0, q1, q2, q3)
-            tl.store(dgx_t, da0, mask=m2)
-            tl.store(dgx_t + H, da1, mask=m2)
-            tl.store(dgx_t + 2 * H, da2, mask=m2)
-            tl.store(dgh_row + t * H, dhn, mask=m2)
-            da2 = dhn  # W_hn multiplies h_prev inside r * (W_hn h_prev + b_hn)
-        dh += tl.dot(_operand(da0, CDT, ACC, UPCAST), w0, input_precision=PREC, out_dtype=ACC)
-        dh += tl.dot(_operand(da1, CDT, ACC, UPCAST), w1, input_precision=PREC, out_dtype=ACC)
-        dh += tl.dot(_operand(da2, CDT, ACC, UPCAST), w2, input_precision=PREC, out_dtype=ACC)
-        if IS_LSTM:
-            dh += tl.dot(_operand(da3, CDT, ACC, UPCAST), w3, input_precision=PREC, out_dtype=ACC)
-        if HAS_INIT:
-            dh = _reset_grad(dh, drh_row + t * H, m2, init2, HAS_RESET)
-            if IS_LSTM:
-                dc = _reset_grad(dc, drc_row + t * H, m2, init2, HAS_RESET)
-    dh += tl.load(dhs_row, mask=m2, other=0.0).to(ACC)
-    tl.store(dh0_ptr + (e * N + r2) * H + c2, dh, mask=m2)
-    if IS_LSTM:
-        dc += tl.load(dcs_row, mask=m2, other=0.0).to(ACC)
-        tl.store(dc0_ptr + (e * N + r2) * H + c2, dc, mask=m2)
-
-
-# ----------------------------------------------------------------------------- streamed (large H)
+# ----------------------------------------------------------------------------- streamed (any H)
 #
-# When the gate blocks do not fit on chip (see ``resident``), the tiled kernels below keep the
-# state in the output buffers (global memory, L1/L2-resident) instead of registers and stream
-# ``TILE x TILE`` weight tiles per step, still one launch for all T steps. Every step ends with
-# a barrier so that the next step's tiles read the state written by the other threads.
+# Where the persistent kernels cannot serve, the tiled kernels below keep the state in the output
+# buffers (global memory, L1/L2-resident) and stream ``TILE x TILE`` weight tiles per step, one
+# program per ``BLOCK_N`` rows, still one launch for all T steps. Every step ends with a barrier
+# so that the next step's tiles read the state written by the other threads.
 
-RESIDENT_BYTES = 128 * 1024  # budget for the recurrent gate blocks held on chip
 TILE = 32  # tile width of the streamed kernels (64 spills: see benchmarks/triton_aot.py)
-
-
-def resident(hidden: int, gates: int, itemsize: int) -> bool:
-    """True when the ``gates`` padded ``[H, H]`` blocks of the operand dtype fit the on-chip budget."""
-    return gates * max(16, triton.next_power_of_2(hidden)) ** 2 * itemsize <= RESIDENT_BYTES
 
 
 @triton.jit
@@ -396,7 +185,8 @@ def _rnn_fwd_tiled_kernel(
     SAVE: tl.constexpr, CDT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    """Same contract as ``_rnn_fwd_kernel``, with ``BLOCK_T``-wide tiles of H streamed per step."""
+    """One layer's time loop over ``BLOCK_N`` rows per program (grid ``(cdiv(N, BLOCK_N), E)``), ``BLOCK_T``-wide
+    tiles of H streamed per step: writes ``hs``, ``cs`` and (``SAVE``) the gates."""
     pid_n = tl.program_id(0)
     e = tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -488,9 +278,13 @@ def _rnn_bwd_tiled_kernel(
     CDT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    """Same contract as ``_rnn_bwd_kernel``. The carry grads live in ``dh0``/``dc0`` during the
-    loop; ``tmp [E, N, H]`` holds GRU's direct term ``dh * z``. Per step, phase A computes the
-    gate grads tile by tile, phase B the recurrent product ``dh_prev = sum_g da_g @ W_g``."""
+    """Reverse time loop: gate pre-activation grads per step and the carry grads.
+
+    Writes ``dgx [E, N, T, G*H]`` (grad of the input projection), for GRU ``dgh [E, N, T, H]``
+    (grad of ``W_hn h + b_hn``), ``dh0/dc0 [E, N, H]`` and, with reset states, ``drh/drc``.
+    The carry grads live in ``dh0``/``dc0`` during the loop; ``tmp [E, N, H]`` holds GRU's direct
+    term ``dh * z``. Per step, phase A computes the gate grads tile by tile, phase B the recurrent
+    product ``dh_prev = sum_g da_g @ W_g``."""
     pid_n = tl.program_id(0)
     e = tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -594,3 +388,277 @@ def _rnn_bwd_tiled_kernel(
         if IS_LSTM:
             dc = tl.load(dc_row + cj[None, :], mask=m, other=0.0) + tl.load(dcs_row + cj[None, :], mask=m, other=0.0).to(ACC)
             tl.store(dc_row + cj[None, :], dc, mask=m)
+
+
+# ----------------------------------------------------------------------------- persistent (all SMs)
+#
+# Grid ``(S, P, E)``: program ``(s, p, e)`` owns the ``HS = H / S`` hidden units ``[s*HS, (s+1)*HS)`` of every
+# gate and the 64-row groups ``p, p + P, ...`` of member ``e``. Its slice of ``W_hh`` is loaded once, in ``KC``
+# chunks of ``BK`` rows (a tuple the loop indexes statically), and stays in shared memory for all steps; each
+# step multiplies ``[64, H] x [H, HS]`` per gate, which is the shape wgmma (sm_90) and mma (sm_80) take. The
+# carry entering a step lives in a ping-pong buffer ``carry [E, 2, N, H]`` (reset applied by its owner in
+# registers); the ``S`` programs of a row group meet once per step at a release/acquire flag in global memory,
+# so the grid must be co-resident (the launcher sizes it to the SM count). ``SYNC=False`` runs without the
+# flag: the launcher then runs one step per launch (the interpreter, which cannot spin between programs).
+
+PERSISTENT_ROWS = 64  # batch rows per group: the M of one wgmma
+PERSISTENT_BYTES = 128 * 1024  # budget for one program's slice of the recurrent weights
+
+
+def persistent_plan(hidden: int, gates: int, itemsize: int, batch: int, ensemble: int, sms: int) -> tuple | None:
+    """``(HS, P)``: the slice width and row-group programs of the persistent kernels for this call, or ``None`` where
+    they cannot serve (width not a power of two in [16, 1024], slice over budget, grid beyond ``sms`` programs).
+    Slices are as narrow as the SMs allow (down to 16 units) so that every SM works, and never wider than the
+    shared-memory budget."""
+    if hidden < 16 or hidden > 1024 or hidden & (hidden - 1):
+        return None
+    groups = max(1, -(-batch // PERSISTENT_ROWS))
+    fit = hidden // 16  # the most slices: 16 units each, the narrowest tl.dot
+    while fit >= 1 and gates * hidden * (hidden // fit) * itemsize <= PERSISTENT_BYTES:
+        fit //= 2
+    least = fit * 2  # the fewest slices whose weights fit
+    if least > hidden // 16:
+        return None
+    share = max(1, sms // (ensemble * groups))
+    slices = max(least, min(hidden // 16, 1 << (share.bit_length() - 1)))
+    programs = min(groups, sms // (ensemble * slices))
+    return (hidden // slices, programs) if programs >= 1 else None
+
+
+@triton.jit
+def _grid_barrier(flag, target):
+    """Wait until ``target`` arrivals at ``flag``, this program's included: every store before it is visible to
+    every program after it (CTA barrier, then one thread's release increment and acquire spin)."""
+    tl.debug_barrier()
+    tl.atomic_add(flag, 1, sem="release", scope="gpu")
+    seen = tl.atomic_add(flag, 0, sem="acquire", scope="gpu")
+    while seen < target:
+        seen = tl.atomic_add(flag, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+
+
+@triton.jit
+def _fused_weights(w_base, sw, H, s, HS: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr, G: tl.constexpr,
+                   CDT: tl.constexpr, ACC: tl.constexpr, UPCAST: tl.constexpr):
+    """This program's forward weights, gate-fused: ``KC`` chunks ``[BK, 4*HS]``, ``[k, g*HS + j] = w[g*H + s*HS + j,
+    kc*BK + k]`` (GRU's fourth block zero). One ``[64, BK] x [BK, 4*HS]`` product per chunk: ptxas keeps one wgmma
+    descriptor per chunk and k-step, not one per gate (separate gates spilled them at H >= 256)."""
+    rk = tl.arange(0, BK)[:, None]
+    col = tl.arange(0, 4 * HS)[None, :]
+    g = col // HS
+    rows = g * H + s * HS + col % HS
+    ws = ()
+    for kc in tl.static_range(KC):
+        w = tl.load(w_base + rows * sw + kc * BK + rk, mask=(g < G) & (rk < BK), other=0.0)
+        ws = ws + (_operand(w, CDT, ACC, UPCAST),)
+    return ws
+
+
+@triton.jit
+def _split_gates(acc, ROWS: tl.constexpr, HS: tl.constexpr):
+    """The four ``[ROWS, HS]`` gate blocks of a gate-fused tile ``[ROWS, 4*HS]`` (columns ``g*HS + j``)."""
+    x = tl.permute(tl.reshape(acc, (ROWS, 2, 2, HS)), (0, 3, 1, 2))  # [r, j, a, b]: gate 2a + b
+    lo, hi = tl.split(x)
+    a0, a2 = tl.split(lo)
+    a1, a3 = tl.split(hi)
+    return a0, a1, a2, a3
+
+
+@triton.jit
+def _join_gates(a0, a1, a2, a3, ROWS: tl.constexpr, HS: tl.constexpr):
+    """The gate-fused tile ``[ROWS, 4*HS]`` (columns ``g*HS + j``) of four ``[ROWS, HS]`` blocks."""
+    x = tl.join(tl.join(a0, a2), tl.join(a1, a3))  # [r, j, a, b]: gate 2a + b
+    return tl.reshape(tl.permute(x, (0, 2, 3, 1)), (ROWS, 4 * HS))
+
+
+@triton.jit
+def _rnn_fwd_persistent_kernel(
+    gx_ptr, s_gx_e, s_gx_n, s_gx_t,
+    w_ptr, s_w_e, s_w_r,
+    b_ptr, s_b_e,
+    init_ptr, s_i_e, s_i_n, s_i_t,
+    rh_ptr, s_rh_e, s_rh_n, s_rh_t,
+    rc_ptr, s_rc_e, s_rc_n, s_rc_t,
+    hs_ptr, cs_ptr, gates_ptr, carry_ptr, flag_ptr,
+    N, T, H, t_begin, t_end,
+    IS_LSTM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_INIT: tl.constexpr, HAS_RESET: tl.constexpr,
+    SAVE: tl.constexpr, CDT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+    HS: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr, ROWS: tl.constexpr, SYNC: tl.constexpr,
+):
+    """Steps ``t_begin <= t < t_end`` of ``_rnn_fwd_tiled_kernel``'s contract; ``hs/cs[:, :, 0]`` and ``carry[:, 0]``
+    (the reset carry entering step 0) are written by the launcher."""
+    s = tl.program_id(0)
+    pg = tl.program_id(1)
+    e = tl.program_id(2)
+    S = tl.num_programs(0)
+    P = tl.num_programs(1)
+    G: tl.constexpr = 4 if IS_LSTM else 3
+    ws = _fused_weights(w_ptr + e * s_w_e, s_w_r, H, s, HS, BK, KC, G, CDT, ACC, UPCAST)
+    j = s * HS + tl.arange(0, HS)
+    c2 = j[None, :]
+    if HAS_BIAS:
+        b_base = b_ptr + e * s_b_e
+        b0 = tl.load(b_base + j).to(ACC)[None, :]
+        b1 = tl.load(b_base + H + j).to(ACC)[None, :]
+        b2 = tl.load(b_base + 2 * H + j).to(ACC)[None, :]
+        if IS_LSTM:
+            b3 = tl.load(b_base + 3 * H + j).to(ACC)[None, :]
+    kcol = tl.arange(0, BK)[None, :]
+    T1 = T + 1
+    flag = flag_ptr + e * P + pg
+    for t in range(t_begin, t_end):
+        src = carry_ptr + (e * 2 + t % 2) * N * H
+        dst = carry_ptr + (e * 2 + (t + 1) % 2) * N * H
+        for grp in range(pg, tl.cdiv(N, ROWS), P):
+            rows = grp * ROWS + tl.arange(0, ROWS)
+            rmask = rows < N
+            r2 = rows[:, None]
+            m2 = rmask[:, None] & (c2 < H)
+            acc = tl.zeros((ROWS, 4 * HS), dtype=ACC)
+            for kc in tl.static_range(KC):
+                # the whole carry, written by all slices: read past L1, which the flag does not order
+                hk = tl.load(src + r2 * H + kc * BK + kcol, mask=rmask[:, None], other=0.0, cache_modifier=".cg")
+                acc = tl.dot(_operand(hk, CDT, ACC, UPCAST), ws[kc], acc, input_precision=PREC, out_dtype=ACC)
+            a0, a1, a2, a3 = _split_gates(acc, ROWS, HS)
+            if HAS_BIAS:
+                a0 += b0
+                a1 += b1
+                a2 += b2
+                if IS_LSTM:
+                    a3 += b3
+            gx_t = gx_ptr + e * s_gx_e + r2 * s_gx_n + t * s_gx_t + c2
+            x0 = tl.load(gx_t, mask=m2, other=0.0).to(ACC)
+            x1 = tl.load(gx_t + H, mask=m2, other=0.0).to(ACC)
+            x2 = tl.load(gx_t + 2 * H, mask=m2, other=0.0).to(ACC)
+            hs_row = hs_ptr + (e * N + r2) * T1 * H + c2
+            g_t = gates_ptr + ((e * N + r2) * T + t) * 4 * H + c2
+            if IS_LSTM:
+                x3 = tl.load(gx_t + 3 * H, mask=m2, other=0.0).to(ACC)
+                cs_row = cs_ptr + (e * N + r2) * T1 * H + c2
+                init2 = _init_tile(init_ptr, s_i_e, s_i_n, s_i_t, e, rows, rmask, t, HAS_INIT, ROWS)
+                c = _carry_in(cs_row + t * H, rc_ptr + e * s_rc_e + r2 * s_rc_n + t * s_rc_t + c2, m2, init2,
+                              HAS_INIT, HAS_RESET, ACC)
+                gi, gf, gg, go, c, h = _lstm_fwd_gates(a0, a1, a2, a3, x0, x1, x2, x3, c)
+                tl.store(cs_row + (t + 1) * H, c.to(cs_ptr.dtype.element_ty), mask=m2)
+                if SAVE:
+                    _store_gates(g_t, H, m2, gi, gf, gg, go)
+            else:
+                h = tl.load(src + r2 * H + c2, mask=m2, other=0.0)
+                gr, gz, gn, h = _gru_fwd_gates(a0, a1, a2, x0, x1, x2, h)
+                if SAVE:
+                    _store_gates(g_t, H, m2, gr, gz, gn, a2)
+            tl.store(hs_row + (t + 1) * H, h.to(hs_ptr.dtype.element_ty), mask=m2)
+            # the carry entering step t + 1, reset in registers by the only program that writes this slice
+            more = rmask & (rows * 0 + t + 1 < T)
+            mn = more[:, None] & (c2 < H)
+            if HAS_INIT:
+                init_n = _init_tile(init_ptr, s_i_e, s_i_n, s_i_t, e, rows, more, t + 1, HAS_INIT, ROWS)
+                h = _reset(h, rh_ptr + e * s_rh_e + r2 * s_rh_n + (t + 1) * s_rh_t + c2, mn, init_n, HAS_RESET, ACC)
+            tl.store(dst + r2 * H + c2, h, mask=mn)
+        if SYNC:
+            _grid_barrier(flag, (t - t_begin + 1) * S)
+
+
+@triton.jit
+def _rnn_bwd_persistent_kernel(
+    gates_ptr, hs_ptr, cs_ptr,
+    w_ptr, s_w_e, s_w_r,
+    init_ptr, s_i_e, s_i_n, s_i_t,
+    rh_ptr, s_rh_e, s_rh_n, s_rh_t,
+    rc_ptr, s_rc_e, s_rc_n, s_rc_t,
+    dhs_ptr, dcs_ptr,
+    dgx_ptr, dgh_ptr, dh_ptr, dc_ptr, drh_ptr, drc_ptr, part_ptr, flag_ptr,
+    N, T, H, t_begin, t_end,
+    IS_LSTM: tl.constexpr, HAS_INIT: tl.constexpr, HAS_RESET: tl.constexpr,
+    CDT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+    HS: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr, ROWS: tl.constexpr, SYNC: tl.constexpr,
+    PHASE_A: tl.constexpr, PHASE_B: tl.constexpr,
+):
+    """Reverse steps ``T-1-t_begin`` down to ``T-t_end`` of ``_rnn_bwd_tiled_kernel``'s contract, on the forward's slices.
+
+    Phase A: this slice's gate grads from its carry grads (``dh``, ``dc [E, N, H]``, zero at first), stored in
+    ``dgx`` (GRU: ``dgh``; its direct term ``dh * z`` in ``dh``), and their product with this slice's gate rows of
+    ``W_hh``, ``[64, 4*HS] x [4*HS, BK]`` per chunk of ``H``: this slice's part of every column of ``dh_prev``, into
+    ``part [E, 2, S, N, H]`` (by step parity: a fast program's next phase A cannot overwrite what a slow one still
+    reads). Flag. Phase B: this slice's columns of ``dh_prev``, the ``S`` parts summed in one fixed order
+    (deterministic), reset, into ``dh``. The launcher adds ``dhs/dcs[:, :, 0]`` to ``dh/dc`` after the last step.
+    """
+    s = tl.program_id(0)
+    pg = tl.program_id(1)
+    e = tl.program_id(2)
+    S = tl.num_programs(0)
+    P = tl.num_programs(1)
+    G: tl.constexpr = 4 if IS_LSTM else 3
+    # this slice's gate rows of W_hh in KC column chunks [4*HS, BK]: [g*HS + j, n] = w[g*H + s*HS + j, kc*BK + n]
+    rg = tl.arange(0, 4 * HS)[:, None]
+    gate = rg // HS
+    ncol = tl.arange(0, BK)[None, :]
+    ws = ()
+    for kc in tl.static_range(KC):
+        w = tl.load(w_ptr + e * s_w_e + (gate * H + s * HS + rg % HS) * s_w_r + kc * BK + ncol,
+                    mask=(gate < G) & (ncol < BK), other=0.0)
+        ws = ws + (_operand(w, CDT, ACC, UPCAST),)
+    c2 = (s * HS + tl.arange(0, HS))[None, :]
+    T1 = T + 1
+    flag = flag_ptr + e * P + pg
+    for tt in range(t_begin, t_end):
+        t = T - 1 - tt
+        part = part_ptr + (e * 2 + t % 2) * S * N * H
+        if PHASE_A:
+            for grp in range(pg, tl.cdiv(N, ROWS), P):
+                rows = grp * ROWS + tl.arange(0, ROWS)
+                rmask = rows < N
+                r2 = rows[:, None]
+                m2 = rmask[:, None] & (c2 < H)
+                init2 = _init_tile(init_ptr, s_i_e, s_i_n, s_i_t, e, rows, rmask, t, HAS_INIT, ROWS)
+                row = (e * N + r2) * T1 * H + c2
+                dh = tl.load(dh_ptr + (e * N + r2) * H + c2, mask=m2, other=0.0)
+                dh += tl.load(dhs_ptr + row + (t + 1) * H, mask=m2, other=0.0).to(ACC)
+                q0, q1, q2, q3 = _load_gates(gates_ptr + ((e * N + r2) * T + t) * 4 * H + c2, H, m2, ACC)
+                dgx_t = dgx_ptr + ((e * N + r2) * T + t) * G * H + c2
+                if IS_LSTM:
+                    dc = tl.load(dc_ptr + (e * N + r2) * H + c2, mask=m2, other=0.0)
+                    dc += tl.load(dcs_ptr + row + (t + 1) * H, mask=m2, other=0.0).to(ACC)
+                    c_t = tl.load(cs_ptr + row + (t + 1) * H, mask=m2, other=0.0).to(ACC)
+                    c_prev = _carry_in(cs_ptr + row + t * H, rc_ptr + e * s_rc_e + r2 * s_rc_n + t * s_rc_t + c2, m2,
+                                       init2, HAS_INIT, HAS_RESET, ACC)
+                    da0, da1, da2, da3, dc = _lstm_bwd_gates(dh, dc, c_t, c_prev, q0, q1, q2, q3)
+                    _store_gates(dgx_t, H, m2, da0, da1, da2, da3)
+                    if HAS_INIT:
+                        dc = _reset_grad(dc, drc_ptr + ((e * N + r2) * T + t) * H + c2, m2, init2, HAS_RESET)
+                    tl.store(dc_ptr + (e * N + r2) * H + c2, dc, mask=m2)
+                else:
+                    h_prev = _carry_in(hs_ptr + row + t * H, rh_ptr + e * s_rh_e + r2 * s_rh_n + t * s_rh_t + c2, m2,
+                                       init2, HAS_INIT, HAS_RESET, ACC)
+                    da0, da1, da2, dhn, dz = _gru_bwd_gates(dh, h_prev, q0, q1, q2, q3)
+                    tl.store(dgx_t, da0, mask=m2)
+                    tl.store(dgx_t + H, da1, mask=m2)
+                    tl.store(dgx_t + 2 * H, da2, mask=m2)
+                    tl.store(dgh_ptr + ((e * N + r2) * T + t) * H + c2, dhn, mask=m2)
+                    tl.store(dh_ptr + (e * N + r2) * H + c2, dz, mask=m2)
+                    da2 = dhn  # W_hn multiplies h_prev inside r * (W_hn h_prev + b_hn)
+                    da3 = tl.zeros((ROWS, HS), dtype=ACC)
+                fused = _operand(_join_gates(da0, da1, da2, da3, ROWS, HS), CDT, ACC, UPCAST)
+                part_row = part + (s * N + r2) * H + ncol
+                for kc in tl.static_range(KC):
+                    p = tl.dot(fused, ws[kc], input_precision=PREC, out_dtype=ACC)
+                    tl.store(part_row + kc * BK, p, mask=rmask[:, None])
+        if SYNC:
+            _grid_barrier(flag, (tt - t_begin + 1) * S)
+        if PHASE_B:
+            for grp in range(pg, tl.cdiv(N, ROWS), P):
+                rows = grp * ROWS + tl.arange(0, ROWS)
+                rmask = rows < N
+                r2 = rows[:, None]
+                m2 = rmask[:, None] & (c2 < H)
+                if IS_LSTM:
+                    acc = tl.zeros((ROWS, HS), dtype=ACC)
+                else:
+                    acc = tl.load(dh_ptr + (e * N + r2) * H + c2, mask=m2, other=0.0)
+                for k in range(S):  # every slice's part, in slice order: read past L1, which the flag does not order
+                    acc += tl.load(part + (k * N + r2) * H + c2, mask=m2, other=0.0, cache_modifier=".cg")
+                if HAS_INIT:
+                    init2 = _init_tile(init_ptr, s_i_e, s_i_n, s_i_t, e, rows, rmask, t, HAS_INIT, ROWS)
+                    acc = _reset_grad(acc, drh_ptr + ((e * N + r2) * T + t) * H + c2, m2, init2, HAS_RESET)
+                tl.store(dh_ptr + (e * N + r2) * H + c2, acc, mask=m2)
+            tl.debug_barrier()  # the next phase A reads this slice of dh in another thread layout

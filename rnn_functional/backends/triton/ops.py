@@ -77,8 +77,14 @@ _STREAMED_LAUNCH = {
 }
 
 
-def _blocks(H: int, lstm: bool, compute_dtype: str, precision: str, direction: str) -> tuple[bool, dict]:
-    """Whether the streamed (tiled) kernels serve this width, and their block-size and launch constexprs.
+def _sms(device: torch.device) -> Optional[int]:
+    """SMs of a CUDA device (MIG slices count theirs), ``None`` elsewhere: the persistent grid's bound."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
+
+
+def _blocks(H: int, lstm: bool, compute_dtype: str, precision: str, direction: str, N: int = 0, E: int = 1,
+            sms: Optional[int] = None) -> tuple[str, dict]:
+    """The variant that serves this call (:func:`.variant.variant_for`) and its block-size and launch constexprs.
 
     Chosen by compiling every configuration ahead of time (``benchmarks/triton_aot.py``) for sm_90 and
     sm_80: shared memory within sm_80's 163 KiB per block and no spills for every H <= 512.
@@ -86,22 +92,23 @@ def _blocks(H: int, lstm: bool, compute_dtype: str, precision: str, direction: s
     ``num_stages`` bounds the loads prefetched into shared memory across loop iterations (Triton's
     default, 3, overflows it where the recurrent weights already sit there).
 
-    Returns ``(tiled, constexprs)``; the resident variant takes ``BLOCK_H``, the streamed ``BLOCK_T``.
+    The streamed variant takes ``BLOCK_T``, the persistent ``HS``, ``BK``, ``KC`` and its grid's row-group programs
+    ``P`` (forward: one warpgroup, backward: two; no prefetch across steps).
     """
-    tiled = variant_for(H, 4 if lstm else 3, _ITEMSIZE[compute_dtype]) == "streamed"
-    block_h = max(16, triton.next_power_of_2(H))  # tl.dot needs every dim >= 16
-    if tiled:
-        operands = "bfloat16" if compute_dtype == "bfloat16" else precision
-        warps, stages = _STREAMED_LAUNCH.get(("lstm" if lstm else "gru", direction, operands), (8, 3))
-        return True, dict(BLOCK_N=BLOCK_N, BLOCK_T=min(kernels.TILE, block_h), num_warps=warps, num_stages=stages)
-    # resident weights: G * block_h^2 operands in shared memory (twice that for tf32x3's split operands);
-    # beyond 96 KiB of them, two prefetch stages overflow sm_80: none. 8 warps (4 spill); the GRU
-    # backward at block_h = 128 still spills with 8, so GRU takes 16 there (LSTM spills with 16)
-    weight_bytes = (4 if lstm else 3) * block_h**2 * _ITEMSIZE[compute_dtype]
-    if precision == "tf32x3" and compute_dtype == "float32":
-        weight_bytes *= 2
-    warps = 16 if (not lstm and block_h >= 128) else 8
-    return False, dict(BLOCK_N=BLOCK_N, BLOCK_H=block_h, num_warps=warps, num_stages=1 if weight_bytes > 96 * 1024 else 2)
+    G, itemsize = 4 if lstm else 3, _ITEMSIZE[compute_dtype]
+    variant = variant_for(H, G, itemsize, batch=N, ensemble=E, sms=sms)
+    if variant == "persistent":
+        from .variant import PLAN_SMS
+
+        hs, programs = kernels.persistent_plan(H, G, itemsize, N, E, sms or PLAN_SMS)
+        # forward: [64, 64] carry chunks, one warpgroup; backward: [64, 128] output chunks, two (one spills at H=512)
+        bk, warps = (min(H, 64), 4) if direction == "fwd" else (min(H, 128), 8)
+        return variant, dict(HS=hs, BK=bk, KC=H // bk, ROWS=kernels.PERSISTENT_ROWS, P=programs, num_warps=warps,
+                             num_stages=1)
+    operands = "bfloat16" if compute_dtype == "bfloat16" else precision
+    warps, stages = _STREAMED_LAUNCH.get(("lstm" if lstm else "gru", direction, operands), (8, 3))
+    block_t = min(kernels.TILE, max(16, triton.next_power_of_2(H)))  # tl.dot needs every dim >= 16
+    return variant, dict(BLOCK_N=BLOCK_N, BLOCK_T=block_t, num_warps=warps, num_stages=stages)
 
 
 def _input_projection(x: Tensor, w_ih: Tensor, b_ih: Optional[Tensor]) -> Tensor:
@@ -122,19 +129,36 @@ def _fwd_outputs(gx: Tensor, H: int, lstm: bool, save: bool) -> tuple[Tensor, Te
 def fwd_launch(
     gx: Tensor, w: Tensor, b: Optional[Tensor], h0: Tensor, c0: Optional[Tensor], is_init: Optional[Tensor],
     rh: Optional[Tensor], rc: Optional[Tensor], hs: Tensor, cs: Tensor, gates: Tensor,
-    lstm: bool, save: bool, compute_dtype: str, precision: str,
+    lstm: bool, save: bool, compute_dtype: str, precision: str, sms: Optional[int] = None,
 ) -> tuple[Callable, tuple, tuple, dict]:
     """The forward kernel the launcher picks, its grid, positional arguments and constexprs.
 
     Every tensor is passed with its real strides, except the last dim, made unit-stride here
     (``gx`` and the outputs are fresh and contiguous). Also used by ``benchmarks/triton_aot.py``
-    to compile exactly what would launch.
+    to compile exactly what would launch (``sms``: the SMs of the GPU planned for, else this device's).
+    For the persistent kernels it writes the state before step 0 (``hs``, ``cs``, the reset carry) and
+    returns the launch of all steps (``SYNC``); the last two arguments are the steps' range.
     """
     E, N, T = gx.shape[:3]
     H = w.shape[-1]
     w, b, h0, c0, rh, rc = map(_last_contiguous, (w, b, h0, c0, rh, rc))
     init = None if is_init is None else is_init.to(torch.int8)
-    tiled, blocks = _blocks(H, lstm, compute_dtype, precision, "fwd")
+    variant, blocks = _blocks(H, lstm, compute_dtype, precision, "fwd", N, E, sms if sms else _sms(gx.device))
+    if variant == "persistent":
+        programs = blocks.pop("P")
+        hs[:, :, 0] = h0
+        if lstm:
+            cs[:, :, 0] = c0
+        carry = hs.new_empty((E, 2, N, H))
+        carry[:, 0] = h0 if is_init is None else torch.where(is_init[:, :, :1], 0.0 if rh is None else rh[:, :, 0], h0)
+        args = (
+            gx, *gx.stride()[:3], w, *w.stride()[:2], *_opt(b, 1, gx), *_opt(init, 3, gx), *_opt(rh, 3, gx),
+            *_opt(rc, 3, gx), hs, cs if lstm else hs, gates if save else hs, carry,
+            torch.zeros(E * programs, dtype=torch.int32, device=gx.device), N, T, H, 0, T,
+        )
+        constexprs = dict(IS_LSTM=lstm, HAS_BIAS=b is not None, HAS_INIT=init is not None, HAS_RESET=rh is not None,
+                          SAVE=save, **_kernel_dtypes(gx, compute_dtype, precision), SYNC=True, **blocks)
+        return kernels._rnn_fwd_persistent_kernel, (H // blocks["HS"], programs, E), args, constexprs
     args = (
         gx, *gx.stride()[:3], w, *w.stride()[:2], *_opt(b, 1, gx), h0, *h0.stride()[:2],
         *_opt(c0, 2, gx), *_opt(init, 3, gx), *_opt(rh, 3, gx), *_opt(rc, 3, gx),
@@ -144,34 +168,64 @@ def fwd_launch(
         IS_LSTM=lstm, HAS_BIAS=b is not None, HAS_INIT=init is not None, HAS_RESET=rh is not None,
         SAVE=save, **_kernel_dtypes(gx, compute_dtype, precision), **blocks,
     )
-    kernel = kernels._rnn_fwd_tiled_kernel if tiled else kernels._rnn_fwd_kernel
-    return kernel, (triton.cdiv(N, BLOCK_N), E), args, constexprs
+    return kernels._rnn_fwd_tiled_kernel, (triton.cdiv(N, BLOCK_N), E), args, constexprs
 
 
 def bwd_launch(
     gates: Tensor, hs: Tensor, cs: Tensor, w: Tensor, is_init: Optional[Tensor], rh: Optional[Tensor],
     rc: Optional[Tensor], dhs: Tensor, dcs: Tensor, outs: tuple, lstm: bool, compute_dtype: str, precision: str,
+    sms: Optional[int] = None,
 ) -> tuple[Callable, tuple, tuple, dict]:
     """The backward kernel, grid, arguments and constexprs (``gates``, ``hs``, ``cs``, ``dhs``, ``dcs``
-    and ``outs`` from :func:`_bwd_outputs` are contiguous)."""
+    and ``outs`` from :func:`_bwd_outputs` are contiguous). The persistent kernels leave ``dh0``/``dc0``
+    without ``dhs/dcs[:, :, 0]``, which :func:`_make_bwd` adds."""
     w, rh, rc = map(_last_contiguous, (w, rh, rc))
     dgx, dgh, dh0, dc0, drh, drc = outs
     E, N, T1, H = hs.shape
     init = None if is_init is None else is_init.to(torch.int8)
-    tiled, blocks = _blocks(H, lstm, compute_dtype, precision, "bwd")
+    variant, blocks = _blocks(H, lstm, compute_dtype, precision, "bwd", N, E, sms if sms else _sms(hs.device))
+    if variant == "persistent":
+        programs = blocks.pop("P")
+        dh0.zero_()
+        dc0.zero_()
+        args = (
+            gates, hs, cs, w, *w.stride()[:2], *_opt(init, 3, gates), *_opt(rh, 3, gates), *_opt(rc, 3, gates),
+            dhs, dcs, dgx, dgh if not lstm else dgx, dh0, dc0 if lstm else dh0,
+            drh if rh is not None else dgx, drc if (rc is not None and lstm) else dgx,
+            hs.new_empty((E, 2, H // blocks["HS"], N, H)),  # every slice's part of dh_prev, by step parity
+            torch.zeros(E * programs, dtype=torch.int32, device=hs.device), N, T1 - 1, H, 0, T1 - 1,
+        )
+        constexprs = dict(IS_LSTM=lstm, HAS_INIT=init is not None, HAS_RESET=rh is not None,
+                          **_kernel_dtypes(hs, compute_dtype, precision), SYNC=True, PHASE_A=True, PHASE_B=True,
+                          **blocks)
+        return kernels._rnn_bwd_persistent_kernel, (H // blocks["HS"], programs, E), args, constexprs
     # the streamed kernel keeps GRU's direct term dh * z in a scratch row per batch entry
-    scratch = (dh0.new_empty((E, N, H)) if not lstm else dgx,) if tiled else ()
+    scratch = dh0.new_empty((E, N, H)) if not lstm else dgx
     args = (
         gates, hs, cs, w, *w.stride()[:2], *_opt(init, 3, gates), *_opt(rh, 3, gates), *_opt(rc, 3, gates),
         dhs, dcs, dgx, dgh if not lstm else dgx, dh0, dc0 if lstm else dh0,
-        drh if rh is not None else dgx, drc if (rc is not None and lstm) else dgx, *scratch, N, T1 - 1, H,
+        drh if rh is not None else dgx, drc if (rc is not None and lstm) else dgx, scratch, N, T1 - 1, H,
     )
     constexprs = dict(
         IS_LSTM=lstm, HAS_INIT=init is not None, HAS_RESET=rh is not None,
         **_kernel_dtypes(hs, compute_dtype, precision), **blocks,
     )
-    kernel = kernels._rnn_bwd_tiled_kernel if tiled else kernels._rnn_bwd_kernel
-    return kernel, (triton.cdiv(N, BLOCK_N), E), args, constexprs
+    return kernels._rnn_bwd_tiled_kernel, (triton.cdiv(N, BLOCK_N), E), args, constexprs
+
+
+def _launch(run: Callable, kernel, grid: tuple, args: tuple, constexprs: dict) -> None:
+    """One launch; the persistent kernels in the interpreter, which cannot spin between programs, one launch per
+    step (and per phase of the backward's step), without their flag: the same step body, in order."""
+    with _LAUNCH_LOCK:
+        kernels.LAUNCHES["count"] += 1
+        if not (INTERPRET and constexprs.get("SYNC")):
+            run(kernel)[grid](*args, **constexprs)
+            return
+        phases = ({"PHASE_A": True, "PHASE_B": False}, {"PHASE_A": False, "PHASE_B": True}) if "PHASE_A" in constexprs \
+            else ({},)
+        for t in range(args[-1]):
+            for phase in phases:
+                run(kernel)[grid](*args[:-2], t, t + 1, **{**constexprs, "SYNC": False, **phase})
 
 
 def _make_fwd(run: Callable) -> Callable:
@@ -192,9 +246,7 @@ def _make_fwd(run: Callable) -> Callable:
         kernel, grid, args, constexprs = fwd_launch(
             gx, w, b, h0, c0, is_init, rh, rc, hs, cs, gates, lstm, save, compute_dtype, precision
         )
-        with _LAUNCH_LOCK:
-            kernels.LAUNCHES["count"] += 1
-            run(kernel)[grid](*args, **constexprs)
+        _launch(run, kernel, grid, args, constexprs)
         return hs, cs, gates
 
     return layer_fwd
@@ -228,9 +280,11 @@ def _make_bwd(run: Callable) -> Callable:
         outs = _bwd_outputs(gates, hs, lstm, rh is not None)
         kernel, grid, args, constexprs = bwd_launch(gates, hs, cs, w, is_init, rh, rc, dhs, dcs, outs, lstm,
                                                      compute_dtype, precision)
-        with _LAUNCH_LOCK:
-            kernels.LAUNCHES["count"] += 1
-            run(kernel)[grid](*args, **constexprs)
+        _launch(run, kernel, grid, args, constexprs)
+        if "SYNC" in constexprs:  # persistent: the grads reaching the initial state directly
+            outs[2].add_(dhs[:, :, 0])
+            if lstm:
+                outs[3].add_(dcs[:, :, 0])
         return outs
 
     return layer_bwd

@@ -1,4 +1,4 @@
-"""Which Triton kernel variant a call runs (resident or streamed), and the public switch that forces the streamed one.
+"""Which Triton kernel variant a call runs (persistent or streamed), and the public switch that forces one.
 
 Its own module, free of ``triton``: the package and the launcher (:mod:`.ops`) both read it.
 """
@@ -10,16 +10,18 @@ from collections.abc import Iterator
 
 __all__ = ["KERNEL_VARIANTS", "kernel_variant", "variant_for"]
 
-KERNEL_VARIANTS = ("auto", "streamed")
+KERNEL_VARIANTS = ("auto", "streamed", "persistent")
 _variant = ["auto"]  # the variant kernel_variant set; read by the launcher on every call
 
 
 @contextlib.contextmanager
 def kernel_variant(variant: str) -> Iterator[None]:
-    """Within the block, every ``triton`` call runs the ``variant`` kernels: ``"auto"`` (resident where the recurrent
-    weights fit on chip, else streamed) or ``"streamed"`` (the tiled kernels at any width), for tests and benchmarks of
-    the streamed kernels at widths where ``auto`` picks the resident ones; both give the same results. Read when an
-    eager call launches its kernels; a graph compiled on CUDA keeps the variant it was traced with."""
+    """Within the block, every ``triton`` call runs the ``variant`` kernels: ``"auto"`` (on CUDA the persistent
+    kernels where they serve, else streamed), ``"streamed"``
+    (the tiled kernels at any width) or ``"persistent"`` (wherever they serve, also in the interpreter, which runs them
+    one step per launch), for tests and benchmarks of a variant where ``auto`` picks another; all give the same
+    results. Read when an eager call launches its kernels; a graph compiled on CUDA keeps the variant it was traced
+    with."""
     if variant not in KERNEL_VARIANTS:
         raise ValueError(f"variant: expected one of {list(KERNEL_VARIANTS)}, got {variant!r}.")
     before, _variant[0] = _variant[0], variant
@@ -29,9 +31,19 @@ def kernel_variant(variant: str) -> Iterator[None]:
         _variant[0] = before
 
 
-def variant_for(hidden: int, gates: int, itemsize: int) -> str:
-    """The variant a call runs for ``gates`` gate blocks of width ``hidden`` and operands of ``itemsize`` bytes:
-    ``"resident"`` or ``"streamed"`` (:func:`kernel_variant`, :func:`.kernels.resident`)."""
-    from .kernels import resident
+def variant_for(hidden: int, gates: int, itemsize: int, *, batch: int = 0, ensemble: int = 1,
+                sms: int | None = None) -> str:
+    """The variant a call runs for ``gates`` gate blocks of width ``hidden``, operands of ``itemsize`` bytes,
+    ``batch`` rows and ``ensemble`` members on a GPU of ``sms`` SMs (``None``: not a GPU):
+    ``"persistent"`` (:func:`.kernels.persistent_plan`) or ``"streamed"`` (any other call)."""
+    from .kernels import persistent_plan
 
-    return "resident" if _variant[0] == "auto" and resident(hidden, gates, itemsize) else "streamed"
+    chosen = _variant[0]
+    # auto: on GPUs, not for fp64 (no fp64 tensor-core path worth a grid-wide flag); forced: any dtype (tests)
+    wanted = chosen == "persistent" or (chosen == "auto" and sms is not None and itemsize < 8)
+    if wanted and persistent_plan(hidden, gates, itemsize, batch, ensemble, sms or PLAN_SMS) is not None:
+        return "persistent"
+    return "streamed"
+
+
+PLAN_SMS = 8  # the SMs the persistent grid is planned for off a GPU (the interpreter): few, so programs loop over groups
