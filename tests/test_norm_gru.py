@@ -21,7 +21,7 @@ import rnn_functional as rf
 from rnn_functional.backends import SequenceOptions, triton_backend
 from rnn_functional.cells.norm_gru import NORM_GRU
 from rnn_functional.functional import selection
-from rnn_functional.functional.options import CallContext
+from rnn_functional.functional.selection import CallContext
 
 F_IN, H, B, T = 3, 4, 3, 5
 

@@ -119,7 +119,6 @@ class Cell(abc.ABC):
     aten: AtenKernels | None = None
     triton: TritonKernels | None = None
     linear_in_state: bool = False  # h' = a * h + b with (a, b) from the input alone (the ``parallel`` backend's cells)
-    num_gates: int = 0  # rows of ``weight_hh_l{k}`` per hidden unit, for the cells with torch.nn's keys (else 0)
 
     @abc.abstractmethod
     def read_layout(self, params: Mapping[str, torch.Tensor]) -> Layout:
@@ -131,14 +130,9 @@ class Cell(abc.ABC):
     def layout_of(self, params: Mapping[str, torch.Tensor], known: Layout | None) -> Layout:
         """``known`` when the caller checked the params against it (a module's own weights, checked when bound) and
         their dtype, device, sizes and layer count have not moved since (``TensorDict.to_module``,
-        ``load_state_dict(assign=True)`` and ``.to()`` swap the tensors in place); else :meth:`read_layout`."""
-        weight, w_in = params.get("weight_hh_l0"), params.get("weight_ih_l0")
-        if (known is None or weight is None or w_in is None or weight.dtype != known.dtype
-                or weight.device != known.device or w_in.shape[-1] != known.input_size
-                or weight.shape[-1] != known.state_sizes[0] or weight.shape[0] != self.num_gates * known.hidden_size
-                or f"weight_hh_l{known.num_layers - 1}" not in params or f"weight_hh_l{known.num_layers}" in params):
-            return self.read_layout(params)
-        return known
+        ``load_state_dict(assign=True)`` and ``.to()`` swap the tensors in place); else :meth:`read_layout`.
+        Default: :meth:`read_layout`."""
+        return self.read_layout(params)
 
     @abc.abstractmethod
     def layer_weights(self, params: Mapping[str, torch.Tensor], layout: Layout, k: int) -> LayerWeights:
@@ -161,11 +155,10 @@ class Cell(abc.ABC):
         """Backward of one step from its :meth:`backward_factors` (no recurrent matmul of the forward is
         redone): ``carry`` is the carry before the step, ``d_new`` the cotangent of the carry after it."""
 
-    def prepare_input(self, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """The first layer's input, from the call's ``x [..., F]``, before any backend runs: a cell whose input
-        goes through more than the layer's linear projection (the block GRU's normalised projection) computes that
-        part here, once for every step, under autograd. Default: ``x``."""
-        return x
+    # ``prepare_input(params, x) -> x``: the first layer's input from the call's ``x [..., F]``, before any backend
+    # runs, for a cell whose input goes through more than the layer's linear projection (the block GRU's normalised
+    # projection), computed once for every step under autograd; ``None``: ``x`` as it is.
+    prepare_input: Callable[[Mapping[str, torch.Tensor], torch.Tensor], torch.Tensor] | None = None
 
     def reduce_extra_grads(self, *per_step: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The gradients of the present ``extra`` weights from the non-``None`` ``d_extra`` of every step of

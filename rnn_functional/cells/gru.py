@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 
-from . import _torch_rnn
-from .base import AtenKernels, Carry, Cell, LayerWeights, Layout, Saved, StepGrads, TritonKernels, register
+from .base import AtenKernels, Carry, LayerWeights, Layout, Saved, StepGrads, TritonKernels, register
+from .lstm import TorchRNNCell
 
 __all__ = ["GRU", "init_gru_params"]
 
@@ -22,11 +21,11 @@ def init_gru_params(
     """GRU parameters initialised like ``torch.nn.GRU`` (uniform in ``[-1/sqrt(H), 1/sqrt(H)]``). Keys for layer
     ``k``: ``weight_ih_l{k} [3H, F_k]``, ``weight_hh_l{k} [3H, H]`` and, with ``bias``, ``bias_ih_l{k}``/``bias_hh_l{k}
     [3H]``; ``F_0 = input_size``, ``F_k = H`` for ``k > 0``."""
-    return _torch_rnn.init_params(3, input_size, hidden_size, num_layers, bias, 0, dtype, device, generator)
+    return GRU.init_params(input_size, hidden_size, num_layers, bias, 0, dtype, device, generator)
 
 
 def _aten_sequence(layout: Layout, params, inputs, hx: Carry, dropout: float, training: bool, batch_sizes):
-    args = (_torch_rnn.flat_weights(GRU, params, layout), layout.bias, layout.num_layers, dropout, training, False)
+    args = (GRU.flat_weights(params, layout), layout.bias, layout.num_layers, dropout, training, False)
     if batch_sizes is None:
         out, h = torch._VF.gru(inputs, hx[0], *args, True)
     else:
@@ -38,7 +37,7 @@ def _aten_step(w: LayerWeights, x: torch.Tensor, carry: Carry) -> Carry:
     return (torch._VF.gru_cell(x, carry[0], w.weight_ih, w.weight_hh, w.bias_ih, w.bias_hh),)
 
 
-class GRUCell(Cell):
+class GRUCell(TorchRNNCell):
     """``torch.nn.GRU``: carry ``(h [N, H],)``, gates ``r, z, n``."""
 
     name = "gru"
@@ -50,12 +49,6 @@ class GRUCell(Cell):
     aten = AtenKernels(sequence=_aten_sequence, step=_aten_step)
     triton = TritonKernels(is_lstm=False)
     num_gates = 3
-
-    def read_layout(self, params: Mapping[str, torch.Tensor]) -> Layout:
-        return _torch_rnn.read_layout(self, params, num_gates=self.num_gates, projection=False)
-
-    def layer_weights(self, params: Mapping[str, torch.Tensor], layout: Layout, k: int) -> LayerWeights:
-        return _torch_rnn.layer_weights(params, layout, k, projection=False)
 
     def layer_step_saving(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> tuple[Carry, Saved]:
         """``gi [N, 3H]``, carry ``(h [N, H],)`` -> ``((h',), (r, z, n, h_n))``: the gates and the recurrent

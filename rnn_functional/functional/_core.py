@@ -20,7 +20,7 @@ from .. import backends
 from ..backends import Route, SegmentPlan, SequenceOptions, segments
 from ..cells import CELLS, Carry, Cell, Layout, apply_reset, final_at_last_step, keep_segment_ends, multi_layer_step
 from . import selection, slices
-from .options import call_context, check_options
+from .selection import call_context, check_options
 
 _COUNT = ("no", "one", "two", "three", "four", "five")
 
@@ -42,27 +42,20 @@ def read_layout(params: Mapping[str, torch.Tensor], cell: str) -> Layout:
 # ----------------------------------------------------------------------------- validation
 
 
-def _as_carry(cell: Cell, value, arg: str) -> Carry:
-    """The user's state (a tensor for a one-tensor state, else a tuple) as a carry tuple."""
-    names = cell.state_names
+def _carry_error(cell: Cell, value, arg: str) -> TypeError:
+    """The error for a state that is not ``cell``'s tuple of tensors (a tensor for a one-tensor state)."""
+    names, got = cell.state_names, type(value).__name__
     if len(names) == 1:
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(f"{arg}: expected a tensor {names[0]} for {cell.title}, got {type(value).__name__}.")
-        return (value,)
-    if not (isinstance(value, (tuple, list)) and len(value) == len(names) and all(isinstance(v, torch.Tensor) for v in value)):
-        got = type(value).__name__
-        if isinstance(value, (tuple, list)):
-            wrong = [f"{n} is {type(v).__name__}" for n, v in zip(names, value) if not isinstance(v, torch.Tensor)]
-            got += f" of length {len(value)}" + (f" whose {', '.join(wrong)}" if len(value) == len(names) else "")
-        raise TypeError(
-            f"{arg}: expected a tuple ({', '.join(names)}) of {_COUNT[len(names)]} tensors for {cell.title}, got {got}."
-            + (f" Pass {arg}=None for zeros in every entry." if arg == "state" else "")
-        )
-    return tuple(value)
+        return TypeError(f"{arg}: expected a tensor {names[0]} for {cell.title}, got {got}.")
+    if isinstance(value, (tuple, list)):
+        wrong = [f"{n} is {type(v).__name__}" for n, v in zip(names, value) if not isinstance(v, torch.Tensor)]
+        got += f" of length {len(value)}" + (f" whose {', '.join(wrong)}" if len(value) == len(names) else "")
+    return TypeError(f"{arg}: expected a tuple ({', '.join(names)}) of {_COUNT[len(names)]} tensors for {cell.title}, "
+                     f"got {got}." + (f" Pass {arg}=None for zeros in every entry." if arg == "state" else ""))
 
 
 def _from_carry(cell: Cell, carry: Carry):
-    """Inverse of :func:`_as_carry`."""
+    """The carry in the public format: a tensor for a one-tensor state, else a tuple."""
     return carry[0] if len(cell.state_names) == 1 else tuple(carry)
 
 
@@ -80,49 +73,14 @@ def autocast_dtype(layout: Layout) -> torch.dtype | None:
     return None if dtype == layout.dtype else dtype
 
 
-def check_dtype_device(t: torch.Tensor, arg: str, layout: Layout,
-                       fix: str = "Convert it with .to(dtype=..., device=...) or convert the params.") -> None:
-    """Raise unless ``t`` has the params' dtype (or the one the call runs in under ``torch.autocast``,
-    :func:`autocast_dtype`) and device (``arg`` names it, ``fix`` says what to do)."""
-    dtype, device = layout.dtype, layout.device
-    if (t.dtype != dtype and t.dtype != autocast_dtype(layout)) or t.device != device:
-        raise ValueError(f"{arg}: expected dtype {dtype} on {device} (the params'), got {t.dtype} on {t.device}. {fix}")
-
-
-def _check_state(t: torch.Tensor, arg: str, name: str, lead: tuple, size: int, layout: Layout, dims: str) -> None:
-    """Raise unless ``t`` (entry ``name`` of the ``arg`` state) is ``[*lead, size]`` (``dims``: ``lead``'s names) of
-    the params' dtype and device (the message is built only on error: a policy step checks its state every call)."""
-    if t.shape != lead + (size,):
-        raise ValueError(f"{arg} ({name}): expected shape {list(lead + (size,))} ([{dims}, {size}] for this "
-                         f"{layout.cell.title}), got {list(t.shape)}.")
-    check_dtype_device(t, f"{arg} ({name})", layout)
-
-
-def _check_mask(is_init, want: tuple, arg: str = "is_init") -> torch.Tensor:
+def _mask_error(is_init, want: tuple) -> Exception:
     if not isinstance(is_init, torch.Tensor):
-        raise TypeError(f"{arg}: expected a bool tensor of shape {list(want)}, got {type(is_init).__name__}.")
+        return TypeError(f"is_init: expected a bool tensor of shape {list(want)}, got {type(is_init).__name__}.")
     if is_init.dtype != torch.bool:
-        raise TypeError(
-            f"{arg}: expected dtype torch.bool, got {is_init.dtype}. Pass is_init.bool() "
-            f"(True where an episode starts)."
-        )
-    shape = tuple(is_init.shape)
-    if shape == tuple(want) + (1,):
-        return is_init.squeeze(-1)
-    if shape != tuple(want):
-        raise ValueError(f"{arg}: expected shape {list(want)} or {list(want) + [1]}, got {list(shape)}: one bool per "
-                         f"entry of x's leading dims (True where an episode starts).")
-    return is_init
-
-
-def _as_tensor_map(params, cell: Cell) -> dict[str, torch.Tensor]:
-    """``params`` (a TensorDict or a mapping) as a plain dict: cheap repeated key access."""
-    if not isinstance(params, Mapping) and not hasattr(params, "items"):
-        raise TypeError(
-            f"params must be a TensorDict (or a mapping) with {cell.params_doc}, got {type(params).__name__}. "
-            f"Build one with {cell.init_function}(...)."
-        )
-    return dict(params.items())
+        return TypeError(f"is_init: expected dtype torch.bool, got {is_init.dtype}. Pass is_init.bool() (True where an "
+                         f"episode starts).")
+    return ValueError(f"is_init: expected shape {list(want)} or {list(want) + [1]}, got {list(is_init.shape)}: one "
+                      f"bool per entry of x's leading dims (True where an episode starts).")
 
 
 @dataclass(slots=True)
@@ -139,11 +97,14 @@ class Canonical:
 
 
 def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: bool) -> Canonical:
-    """The call checked (every error names the argument, the expected and the actual) and flattened."""
-    params = _as_tensor_map(params, cell)
+    """The call checked (every error names the argument, the expected and the actual) and flattened: the one place
+    the functions check their inputs (the messages are built only on error: a policy step checks every call)."""
+    if not isinstance(params, Mapping) and not hasattr(params, "items"):
+        raise TypeError(f"params must be a TensorDict (or a mapping) with {cell.params_doc}, got "
+                        f"{type(params).__name__}. Build one with {cell.init_function}(...).")
+    params = dict(params.items())
     layout = cell.read_layout(params)
-    lead = 2 if sequence else 1
-    dims = "[*B, T, F]" if sequence else "[*B, F]"
+    lead, dims = (2, "[*B, T, F]") if sequence else (1, "[*B, F]")
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x: expected a tensor {dims}, got {type(x).__name__}.")
     if x.ndim < lead or x.shape[-1] != layout.input_size:
@@ -151,33 +112,48 @@ def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: 
             f"x: expected shape {dims} with F={layout.input_size} (the params' input size), "
             f"got {list(x.shape)}." + (" For a single step use the *_step function." if sequence and x.ndim == 1 else "")
         )
-    check_dtype_device(x, "x", layout, "Convert it with x.to(dtype=..., device=...) or convert the params.")
+    dtype, device = layout.dtype, layout.device
+    if (x.dtype != dtype and x.dtype != autocast_dtype(layout)) or x.device != device:
+        raise ValueError(f"x: expected dtype {dtype} on {device} (the params'), got {x.dtype} on {x.device}. Convert it "
+                         f"with x.to(dtype=..., device=...) or convert the params.")
     batch_shape = tuple(x.shape[:-lead])
     time = tuple(x.shape[-2:-1]) if sequence else ()
-    L = layout.num_layers
-    names, sizes = cell.state_names, layout.state_sizes
-
-    carry = None
-    if state is not None:
-        carry = _as_carry(cell, state, "state")
-        for nm, t, s in zip(names, carry, sizes):
-            _check_state(t, "state", nm, batch_shape + (L,), s, layout, "*B, L")
-
-    mask = None if is_init is None else _check_mask(is_init, batch_shape + time)
-
-    reset = None
-    if reset_state is not None:
+    if reset_state is not None and (not sequence or is_init is None):
         if not sequence:
             raise TypeError("reset_state is only accepted by the sequence functions.")
-        if is_init is None:
-            raise ValueError(
-                "reset_state was given without is_init: it is only read where is_init is True. "
-                "Pass is_init too, or drop reset_state."
-            )
-        reset = _as_carry(cell, reset_state, "reset_state")
-        for nm, t, s in zip(names, reset, sizes):
-            _check_state(t, "reset_state", nm, batch_shape + time + (L,), s, layout, "*B, T, L")
-    return flatten(layout, params, x, carry, mask, reset, sequence)
+        raise ValueError("reset_state was given without is_init: it is only read where is_init is True. Pass is_init "
+                         "too, or drop reset_state.")
+    names, n = cell.state_names, len(cell.state_names)
+    carries = []
+    for arg, value, shape, where in (("state", state, batch_shape, "*B, L"), ("reset_state", reset_state,
+                                                                           batch_shape + time, "*B, T, L")):
+        if value is None:
+            carries.append(None)
+            continue
+        carry = (value,) if n == 1 and isinstance(value, torch.Tensor) else \
+            tuple(value) if n > 1 and isinstance(value, (tuple, list)) and len(value) == n else ()
+        if len(carry) != n:
+            raise _carry_error(cell, value, arg)
+        for name, t, size in zip(names, carry, layout.state_sizes):
+            if not isinstance(t, torch.Tensor):
+                raise _carry_error(cell, value, arg)
+            want = shape + (layout.num_layers, size)
+            if t.shape != want:
+                raise ValueError(f"{arg} ({name}): expected shape {list(want)} ([{where}, {size}] for this "
+                                 f"{layout.cell.title}), got {list(t.shape)}.")
+            if (t.dtype != dtype and t.dtype != autocast_dtype(layout)) or t.device != device:
+                raise ValueError(f"{arg} ({name}): expected dtype {dtype} on {device} (the params'), got {t.dtype} on "
+                                 f"{t.device}. Convert it with .to(dtype=..., device=...) or convert the params.")
+        carries.append(carry)
+    if is_init is not None:
+        want = batch_shape + time
+        if not isinstance(is_init, torch.Tensor) or is_init.dtype != torch.bool:
+            raise _mask_error(is_init, want)
+        if is_init.shape != want:
+            if is_init.shape != want + (1,):
+                raise _mask_error(is_init, want)
+            is_init = is_init.squeeze(-1)
+    return flatten(layout, params, x, carries[0], is_init, carries[1], sequence)
 
 
 def flatten(layout: Layout, params: dict[str, torch.Tensor], x: torch.Tensor, carry: Carry | None,
@@ -200,18 +176,19 @@ def flatten(layout: Layout, params: dict[str, torch.Tensor], x: torch.Tensor, ca
         layout, params, x, carry, reset = in_autocast_dtype(layout, params, x, carry, reset)
     lead = 2 if sequence else 1
     batch_shape = tuple(x.shape[:-lead])
-    if len(batch_shape) == 1 and carry is not None and (is_init is None or is_init.ndim == lead):
-        return Canonical(layout, params, batch_shape, x, tuple(carry), is_init, reset)  # flat already: a policy step
+    if len(batch_shape) == 1 and carry is not None:  # flat already: a policy step
+        if is_init is not None and is_init.ndim > lead:  # the modules' [*B(, T), 1]
+            is_init = is_init.squeeze(-1)
+        return Canonical(layout, params, batch_shape, x, tuple(carry), is_init, reset)
     n = math.prod(batch_shape)
     time = tuple(x.shape[-2:-1]) if sequence else ()
-    flat = [_flat(x, (n, *x.shape[len(batch_shape):])), None if is_init is None else _flat(is_init, (n, *time))]
-    for states, lead_shape in ((carry, (n,)), (reset, (n, *time))):
-        if states is not None:
-            states = tuple([_flat(t, (*lead_shape, layout.num_layers, t.shape[-1])) for t in states])
-        flat.append(states)
-    if carry is None:
-        flat[2] = tuple([x.new_zeros((n, layout.num_layers, size)) for size in layout.state_sizes])
-    return Canonical(layout, params, batch_shape, flat[0], flat[2], flat[1], flat[3])
+    x = _flat(x, (n, *x.shape[len(batch_shape):]))
+    is_init = None if is_init is None else _flat(is_init, (n, *time))
+    L = layout.num_layers
+    carry = tuple(x.new_zeros((n, L, size)) for size in layout.state_sizes) if carry is None else \
+        tuple(_flat(t, (n, L, t.shape[-1])) for t in carry)
+    reset = None if reset is None else tuple(_flat(t, (n, *time, L, t.shape[-1])) for t in reset)
+    return Canonical(layout, params, batch_shape, x, carry, is_init, reset)
 
 
 def in_autocast_dtype(layout: Layout, params: Mapping[str, torch.Tensor], x: torch.Tensor, carry: Carry | None,
@@ -272,21 +249,20 @@ def run_step(cell: Cell, x, state, params, is_init, backend: str, dropout: float
     ``is_init`` against these params' layout, as the modules do), reset to zeros where ``is_init``, run one step over
     all layers (with inter-layer dropout where ``training``, the ``reference`` step: no fused cell applies it)."""
     if layout is None:
-        if backend not in selection.STEP_BACKENDS:  # the unknown-name error first; resolve_step rejects 'scan'
-            check_options(backend=backend)
-        check_options(dropout=dropout)
+        if backend not in selection.STEP_BACKENDS or dropout:  # the unknown-name error first; resolve_step rejects 'scan'
+            check_options(backend=backend, dropout=dropout)
         c = _canonicalize(cell, x, state, params, is_init, None, sequence=False)
     else:
         carry = None if state is None else (state,) if isinstance(state, torch.Tensor) else tuple(state)
         c = flatten(layout, params if isinstance(params, dict) else dict(params), x, carry, is_init, None, False)
-    if c.x.shape[0] == 0:
+    x = c.x if cell.prepare_input is None else cell.prepare_input(c.params, c.x)
+    if x.shape[0] == 0:
         y, carry, _ = _empty_call(c, ())
     elif training and dropout > 0 and c.layout.num_layers > 1:
-        carry = apply_reset(c.carry, c.is_init, None)
-        y, carry = multi_layer_step(c.layout, c.params, cell.prepare_input(c.params, c.x), carry, dropout, True)
+        y, carry = multi_layer_step(c.layout, c.params, x, apply_reset(c.carry, c.is_init, None), dropout, True)
     else:
-        step = selection.resolve_step(backend, c.layout, c.x, call_context())
-        y, carry = step(c.layout, c.params, cell.prepare_input(c.params, c.x), apply_reset(c.carry, c.is_init, None))
+        step = selection.resolve_step(backend, c.layout, x, call_context())
+        y, carry = step(c.layout, c.params, x, apply_reset(c.carry, c.is_init, None))
     if len(c.batch_shape) != 1:
         y, *carry = restore(c.batch_shape, (y, *carry))
     return y, (carry[0] if len(carry) == 1 else tuple(carry))
@@ -344,7 +320,8 @@ def execute(c: Canonical, backend: str, opts: SequenceOptions, slice_len: int | 
     records_grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (c.x, *c.carry, *(c.reset or ()), *c.params.values())
     )
-    call = (c.layout.cell.prepare_input(c.params, c.x), c.carry, c.is_init, c.reset)
+    cell = c.layout.cell
+    call = (c.x if cell.prepare_input is None else cell.prepare_input(c.params, c.x), c.carry, c.is_init, c.reset)
     reshaped = slice_len is not None and num_slices is None and not empty
     if reshaped:  # whole slices side by side: [N * T / slice_len, slice_len]
         call = slices.split(slice_len, *call)

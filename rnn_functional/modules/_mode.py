@@ -92,21 +92,22 @@ def _watch(trl) -> None:
     _STATE._mirror.traced["torchrl"] = _torchrl_context(trl)
 
 
-def recurrent_mode() -> bool | None:
-    """The recurrent mode set by the innermost active context (ours or, when loaded, TorchRL's), or ``None`` outside
-    any. Under ``torch.compile`` our flag is read first, then the calling thread's mirror of TorchRL's."""
+def recurrent_mode(default: bool | None = None) -> bool | None:
+    """The recurrent mode set by the innermost active context (ours or, when loaded, TorchRL's), or ``default``
+    outside any (a module passes its ``default_recurrent_mode``). Under ``torch.compile`` our flag is read first, then
+    the calling thread's mirror of TorchRL's."""
     if torch.compiler.is_compiling():
         _torchrl_loaded()  # a constant of the graph: starts mirroring TorchRL's flag when it is newly loaded
         traced = _STATE._mirror.traced
-        return traced["torchrl"] if traced["mode"] is None else traced["mode"]
-    trl = sys.modules.get(_TORCHRL_RNN)
-    if trl is not _torchrl_module:
-        _torchrl_loaded()
-    if trl is not None:
-        mode = trl.recurrent_mode()
-        if mode is not None or _MIRRORED.get():
-            return mode
-    return _STATE._var.get()
+        mode = traced["torchrl"] if traced["mode"] is None else traced["mode"]
+    else:
+        trl = sys.modules.get(_TORCHRL_RNN)
+        if trl is not _torchrl_module:
+            _torchrl_loaded()
+        mode = None if trl is None else trl.recurrent_mode()
+        if mode is None and (trl is None or not _MIRRORED.get()):
+            mode = _STATE._var.get()
+    return default if mode is None else mode
 
 
 class set_recurrent_mode(_DecoratorContextManager):

@@ -97,8 +97,7 @@ class _MultiAgentRNN(TensorDictModuleBase):
     def recurrent_mode(self) -> bool:
         """True when the module processes ``[*B, T]`` sequences: ``set_recurrent_mode`` (ours or TorchRL's), else
         ``default_recurrent_mode``."""
-        mode = _context_mode()
-        return bool(self._recurrent_mode) if mode is None else mode
+        return _context_mode(bool(self._recurrent_mode))
 
     def agent_params(self, i: int) -> TensorDict:
         """Agent ``i``'s weights with ``nn.GRU``/``nn.LSTM`` state-dict names, as the functional API takes them

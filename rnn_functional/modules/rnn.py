@@ -51,7 +51,7 @@ from ..cells.lstm import LSTM
 from ..ensemble import ensemble_init_gru_params, ensemble_init_lstm_params
 from ..functional import gru_sequence, gru_step, lstm_sequence, lstm_step
 from ..functional._core import autocast_dtype
-from ..functional.options import call_context, check_options
+from ..functional.selection import call_context, check_options
 from ..functional.slices import check_pair, check_value
 from ._mode import _TORCHRL_RNN
 from ._options import checked_option, options_state
@@ -433,7 +433,7 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
     def _forward(self, td: TensorDictBase, params, layout: Layout | None) -> TensorDictBase:
         """``layout``: the own weights' layout (``None`` for other params). Passed in, not found by ``params is
         self._weights``: Dynamo cannot trace ``is`` between two dicts."""
-        cell, recurrent, owner = self._cell, self.recurrent_mode, type(self).__name__
+        cell, recurrent, owner = self._cell, _context_mode(bool(self._recurrent_mode)), type(self).__name__
         # tensordict's private key lists: each public property read adds guards that a compiled call re-checks
         in_keys, out_keys = self._in_keys, self._out_keys_apparent
         n = len(cell.state_names)
@@ -506,8 +506,7 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
     @property
     def recurrent_mode(self) -> bool:
         """True when the module processes ``[*B, T]`` sequences, False for single steps."""
-        mode = _context_mode()
-        return bool(self._recurrent_mode) if mode is None else mode
+        return _context_mode(bool(self._recurrent_mode))
 
     @recurrent_mode.setter
     def recurrent_mode(self, value) -> None:
