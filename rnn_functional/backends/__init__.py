@@ -14,7 +14,7 @@ from ..cells import Cell
 from . import pad, parallel, reference, scan, segments
 from . import triton as triton_backend
 from .base import BACKENDS, RECOMPUTE_MODES, SequenceOptions, backends_for
-from .route import LAYOUTS_OF, SEGMENT_LAYOUTS, Route, sequence_of
+from .route import LAYOUTS_OF, SEGMENT_LAYOUTS, Route
 from .segments import Result, SegmentPlan
 
 __all__ = [
@@ -33,7 +33,6 @@ __all__ = [
     "reference",
     "scan",
     "segments",
-    "sequence_of",
     "triton_backend",
 ]
 

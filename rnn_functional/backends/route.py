@@ -22,13 +22,9 @@ LAYOUTS_OF = {"reference": ("rows", "aligned"), "scan": ("rows", "aligned"), "pa
               "triton": ("rows",), "parallel": ("rows",)}  # the layouts each backend runs a call with interior resets in
 
 
-def sequence_of(backend: str, opts: SequenceOptions):
-    """The canonical ``sequence`` of ``backend`` for ``opts`` (``reference`` and ``parallel`` checkpointed for
-    ``recompute="full"``; ``scan`` and ``triton`` serve it themselves)."""
-    if backend in ("reference", "parallel"):
-        impl = reference.sequence if backend == "reference" else parallel.sequence
-        return checkpointed(impl) if opts.recompute == "full" else impl
-    return {"scan": scan.sequence, "pad": pad.sequence, "triton": triton_backend.sequence}[backend]
+_SEQUENCES = {"reference": reference.sequence, "parallel": parallel.sequence, "scan": scan.sequence, "pad": pad.sequence,
+              "triton": triton_backend.sequence}
+_CHECKPOINTED = ("reference", "parallel")  # recompute="full" by activation checkpointing; scan and triton serve it
 
 
 @dataclass(frozen=True)
@@ -41,11 +37,13 @@ class Route:
 
     def run(self, layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions) -> Result:
         """The call ``(x [N, T, F], carry, is_init, reset)`` of :mod:`.base` run this way."""
+        impl = _SEQUENCES[self.backend]
+        if opts.recompute == "full" and self.backend in _CHECKPOINTED:
+            impl = checkpointed(impl)
         if self.segments == "rows":
-            return Result(*sequence_of(self.backend, opts)(layout, params, x, carry, is_init, reset, opts))
+            return Result(*impl(layout, params, x, carry, is_init, reset, opts))
         if self.segments == "aligned":
-            return segments.aligned(sequence_of(self.backend, opts), self.plan, layout, params, x, carry, is_init,
-                                    reset, opts)
+            return segments.aligned(impl, self.plan, layout, params, x, carry, is_init, reset, opts)
         if self.segments == "packed":
             return segments.packed(self.plan, layout, params, x, carry, is_init, reset, opts)
         if self.segments == "buckets":

@@ -241,8 +241,9 @@ def segment_ends(is_init: torch.Tensor) -> torch.Tensor:
 def keep_segment_ends(states: Carry, is_init: torch.Tensor) -> Carry:
     """Per-step carries ``[N, T, L, S]`` zeroed except at segment ends (TorchRL's ``("next", hidden)``);
     ``is_init [N, T]``. A call without ``is_init`` has one segment per row: :func:`final_at_last_step`."""
-    ends = broadcast_mask(segment_ends(is_init), states[0])  # every carry has the same ndim
-    return tuple(torch.where(ends, s, 0.0) for s in states)
+    ends = segment_ends(is_init)
+    ends = ends.view(*ends.shape, *(1,) * (states[0].ndim - ends.ndim))  # every carry has the same ndim
+    return tuple([torch.where(ends, s, 0.0) for s in states])
 
 
 def final_at_last_step(final: Carry, t_len: int) -> Carry:
@@ -278,11 +279,10 @@ def multi_layer_step(
     for k in range(layout.num_layers):
         w = cell.layer_weights(params, layout, k)
         gi = F.linear(inp, w.weight_ih, w.bias_ih)
-        layer_carry = cell.layer_step(gi, tuple(s[:, k] for s in carry), w)
+        layer_carry = cell.layer_step_saving(gi, tuple([s[:, k] for s in carry]), w)[0]
         new_layers.append(layer_carry)
-        inp = between_layers(layer_carry[0], k, layout, dropout, training)
-    new_carry = tuple(torch.stack(parts, dim=1) for parts in zip(*new_layers))
-    return inp, new_carry
+        inp = between_layers(layer_carry[0], k, layout, dropout, training) if dropout else layer_carry[0]
+    return inp, tuple([torch.stack(parts, dim=1) for parts in zip(*new_layers)])
 
 
 def uniform_(shape: tuple[int, ...], bound: float, dtype, device, generator) -> torch.Tensor:

@@ -54,11 +54,6 @@ def _carry_error(cell: Cell, value, arg: str) -> TypeError:
                      f"got {got}." + (f" Pass {arg}=None for zeros in every entry." if arg == "state" else ""))
 
 
-def _from_carry(cell: Cell, carry: Carry):
-    """The carry in the public format: a tensor for a one-tensor state, else a tuple."""
-    return carry[0] if len(cell.state_names) == 1 else tuple(carry)
-
-
 def autocast_dtype(layout: Layout) -> torch.dtype | None:
     """The dtype a call runs in under an active ``torch.autocast`` of its device: autocast's, for the cells
     ``torch.nn`` has (LSTM, GRU) with params autocast casts (floating, not fp64), one rule for both cells and every
@@ -289,69 +284,6 @@ def _read_mask(is_init: torch.Tensor, host: np.ndarray | None = None) -> tuple[n
     return host, segments.plan(host, is_init.device) if host.shape[1] > 1 and host[:, 1:].any() else None
 
 
-@dataclass
-class SequenceOut:
-    """A sequence call's results in the flattened batch ``[N, ...]``: ``y [N, T, P]``, the ``final`` carry and,
-    when asked for, the ``segment`` states (zeros but at every segment's last step)."""
-
-    y: torch.Tensor
-    final: Carry
-    segment: Carry | None
-
-
-def execute(c: Canonical, backend: str, opts: SequenceOptions, slice_len: int | None = None,
-            num_slices: int | None = None, segment_layout: str = "auto") -> SequenceOut:
-    """Run a checked, flattened call (options checked too): pick the route once, run it.
-
-    ``slice_len`` / ``num_slices``: the static layout hint of :mod:`.slices`. Eager ``pad`` and ``auto`` (but not
-    where ``auto`` runs ``triton`` or ``parallel``), and a forced ``segment_layout``, read ``is_init`` on the host
-    once (:func:`.selection.reads_segments`): a call whose resets all lie at ``t = 0`` runs reset-free, one with
-    interior resets gets its :func:`~rnn_functional.backends.segments.plan`. ``reference``, ``scan``, ``triton`` and
-    ``parallel`` apply every reset on the device and read nothing.
-    """
-    n, t_len = c.x.shape[:2]
-    ctx = call_context()
-    host = None  # is_init read on the host: once per call, for the hint's check and the segment plan alike
-    if slice_len is not None or num_slices is not None:
-        if c.is_init is not None and c.is_init.numel() and not ctx.traced:
-            host = c.is_init.numpy(force=True)
-        slices.check_hint(slice_len, num_slices, t_len, c.is_init, ctx.compiling, host)
-    empty = n == 0 or t_len == 0
-    records_grad = torch.is_grad_enabled() and any(
-        t.requires_grad for t in (c.x, *c.carry, *(c.reset or ()), *c.params.values())
-    )
-    cell = c.layout.cell
-    call = (c.x if cell.prepare_input is None else cell.prepare_input(c.params, c.x), c.carry, c.is_init, c.reset)
-    reshaped = slice_len is not None and num_slices is None and not empty
-    if reshaped:  # whole slices side by side: [N * T / slice_len, slice_len]
-        call = slices.split(slice_len, *call)
-        host = None if host is None else host.reshape(call[2].shape)
-    plan = None
-    if num_slices is not None and ctx.compiling and not empty:  # the segments in a [num_slices, slice_len] block
-        plan = segments.static_plan(c.is_init, slice_len, num_slices)
-    elif call[2] is not None and not (empty or ctx.traced) and selection.reads_segments(
-            backend, c.layout, call[0], opts, ctx, segment_layout):
-        host, plan = _read_mask(call[2], host)
-        if plan is None:
-            call = _first_step_resets(*call, host)
-    route = selection.choose(backend, c.layout, call[0], opts, plan, records_grad, ctx, segment_layout)
-    if empty:  # no step runs (the route was still chosen: a backend that cannot serve the call says so)
-        y, final, seg = _empty_call(c, (t_len,))
-        return SequenceOut(y, final, seg if opts.segment_states else None)
-    result = route.run(c.layout, c.params, *call, opts if call[2] is not None else opts.without_segment_states())
-    y, final, seg = result.y, result.final, None
-    if opts.segment_states:
-        if call[2] is None:  # no interior reset: the segment states are the final carry at the last step
-            seg = final_at_last_step(final, call[0].shape[1])
-        else:
-            seg = result.per_step if result.segment_ends else keep_segment_ends(result.per_step, call[2])
-    if reshaped:
-        y, final, seg, _ = segments.merge_slices(n, t_len, y, final, seg)
-    if records_grad:  # the final carry can be the last step's own, read by y and seg: a node of its own, as nn's h_n,
-        final = tuple(f.view_as(f) for f in final)  # so that a hook or retain_grad on it sees its own uses only
-    return SequenceOut(y, final, seg)
-
-
 def sequence_route(cell: str, x: torch.Tensor, params: Mapping[str, torch.Tensor], *, is_init: torch.Tensor | None = None,
                    backend: str = "auto", recompute: str = "none", records_grad: bool = True,
                    segment_layout: str = "auto") -> Route:
@@ -375,22 +307,79 @@ def run_sequence(cell: Cell, x, state, params, is_init, reset_state, backend: st
                  slice_len: int | None = None, num_slices: int | None = None, segment_layout: str = "auto",
                  layout: Layout | None = None):
     """The public sequence functions: check the options and the call once (unless ``layout``: the caller checked
-    the options and the call against these params' layout, as the modules do), :func:`execute` it. Returns
-    ``(y, state_T)`` or, with ``opts.segment_states``, ``(y, state_T, segment states)`` in the public format."""
+    the options and the call against these params' layout, as the modules do), pick the route once, run it. Returns
+    ``(y, state_T)`` or, with ``opts.segment_states``, ``(y, state_T, segment states)`` in the public format.
+
+    ``slice_len`` / ``num_slices``: the static layout hint of :mod:`.slices`. Eager ``pad`` and ``auto`` (but not
+    where ``auto`` runs ``triton`` or ``parallel``), and a forced ``segment_layout``, read ``is_init`` on the host
+    once (:func:`.selection.reads_segments`): a call whose resets all lie at ``t = 0`` runs reset-free, one with
+    interior resets gets its :func:`~rnn_functional.backends.segments.plan`. ``reference``, ``scan``, ``triton`` and
+    ``parallel`` apply every reset on the device and read nothing.
+    """
     if layout is None:
         check_options(backend=backend, recompute=opts.recompute, dropout=opts.dropout,
                       matmul_precision=opts.matmul_precision, compute_dtype=opts.compute_dtype,
                       segment_layout=segment_layout)
         c = _canonicalize(cell, x, state, params, is_init, reset_state, sequence=True)
     else:
-        carry, reset = ((None if t is None else (t,) if isinstance(t, torch.Tensor) else tuple(t))
-                        for t in (state, reset_state))
+        carry = None if state is None else (state,) if isinstance(state, torch.Tensor) else tuple(state)
+        reset = None if reset_state is None else (reset_state,) if isinstance(reset_state, torch.Tensor) else \
+            tuple(reset_state)
         c = flatten(layout, params if isinstance(params, dict) else dict(params), x, carry, is_init, reset)
-    out = execute(c, backend, opts, slice_len, num_slices, segment_layout)
-    y, *final = restore(c.batch_shape, (out.y, *out.final))
+    n, t_len = c.x.shape[:2]
+    ctx = call_context()
+    host = None  # is_init read on the host: once per call, for the hint's check and the segment plan alike
+    if slice_len is not None or num_slices is not None:
+        if c.is_init is not None and c.is_init.numel() and not ctx.traced:
+            host = c.is_init.numpy(force=True)
+        slices.check_hint(slice_len, num_slices, t_len, c.is_init, ctx.compiling, host)
+    empty = n == 0 or t_len == 0
+    records_grad = False
+    if torch.is_grad_enabled():
+        for t in (c.x, *c.carry, *(c.reset or ()), *c.params.values()):
+            if t.requires_grad:
+                records_grad = True
+                break
+    call = (c.x if cell.prepare_input is None else cell.prepare_input(c.params, c.x), c.carry, c.is_init, c.reset)
+    reshaped = slice_len is not None and num_slices is None and not empty
+    if reshaped:  # whole slices side by side: [N * T / slice_len, slice_len]
+        call = slices.split(slice_len, *call)
+        host = None if host is None else host.reshape(call[2].shape)
+    plan = None
+    if num_slices is not None and ctx.compiling and not empty:  # the segments in a [num_slices, slice_len] block
+        plan = segments.static_plan(c.is_init, slice_len, num_slices)
+    elif call[2] is not None and not (empty or ctx.traced) and selection.reads_segments(
+            backend, c.layout, call[0], opts, ctx, segment_layout):
+        host, plan = _read_mask(call[2], host)
+        if plan is None:
+            call = _first_step_resets(*call, host)
+    static = plan is not None and plan.static
+    route = selection.choose(backend, c.layout, call[0], opts, None if static else plan, records_grad, ctx,
+                             segment_layout)
+    if static and route.backend != "parallel":  # parallel serves any segment layout as it is
+        route = Route(route.backend, "aligned", plan)  # the segments right-aligned in their block
+    if empty:  # no step runs (the route was still chosen: a backend that cannot serve the call says so)
+        y, final, seg = _empty_call(c, (t_len,))
+    else:
+        y, final, per_step, ends = route.run(c.layout, c.params, *call,
+                                            opts if call[2] is not None else opts.without_segment_states())
+        seg = None
+        if opts.segment_states:
+            if call[2] is None:  # no interior reset: the segment states are the final carry at the last step
+                seg = final_at_last_step(final, call[0].shape[1])
+            else:
+                seg = per_step if ends else keep_segment_ends(per_step, call[2])
+        if reshaped:
+            y, final, seg, _ = segments.merge_slices(n, t_len, y, final, seg)
+        if records_grad:  # the final carry can be the last step's own, read by y and seg: a node of its own, as nn's
+            final = tuple(map(torch.Tensor.view_as, final, final))  # h_n, so a hook on it sees its own uses only
+    if len(c.batch_shape) != 1:
+        y, *final = restore(c.batch_shape, (y, *final))
+        seg = None if seg is None else restore(c.batch_shape, seg)
+    final = final[0] if len(final) == 1 else tuple(final)
     if not opts.segment_states:
-        return y, _from_carry(cell, tuple(final))
-    return y, _from_carry(cell, tuple(final)), _from_carry(cell, restore(c.batch_shape, out.segment))
+        return y, final
+    return y, final, seg[0] if len(seg) == 1 else tuple(seg)
 
 
 # ----------------------------------------------------------------------------- public functions

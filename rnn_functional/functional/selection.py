@@ -248,17 +248,6 @@ def _compiled() -> Route:
 
 def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, plan: SegmentPlan | None,
            records_grad: bool, ctx: CallContext, segment_layout: str = "auto") -> Route:
-    """The route serving backend ``name`` for this call (options already checked): :func:`_choose`'s, over the
-    segments of a static ``plan`` (compiled, with ``num_slices``) right-aligned in its ``[num_slices, slice_len]``
-    block (``parallel`` serves any segment layout as it is)."""
-    if plan is None or not plan.static:
-        return _choose(name, layout, x, opts, plan, records_grad, ctx, segment_layout)
-    route = _choose(name, layout, x, opts, None, records_grad, ctx, segment_layout)
-    return route if route.backend == "parallel" else Route(route.backend, "aligned", plan)
-
-
-def _choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, plan: SegmentPlan | None,
-            records_grad: bool, ctx: CallContext, segment_layout: str = "auto") -> Route:
     """The route serving backend ``name`` for this call.
 
     ``plan``: the call's segments where the caller read ``is_init`` on the host and found interior
@@ -314,7 +303,7 @@ def _choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, p
             "on saved-tensor hooks, which torch.func.grad/vjp refuse. Use backend 'scan' (or 'auto'), which "
             "recomputes inside its own backward, or recompute='none', or run under torch.compile."
         )
-    return _route(name, layout, plan, records_grad, segment_layout, x.is_cuda)
+    return Route(name) if plan is None else _route(name, layout, plan, records_grad, segment_layout, x.is_cuda)
 
 
 def resolve_step(name: str, layout: Layout, x: torch.Tensor, ctx: CallContext):

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..backends import SequenceOptions
 from ..cells.block_gru import init_weight_
-from ..functional._core import execute, flatten, run_step
+from ..functional._core import run_sequence, run_step
 from ..functional.block_gru import configured_cell
 from ._options import checked_option, options_state
 
@@ -203,8 +203,8 @@ class DreamerV3BlockGRU(nn.Module):
                 )
         dtype = input.dtype if hidden is None else torch.promote_types(input.dtype, hidden.dtype)
         params = cell.params(dtype)
-        layout = cell.functional_cell().read_layout(params)
-        first = None if hidden is None else (hidden.to(dtype).unsqueeze(1),)
-        c = flatten(layout, params, input.to(dtype), first, is_init, None)
-        out = execute(c, self.recurrent_backend, SequenceOptions())
-        return out.y, out.final[0].squeeze(1)
+        core = cell.functional_cell()
+        first = None if hidden is None else hidden.to(dtype).unsqueeze(1)
+        y, h = run_sequence(core, input.to(dtype), first, params, is_init, None, self.recurrent_backend,
+                            SequenceOptions(), layout=core.read_layout(params))
+        return y, h.squeeze(1)

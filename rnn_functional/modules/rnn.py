@@ -485,13 +485,20 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
         dropout = float(self._live.attrs["dropout"]) if self.training else 0.0  # the child's, now (as TorchRL)
         if recurrent:
             # the states at t = 0 (none for an empty time dim: empty outputs, as the functional sequence returns)
-            first = None if states is None or states[0].shape[-3] == 0 else tuple(s.select(-3, 0) for s in states)
+            first = None
+            if states is not None and states[0].shape[-3]:
+                first = states[0].select(-3, 0) if n == 1 else (states[0].select(-3, 0), states[1].select(-3, 0))
+            backend = self._recurrent_backend  # the options' private fields: each property read is a call
+            if self.python_based and backend in ("pad", "auto"):
+                # TorchRL's Python loop instead of the torch.nn kernels: eager pad/auto run reference; compiled and
+                # vmapped calls keep the configured backend, which runs there
+                context = call_context()
+                backend = backend if context.compiling or context.vmapped else "reference"
             y, _, out = cell.sequence(
-                x, first, params, is_init=is_init, reset_state=states, backend=self._sequence_backend(),
-                dropout=dropout, training=self.training, recompute=self.recurrent_recompute,
-                compute_dtype=self.recurrent_compute_dtype, matmul_precision=self.recurrent_matmul_precision,
-                return_segment_states=True, slice_len=self.recurrent_slice_len, num_slices=self.recurrent_num_slices,
-                layout=layout)
+                x, first, params, is_init=is_init, reset_state=states, backend=backend, dropout=dropout,
+                training=self.training, recompute=self._recurrent_recompute, compute_dtype=self._recurrent_compute_dtype,
+                matmul_precision=self._recurrent_matmul_precision, return_segment_states=True,
+                slice_len=self.recurrent_slice_len, num_slices=self.recurrent_num_slices, layout=layout)
         else:
             y, out = cell.step(x, states, params, is_init=is_init, dropout=dropout, training=self.training,
                                layout=layout)
@@ -523,16 +530,6 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
             f"{self._cell.module_name}.set_recurrent_mode() does not exist (TorchRL removed it in v0.8). Use the "
             f"set_recurrent_mode context manager (rnn_functional.set_recurrent_mode or "
             f"torchrl.modules.set_recurrent_mode) or the default_recurrent_mode constructor argument.")
-
-    def _sequence_backend(self) -> str:
-        """``python_based`` (TorchRL: a Python loop instead of the torch.nn kernels) runs the eager ``pad``/``auto``
-        path on ``reference``; compiled and vmapped calls keep the configured backend, which runs there."""
-        name = self.recurrent_backend
-        if self.python_based and name in ("pad", "auto"):
-            context = call_context()
-            if not (context.compiling or context.vmapped):
-                return "reference"
-        return name
 
     def make_python_based(self):
         """Run the eager ``pad``/``auto`` recurrent path with the ``reference`` loop; when TorchRL is loaded the
