@@ -37,8 +37,11 @@ def _route(backend: str, layout: Layout, plan: SegmentPlan | None, records_grad:
             fused = layout.cell.aten.fused_on_cpu and not cuda
             forced = "buckets" if records_grad and layout.num_layers == 1 and fused else "packed"
     why = {"buckets": f"it serves one layer (these params have {layout.num_layers})",
-           "slices": "this batch is not whole slices of one length from t = 0 (SliceSampler(strict_length=True))"}
-    serves = {"buckets": layout.num_layers == 1, "slices": plan.slice_len is not None}
+           "slices": "this batch is not whole slices of one length from t = 0 (SliceSampler(strict_length=True))",
+           "aligned": f"the {layout.cell.title} reads where segments start, and right-aligned, a segment that "
+                      f"continues the incoming state would start with a reset"}
+    serves = {"buckets": layout.num_layers == 1, "slices": plan.slice_len is not None,
+              "aligned": not layout.cell.reads_starts}
     if forced not in LAYOUTS_OF[backend] or not serves.get(forced, True):
         layouts = [name for name in LAYOUTS_OF[backend] if serves.get(name, True)]
         raise ValueError(f"segment_layout={forced!r} cannot serve this call on backend {backend!r}: "
@@ -125,11 +128,12 @@ def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, pl
            records_grad: bool, ctx: CallContext, segment_layout: str = "auto") -> Route:
     """The route serving backend ``name`` for this call (options already checked): :func:`_choose`'s, over the
     segments of a static ``plan`` (compiled, with ``num_slices``) right-aligned in its ``[num_slices, slice_len]``
-    block (``parallel`` serves any segment layout as it is)."""
+    block (``parallel`` serves any segment layout as it is; a cell that reads where segments start runs the rows as
+    they are: right-aligned, a segment continuing the incoming state would start with a reset)."""
     if plan is None or not plan.static:
         return _choose(name, layout, x, opts, plan, records_grad, ctx, segment_layout)
     route = _choose(name, layout, x, opts, None, records_grad, ctx, segment_layout)
-    return route if route.backend == "parallel" else Route(route.backend, "aligned", plan)
+    return route if route.backend == "parallel" or layout.cell.reads_starts else Route(route.backend, "aligned", plan)
 
 
 def _choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, plan: SegmentPlan | None,
