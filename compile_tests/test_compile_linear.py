@@ -128,3 +128,22 @@ def test_non_finite_values_do_not_cross_a_reset_compiled(cell: str) -> None:
     want = _with_grads(fn, leaves, x, params, reset, "reference")
     torch.testing.assert_close(got, want, equal_nan=True)
     assert torch.isfinite(got[1][0][0, :5]).all() and torch.isfinite(got[0][1][0, 9:]).all()
+
+
+def test_recurrentgemma_segment_starts_compile_whole_on_scan() -> None:
+    """``segment_start="recurrentgemma"`` under the default ``torch.compile`` (Inductor) with ``fullgraph=True`` on
+    ``scan``: one graph, no break, forward and backward (the hand-written reverse scan reading the start mask) equal
+    eager ``reference`` with the option in fp64 at ``assert_close`` defaults; resets at t = 0 and inside. One layer:
+    an Inductor compile of the scan takes long."""
+    params, x, h0, is_init, reset, weights = _case("rglru", layers=1)
+
+    def fn(x, h0, params, is_init, reset, backend):
+        y, h = rf.rglru_sequence(x, h0, params, is_init=is_init, reset_state=reset, backend=backend,
+                                 segment_start="recurrentgemma")
+        return (y * weights).sum() + h.pow(2).sum(), y, h
+
+    leaves = [x, h0, reset, *params.values()]
+    with compile_stats() as stats:
+        got = _with_grads(torch.compile(fn, fullgraph=True), leaves, x, h0, params, is_init, reset, "scan")
+    assert stats.breaks == 0 and stats.graphs == 1, stats
+    torch.testing.assert_close(got, _with_grads(fn, leaves, x, h0, params, is_init, reset, "reference"))

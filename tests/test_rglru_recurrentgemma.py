@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from tensordict import TensorDict
 
 import rnn_functional as rf
+from rnn_functional.cells.rglru import RGLRU
 
 WIDTH, HEADS, B, T = 8, 2, 3, 7
 BACKENDS = [("reference", "none"), ("scan", "none"), ("scan", "full"), ("parallel", "none"), ("auto", "none")]
@@ -82,18 +83,19 @@ def _gate_block_grads(d_weight: torch.Tensor, key: int) -> torch.Tensor:
     return torch.stack([rows[h * bw : (h + 1) * bw, h * bw : (h + 1) * bw] for h in range(HEADS)])
 
 
-@pytest.mark.parametrize("backend,recompute", BACKENDS)
-def test_loaded_weights_give_recurrentgemma_outputs_and_gradients(backend: str, recompute: str) -> None:
-    """Continuing from a cache (``segment_pos > 0`` everywhere: no segment starts inside the call), ours with the
-    loaded weights equals recurrentgemma's layer; gradients of ``x``, the cache, ``a_param`` and both gates."""
-    theirs = {k: v.requires_grad_(True) for k, v in recurrentgemma_weights().items()}
-    ours = rf.rglru_params_from_recurrentgemma(theirs).apply(lambda t: t.requires_grad_(True))
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(B, T, WIDTH, generator=g, dtype=torch.float64, requires_grad=True)
-    cache = torch.randn(B, WIDTH, generator=g, dtype=torch.float64, requires_grad=True)
-    segment_pos = torch.arange(5, 5 + T).expand(B, T)
+def _check_clip_inactive(theirs: dict, x: torch.Tensor) -> None:
+    """recurrentgemma's clipped sqrt derivative equals the exact one on these draws: ``1 - a^2 >= 2.5e-7``
+    everywhere."""
+    gate_a = torch.sigmoid(block_diagonal_linear(x, theirs["a_gate.w"], theirs["a_gate.b"]))
+    a = torch.exp(-8.0 * gate_a * F.softplus(theirs["a_param"]))
+    assert (1 - a * a).min() >= 1 / (4 * 1000 ** 2)
+
+
+def _assert_matches(theirs: dict, ours, x, cache, segment_pos, y, h) -> None:
+    """Our ``(y, h)`` equal recurrentgemma's layer: outputs, final state, gradients of ``x``, the cache, ``a_param``
+    and both gates' blocks and biases."""
+    _check_clip_inactive(theirs, x.detach())
     want = recurrentgemma_rglru(theirs, x, segment_pos, cache)
-    y, h = rf.rglru_sequence(x, cache[:, None], ours, backend=backend, recompute=recompute)
     torch.testing.assert_close((y, h[:, 0]), want)
     got_x, got_h, d_w, d_b, d_lambda = _grads((y, h[:, 0]), [x, cache, *ours.values()])
     want_x, want_h, d_a, d_gw, d_gb, d_aw, d_ab = _grads(want, [x, cache, theirs["a_param"], theirs["input_gate.w"],
@@ -102,6 +104,20 @@ def test_loaded_weights_give_recurrentgemma_outputs_and_gradients(backend: str, 
     torch.testing.assert_close((got_x, got_h, -d_lambda), (want_x, want_h, d_a))
     torch.testing.assert_close((_gate_block_grads(d_w, 1), _gate_block_grads(d_w, 2)), (d_aw, d_gw))
     torch.testing.assert_close((d_b[WIDTH : 2 * WIDTH], d_b[2 * WIDTH :]), (d_ab.flatten(), d_gb.flatten()))
+
+
+@pytest.mark.parametrize("backend,recompute", BACKENDS)
+def test_loaded_weights_give_recurrentgemma_outputs_and_gradients(backend: str, recompute: str) -> None:
+    """Continuing from a cache (``segment_pos > 0`` everywhere: no segment starts inside the call), ours with the
+    loaded weights equals recurrentgemma's layer (:func:`_assert_matches`)."""
+    theirs = {k: v.requires_grad_(True) for k, v in recurrentgemma_weights().items()}
+    ours = rf.rglru_params_from_recurrentgemma(theirs).apply(lambda t: t.requires_grad_(True))
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(B, T, WIDTH, generator=g, dtype=torch.float64, requires_grad=True)
+    cache = torch.randn(B, WIDTH, generator=g, dtype=torch.float64, requires_grad=True)
+    segment_pos = torch.arange(5, 5 + T).expand(B, T)
+    y, h = rf.rglru_sequence(x, cache[:, None], ours, backend=backend, recompute=recompute)
+    _assert_matches(theirs, ours, x, cache, segment_pos, y, h)
 
 
 def test_loader_takes_the_module_or_its_state_dict_and_copies() -> None:
@@ -174,18 +190,11 @@ def _segment_pos(resets: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
     return torch.stack(pos, 1)
 
 
-def _check_clip_inactive(theirs: dict, x: torch.Tensor) -> None:
-    """recurrentgemma's clipped sqrt derivative equals the exact one on these draws: ``1 - a^2 >= 2.5e-7`` everywhere."""
-    gate_a = torch.sigmoid(block_diagonal_linear(x, theirs["a_gate.w"], theirs["a_gate.b"]))
-    a = torch.exp(-8.0 * gate_a * F.softplus(theirs["a_param"]))
-    assert (1 - a * a).min() >= 1 / (4 * 1000 ** 2)
-
-
 @pytest.mark.parametrize("backend,recompute", OPTION_PATHS)
 def test_option_gives_recurrentgemma_outputs_and_gradients_with_segment_starts(backend: str, recompute: str) -> None:
     """With ``segment_start="recurrentgemma"`` and ``is_init = segment_pos == 0`` ours equals recurrentgemma's layer
-    with segment starts at t = 0 (row 0), inside the call (every row) and a row continuing its cache (row 1): outputs,
-    final state, gradients of ``x``, the cache, ``a_param`` and both gates' blocks and biases."""
+    with segment starts at t = 0 (row 0), inside the call (every row) and a row continuing its cache (row 1)
+    (:func:`_assert_matches`); the default differs at the starts alone."""
     theirs = {k: v.requires_grad_(True) for k, v in recurrentgemma_weights(seed=3).items()}
     ours = rf.rglru_params_from_recurrentgemma(theirs).apply(lambda t: t.requires_grad_(True))
     g = torch.Generator().manual_seed(4)
@@ -194,18 +203,9 @@ def test_option_gives_recurrentgemma_outputs_and_gradients_with_segment_starts(b
     resets = torch.rand(B, T, generator=g) < 0.3
     resets[0, 0], resets[1, 0], resets[:, 4] = True, False, True
     segment_pos = _segment_pos(resets, torch.tensor([0, 6, 2]))
-    _check_clip_inactive(theirs, x.detach())
-    want = recurrentgemma_rglru(theirs, x, segment_pos, cache)
     y, h = rf.rglru_sequence(x, cache[:, None], ours, is_init=segment_pos == 0, backend=backend, recompute=recompute,
                              **RG)
-    torch.testing.assert_close((y, h[:, 0]), want)
-    got_x, got_h, d_w, d_b, d_lambda = _grads((y, h[:, 0]), [x, cache, *ours.values()])
-    want_x, want_h, d_a, d_gw, d_gb, d_aw, d_ab = _grads(want, [x, cache, theirs["a_param"], theirs["input_gate.w"],
-                                                              theirs["input_gate.b"], theirs["a_gate.w"],
-                                                              theirs["a_gate.b"]])
-    torch.testing.assert_close((got_x, got_h, -d_lambda), (want_x, want_h, d_a))
-    torch.testing.assert_close((_gate_block_grads(d_w, 1), _gate_block_grads(d_w, 2)), (d_aw, d_gw))
-    torch.testing.assert_close((d_b[WIDTH : 2 * WIDTH], d_b[2 * WIDTH :]), (d_ab.flatten(), d_gb.flatten()))
+    _assert_matches(theirs, ours, x, cache, segment_pos, y, h)
     scaled, _ = rf.rglru_sequence(x, cache[:, None], ours, is_init=segment_pos == 0, backend="reference")
     before = int(resets[1].nonzero()[0])  # row 1's first start: the default agrees before it, not at t = 0 of row 0
     assert not torch.allclose(scaled[0, 0], y[0, 0]) and torch.equal(scaled[1, :before], y[1, :before])
@@ -263,6 +263,7 @@ def test_backends_without_the_cell_refuse_the_option_by_name(backend: str) -> No
         rf.rglru_sequence(x, h0, params, is_init=is_init, backend=backend, **RG)
     with pytest.raises(ValueError, match=rf"backend '{backend}'.*segment_start='recurrentgemma'"):
         rf.rglru_step(x[:, 0], h0, params, is_init=is_init[:, 0], backend=backend, **RG)
+    assert rf.available_backends(cell="rglru_recurrentgemma") == ["reference", "scan", "parallel"]
 
 
 @given(lengths=st.lists(st.integers(1, 9), min_size=1, max_size=5), seed=st.integers(0, 2**16),
@@ -304,6 +305,10 @@ def test_step_function_with_the_option_equals_the_sequence() -> None:
             ys.append(y)
         want_y, want_h = rf.rglru_sequence(x, h0, params, is_init=is_init, backend="parallel", **RG)
         torch.testing.assert_close((torch.stack(ys, 1), h), (want_y, want_h))
+    # a layout read by the default cell (the same params) runs the option's cell
+    tensors = dict(params.items())
+    got = rf.rglru_sequence(x, h0, tensors, is_init=is_init, layout=RGLRU.read_layout(tensors), **RG)
+    torch.testing.assert_close(got, (want_y, want_h))
     y, _ = rf.rglru_step(x[:, 0], h0, params, is_init=is_init[:, 0], **RG)
     default, _ = rf.rglru_step(x[:, 0], h0, params, is_init=is_init[:, 0])
     assert not torch.allclose(y[0], default[0]) and torch.equal(y[1], default[1])  # row 0 starts, row 1 does not
@@ -321,7 +326,8 @@ def test_module_with_the_option_agrees_in_both_modes_and_keeps_it() -> None:
     ensemble keep the option."""
     torch.manual_seed(0)
     module = rf.RGLRUModule(3, 5, num_layers=2, in_key="obs", out_key="feat", segment_start="recurrentgemma")
-    assert module.segment_start == "recurrentgemma" and rf.RGLRUModule(3, 5, in_key="o", out_key="f").segment_start == "scaled"
+    assert module.segment_start == "recurrentgemma"
+    assert rf.RGLRUModule(3, 5, in_key="o", out_key="f").segment_start == "scaled"
     n, t_len = 3, 8
     is_init = torch.rand(n, t_len, 1) < 0.3
     is_init[0, 0], is_init[1, 0] = True, False
@@ -356,7 +362,7 @@ def test_module_with_the_option_agrees_in_both_modes_and_keeps_it() -> None:
 
 
 @pytest.mark.parametrize("backend,recompute", [("reference", "none"), ("scan", "none"), ("scan", "full"),
-                                               ("parallel", "none"), ("parallel", "full")])  # reference full as parallel's
+                                               ("parallel", "none"), ("parallel", "full")])
 def test_option_second_order_and_forward_mode_are_exact(backend: str, recompute: str) -> None:
     """``gradgradcheck`` and forward-mode ``gradcheck`` (finite differences, fp64) through every input with the
     option, resets at t = 0 and inside, an initial state and ``reset_state``."""

@@ -224,7 +224,8 @@ def scan_states(cell: Cell, weights: tuple, carry: Carry, gi: torch.Tensor, mask
             xs["reset"] = reset
     # compiled, outputs that alias nothing (scan's rule)
     own = contiguous_copy if torch.compiler.is_compiling() or members.static_shapes else (lambda t: t)
-    step_saving = lambda gi_t, c, wts, *start: cell.layer_step_saving(gi_t, c, LayerWeights.from_tensors(wts), *start)  # noqa: E731
+    step_saving = lambda gi_t, c, wts, *start: cell.layer_step_saving(  # noqa: E731
+        gi_t, c, LayerWeights.from_tensors(wts), *start)
     reads_starts = mask is not None and cell.reads_starts  # the step's start mask [N, 1] is its reset mask
 
     def step(layer_carry, xs_t):

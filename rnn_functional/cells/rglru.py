@@ -63,7 +63,8 @@ class RGLRUCell(LinearRecurrentCell):
     def __reduce__(self):  # copies and pickles are the registered cell (the compiled ensemble op finds it by name)
         return rglru_cell, (self.segment_start,)
 
-    def coefficients(self, gi: torch.Tensor, w: LayerWeights, *start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def coefficients(self, gi: torch.Tensor, w: LayerWeights,
+                     *start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         u, _, i, _, a, m = _parts(gi, w.extra[0])
         if start:  # recurrentgemma: a segment's first step takes the gated input unscaled
             m = torch.where(start[0], 1.0, m)

@@ -289,7 +289,8 @@ def run_step(cell: Cell, x, state, params, is_init, backend: str, dropout: float
     else:
         step = selection.resolve_step(backend, c.layout, c.x, call_context())
         x, carry = cell.prepare_input(c.params, c.x), apply_reset(c.carry, c.is_init, None)
-        y, carry = step(c.layout, c.params, x, carry) if start is None else step(c.layout, c.params, x, carry, start=start)
+        y, carry = step(c.layout, c.params, x, carry) if start is None else step(c.layout, c.params, x, carry,
+                                                                                 start=start)
     if len(c.batch_shape) != 1:
         y, *carry = restore(c.batch_shape, (y, *carry))
     return y, (carry[0] if len(carry) == 1 else tuple(carry))

@@ -33,26 +33,11 @@ def rglru_step(x: torch.Tensor, state, params: Mapping[str, torch.Tensor], *, is
     return run_step(cell, x, state, params, is_init, backend, dropout, training, layout)
 
 
-def rglru_sequence(
-    x: torch.Tensor,
-    state,
-    params: Mapping[str, torch.Tensor],
-    *,
-    is_init: torch.Tensor | None = None,
-    reset_state=None,
-    backend: str = "auto",
-    dropout: float = 0.0,
-    training: bool = False,
-    recompute: str = "none",
-    compute_dtype: torch.dtype | None = None,
-    matmul_precision: str | None = None,
-    return_segment_states: bool = False,
-    slice_len: int | None = None,
-    num_slices: int | None = None,
-    segment_layout: str = "auto",
-    layout: Layout | None = None,
-    segment_start: str = "scaled",
-):
+def rglru_sequence(x: torch.Tensor, state, params: Mapping[str, torch.Tensor], *, is_init: torch.Tensor | None = None,
+                   reset_state=None, backend: str = "auto", dropout: float = 0.0, training: bool = False,
+                   recompute: str = "none", compute_dtype: torch.dtype | None = None, matmul_precision: str | None = None,
+                   return_segment_states: bool = False, slice_len: int | None = None, num_slices: int | None = None,
+                   segment_layout: str = "auto", layout: Layout | None = None, segment_start: str = "scaled"):
     cell = RGLRU if segment_start == "scaled" else rglru_cell(segment_start)
     if layout is not None and layout.cell is not cell:
         layout = replace(layout, cell=cell)
@@ -63,5 +48,7 @@ def rglru_sequence(
 
 for _fn, _doc in ((rglru_step, _STEP_DOC), (rglru_sequence, _SEQUENCE_DOC)):
     _fn.__module__ = "rnn_functional.functional"
-    _fn.__doc__ = _doc.format(title=RGLRU.title, state=RGLRU.state_doc, params=RGLRU.params_doc,
-                              init=RGLRU.init_function, out=RGLRU.out_dim).replace("\n\n    Returns:", _SEGMENT_START_DOC)
+    _doc = _doc.format(title=RGLRU.title, state=RGLRU.state_doc, params=RGLRU.params_doc, init=RGLRU.init_function,
+                       out=RGLRU.out_dim)
+    _fn.__doc__ = _doc.replace("\n\n    Returns:", _SEGMENT_START_DOC)
+del _fn, _doc

@@ -75,7 +75,8 @@ def _ensemble_init(nn_class: type[_LinearRecurrence], num_members: int, input_si
 def _spec(module_name: str, nn_class: type[_LinearRecurrence], child_attr: str, core, step, sequence) -> ModuleCell:
     # a partial of a module-level function, not a closure: a module holding its own spec pickles
     return ModuleCell(module_name, nn_class, child_attr, HYPER, ("h",), ("recurrent_state",),
-                      (("next", "recurrent_state"),), core, step, sequence, partial(_ensemble_init, nn_class), gru_widths)
+                      (("next", "recurrent_state"),), core, step, sequence, partial(_ensemble_init, nn_class),
+                      gru_widths)
 
 
 class MinGRUModule(RecurrentModule):
