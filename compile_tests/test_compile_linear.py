@@ -128,3 +128,43 @@ def test_non_finite_values_do_not_cross_a_reset_compiled(cell: str) -> None:
     want = _with_grads(fn, leaves, x, params, reset, "reference")
     torch.testing.assert_close(got, want, equal_nan=True)
     assert torch.isfinite(got[1][0][0, :5]).all() and torch.isfinite(got[0][1][0, 9:]).all()
+
+
+def test_recurrentgemma_segment_starts_compile_whole_on_scan() -> None:
+    """``segment_start="recurrentgemma"`` under the default ``torch.compile`` (Inductor) with ``fullgraph=True`` on
+    ``scan``: one graph, no break, forward and backward (the hand-written reverse scan reading the start mask) equal
+    eager ``reference`` with the option in fp64 at ``assert_close`` defaults; resets at t = 0 and inside. One layer:
+    an Inductor compile of the scan takes long."""
+    params, x, h0, is_init, reset, weights = _case("rglru", layers=1)
+
+    def fn(x, h0, params, is_init, reset, backend):
+        y, h = rf.rglru_sequence(x, h0, params, is_init=is_init, reset_state=reset, backend=backend,
+                                 segment_start="recurrentgemma")
+        return (y * weights).sum() + h.pow(2).sum(), y, h
+
+    leaves = [x, h0, reset, *params.values()]
+    with compile_stats() as stats:
+        got = _with_grads(torch.compile(fn, fullgraph=True), leaves, x, h0, params, is_init, reset, "scan")
+    assert stats.breaks == 0 and stats.graphs == 1, stats
+    torch.testing.assert_close(got, _with_grads(fn, leaves, x, h0, params, is_init, reset, "reference"))
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_recurrentgemma_segment_starts_in_a_compiled_vmapped_ensemble_on_scan(recompute: str) -> None:
+    """The compiled ``torch.vmap`` ensemble's ``scan`` layer (the ``scan_ensemble_layer`` op) with the option: the
+    start mask reaches each member's step and its backward (saved, or recomputed); gradients equal a loop of
+    ``reference`` calls (fp64, ``assert_close`` defaults)."""
+    members = [_case("rglru", layers=1, seed=s)[0] for s in range(2)]
+    stacked = torch.stack([m.detach() for m in members]).apply(lambda t: t.detach().requires_grad_())
+    _, x, h0, is_init, reset, weights = _case("rglru", layers=1)
+    x, h0, reset = x.detach(), h0.detach(), reset.detach()
+
+    def run(params, backend):
+        y, h = rf.rglru_sequence(x, h0, params, is_init=is_init, reset_state=reset, backend=backend,
+                                 recompute=recompute if backend == "scan" else "none", segment_start="recurrentgemma")
+        return (y * weights).sum() + h.pow(2).sum()
+
+    compiled = torch.compile(lambda p: torch.vmap(lambda m: run(m, "scan"))(p).sum(), fullgraph=True, backend=FAST)
+    leaves = list(stacked.values())
+    got = torch.autograd.grad(compiled(stacked), leaves)
+    torch.testing.assert_close(got, torch.autograd.grad(sum(run(stacked[i], "reference") for i in range(2)), leaves))

@@ -198,7 +198,9 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
     for k in range(layout.num_layers):
         w = cell.layer_weights(params, layout, k)
         # in the state's dtype: under autocast the projection is autocast's, the recurrence the params' (as reference)
-        a, b = (c.to(carry[0].dtype) for c in cell.coefficients(_project(inp, w.weight_ih, w.bias_ih), w))
+        gi = _project(inp, w.weight_ih, w.bias_ih)
+        starts = (mask,) if mask is not None and cell.reads_starts else ()  # is_init as the start mask [N, T, 1]
+        a, b = (c.to(carry[0].dtype) for c in cell.coefficients(gi, w, *starts))
         if mask is not None and reset is not None:  # a reset restarts from reset_state: h_t = a_t reset_t + b_t
             start = torch.where(mask, reset[0][:, :, k], 0.0)  # elsewhere never read, NaN included
             b = torch.where(mask, torch.addcmul(b, a, start), b)

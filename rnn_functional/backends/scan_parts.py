@@ -224,12 +224,14 @@ def scan_states(cell: Cell, weights: tuple, carry: Carry, gi: torch.Tensor, mask
             xs["reset"] = reset
     # compiled, outputs that alias nothing (scan's rule)
     own = contiguous_copy if torch.compiler.is_compiling() or members.static_shapes else (lambda t: t)
-    step_saving = lambda gi_t, c, wts: cell.layer_step_saving(gi_t, c, LayerWeights.from_tensors(wts))  # noqa: E731
+    step_saving = lambda gi_t, c, wts, *start: cell.layer_step_saving(  # noqa: E731
+        gi_t, c, LayerWeights.from_tensors(wts), *start)
+    reads_starts = mask is not None and cell.reads_starts  # the step's start mask [N, 1] is its reset mask
 
     def step(layer_carry, xs_t):
         layer_carry = apply_reset(layer_carry, xs_t.get("mask"), xs_t.get("reset"))
         gi_t = members.linear(xs_t["gi"], *weights[:2]) if project else xs_t["gi"]
-        new, saved = members.map(step_saving, gi_t, layer_carry, weights)
+        new, saved = members.map(step_saving, gi_t, layer_carry, weights, *((xs_t["mask"],) if reads_starts else ()))
         out = {"h": new[0], "states": new, "saved": (*new, *saved)}[keep]
         return tuple(own(s) for s in new), (own(out) if keep == "h" else tuple(own(s) for s in out))
 
@@ -317,11 +319,12 @@ class HandWrittenLayer(torch.autograd.Function):
         key = "x" if len(saved) == 0 else "factors" if eager else "saved"  # len: Dynamo 2.11 cannot trace bool(tuple)
         # scan needs the carry in init's layout: vmap (and a block GRU with one-unit blocks) leaves it transposed
         own = contiguous_copy if members.count or torch.compiler.is_compiling() else (lambda t: t)
+        recomputes_starts = key == "x" and mask_t is not None and cell.reads_starts
 
-        def member_back(inputs, pre_t, wts, d_new):
+        def member_back(inputs, pre_t, wts, d_new, *start):
             wl = LayerWeights.from_tensors(wts)
             if key == "x":
-                grads = cell.step_backward(F.linear(inputs, wl.weight_ih, wl.bias_ih), pre_t, wl, d_new)
+                grads = cell.step_backward(F.linear(inputs, wl.weight_ih, wl.bias_ih), pre_t, wl, d_new, *start)
             else:
                 factors = cell.backward_factors(inputs, pre_t, wl) if key == "saved" else inputs
                 grads = cell.step_backward_saved(factors, pre_t, wl, d_new)
@@ -330,7 +333,9 @@ class HandWrittenLayer(torch.autograd.Function):
 
         def back_step(acc, xs_t):
             d_new = tuple(a + b for a, b in zip(acc["d_carry"], xs_t["g"]))
-            d_pre, d_gi, d_gh, d_extra = members.map(member_back, xs_t[key], xs_t["pre"], weights, d_new)
+            # the start mask where the step is recomputed (else among the saved activations)
+            start = (xs_t["mask"],) if recomputes_starts else ()
+            d_pre, d_gi, d_gh, d_extra = members.map(member_back, xs_t[key], xs_t["pre"], weights, d_new, *start)
             out = {"d_gi": members.rows_by_member(d_gi), **{"d_gh": members.rows_by_member(d) for d in d_gh}}
             m = xs_t.get("mask")
             if m is not None:  # where the carry was reset, its cotangent goes to reset_state (or nowhere)

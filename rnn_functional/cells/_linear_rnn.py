@@ -66,11 +66,15 @@ class LinearRecurrentCell(Cell):
         return LayerWeights(params[f"weight_l{k}"], params[f"bias_l{k}"], None, None,
                             extra=tuple(params[key.format(k=k)] for key in self.extra_keys))
 
-    def coefficients(self, gi: torch.Tensor, w: LayerWeights) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(a, b)``, each ``[..., H]``, from ``gi [..., G*H]`` (any leading dims: one step or a whole sequence)."""
+    def coefficients(self, gi: torch.Tensor, w: LayerWeights,
+                     *start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(a, b)``, each ``[..., H]``, from ``gi [..., G*H]`` (any leading dims: one step or a whole sequence) and,
+        for a cell that :attr:`~.base.Cell.reads_starts`, ``start [..., 1]``."""
         raise NotImplementedError
 
-    def layer_step_saving(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> tuple[Carry, Saved]:
-        """``h' = a * h + b``; saves ``gi`` (the backward recomputes ``a``, ``b`` from it, elementwise)."""
-        a, b = self.coefficients(gi, w)
-        return (torch.addcmul(b, a, carry[0]),), (gi,)
+    def layer_step_saving(self, gi: torch.Tensor, carry: Carry, w: LayerWeights,
+                          *start: torch.Tensor) -> tuple[Carry, Saved]:
+        """``h' = a * h + b``; saves ``gi`` and ``start`` (the backward recomputes ``a``, ``b`` from them,
+        elementwise)."""
+        a, b = self.coefficients(gi, w, *start)
+        return (torch.addcmul(b, a, carry[0]),), (gi, *start)

@@ -119,6 +119,10 @@ class Cell(abc.ABC):
     aten: AtenKernels | None = None
     triton: TritonKernels | None = None
     linear_in_state: bool = False  # h' = a * h + b with (a, b) from the input alone (the ``parallel`` backend's cells)
+    # its step also reads ``start``, bool, True where the step starts a segment (where ``is_init``): the backends then
+    # pass it last to layer_step(_saving) (``[N, 1]``), step_backward and coefficients (``[..., 1]``), and only then;
+    # it reaches step_backward_saved among the saved activations
+    reads_starts: bool = False
 
     @abc.abstractmethod
     def read_layout(self, params: Mapping[str, torch.Tensor]) -> Layout:
@@ -167,9 +171,10 @@ class Cell(abc.ABC):
         GEMM over the whole sequence."""
         return tuple(d.sum(0) for d in per_step)
 
-    def layer_step(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> Carry:
-        """One layer, one step: ``gi [N, G]`` (the input projection), carry of ``[N, S]`` -> carry'."""
-        return self.layer_step_saving(gi, carry, w)[0]
+    def layer_step(self, gi: torch.Tensor, carry: Carry, w: LayerWeights, *start: torch.Tensor) -> Carry:
+        """One layer, one step: ``gi [N, G]`` (the input projection), carry of ``[N, S]`` -> carry' (``start``: see
+        :attr:`reads_starts`)."""
+        return self.layer_step_saving(gi, carry, w, *start)[0]
 
     def carry_rest_given_h(self, gi: torch.Tensor, h_prev: torch.Tensor, rest0: Carry, w: LayerWeights) -> Carry:
         """The carry's parts after ``h`` at every step of a sequence whose ``h`` before each step is known.
@@ -185,10 +190,11 @@ class Cell(abc.ABC):
             rest.append(carry)
         return tuple(torch.stack(parts, dim=1) for parts in zip(*rest))
 
-    def step_backward(self, gi: torch.Tensor, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
+    def step_backward(self, gi: torch.Tensor, carry: Carry, w: LayerWeights, d_new: Carry,
+                      *start: torch.Tensor) -> StepGrads:
         """Backward of :meth:`layer_step`, recomputing its activations from ``gi`` and the carry before
         the step; ``d_new`` is the cotangent of the carry after it."""
-        factors = self.backward_factors(self.layer_step_saving(gi, carry, w)[1], carry, w)
+        factors = self.backward_factors(self.layer_step_saving(gi, carry, w, *start)[1], carry, w)
         return self.step_backward_saved(factors, carry, w, d_new)
 
     def __repr__(self) -> str:
@@ -271,15 +277,18 @@ def multi_layer_step(
     carry: Carry,
     dropout: float = 0.0,
     training: bool = False,
+    start: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Carry]:
-    """All layers of ``layout.cell`` for one step. ``x [N, F]``, carry tensors ``[N, L, S]``."""
+    """All layers of ``layout.cell`` for one step. ``x [N, F]``, carry tensors ``[N, L, S]``; ``start [N, 1]``
+    (bool, True where the step starts a segment) for a cell that reads it (:attr:`Cell.reads_starts`)."""
     cell = layout.cell
     new_layers: list[Carry] = []
     inp = x
+    starts = () if start is None else (start,)
     for k in range(layout.num_layers):
         w = cell.layer_weights(params, layout, k)
         gi = F.linear(inp, w.weight_ih, w.bias_ih)
-        layer_carry = cell.layer_step_saving(gi, tuple([s[:, k] for s in carry]), w)[0]
+        layer_carry = cell.layer_step_saving(gi, tuple([s[:, k] for s in carry]), w, *starts)[0]
         new_layers.append(layer_carry)
         inp = between_layers(layer_carry[0], k, layout, dropout, training) if dropout else layer_carry[0]
     return inp, tuple([torch.stack(parts, dim=1) for parts in zip(*new_layers)])

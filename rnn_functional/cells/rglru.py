@@ -4,6 +4,10 @@ Per layer: ``u, r, i = split(x_t @ weight^T + bias, 3)``, ``r = sigmoid(r)``, ``
 ``log_a = -c * r * softplus(-Λ)`` (``a = sigmoid(Λ)^(c r)`` in log space, ``c = 8``), and
 ``h_t = a * h_{t-1} + sqrt(1 - a^2) * (i * u)``. ``sqrt(1 - a^2)`` is computed as
 ``sqrt(-expm1(2 log_a))``: exact where ``a`` is close to 1, where ``1 - a * a`` cancels.
+
+Two cells, one per ``segment_start``: ``"scaled"`` (:data:`RGLRU`) runs that step everywhere, a segment's first step
+after its carry reset; ``"recurrentgemma"`` (:data:`RGLRU_RECURRENTGEMMA`) multiplies the gated input by 1 instead of
+``sqrt(1 - a^2)`` at every step that starts a segment, as DeepMind's recurrentgemma does at ``segment_pos == 0``.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from tensordict import TensorDict
 from ._linear_rnn import LinearRecurrentCell, init_linear_params
 from .base import Carry, LayerWeights, Saved, StepGrads, register
 
-__all__ = ["RGLRU", "init_rglru_params", "rglru_params_from_recurrentgemma"]
+__all__ = ["RGLRU", "RGLRU_RECURRENTGEMMA", "SEGMENT_STARTS", "init_rglru_params", "rglru_cell",
+           "rglru_params_from_recurrentgemma"]
 
 C = 8  # the gate's exponent scale (Griffin's c); an int: under torch.compile(dynamic=True) Dynamo makes a float global a
 # graph input, which a scan body fails to lift ("lift_tracked_freevar_to_input should not be called on root SubgraphTracer")
@@ -40,7 +45,7 @@ def _parts(gi: torch.Tensor, log_lambda: torch.Tensor):
 
 class RGLRUCell(LinearRecurrentCell):
     """RG-LRU: ``weight_l{k} [3H, F_k]``, ``bias_l{k} [3H]`` (rows: input, recurrence gate, input gate) and
-    ``log_lambda_l{k} [H]`` (``Λ``)."""
+    ``log_lambda_l{k} [H]`` (``Λ``). ``segment_start``: see the module docstring."""
 
     name = "rglru"
     title = "RG-LRU"
@@ -49,18 +54,33 @@ class RGLRUCell(LinearRecurrentCell):
     params_doc = "keys weight_l{k} [3H, F_k], bias_l{k} [3H], log_lambda_l{k} [H] per layer k"
     init_function = "init_rglru_params"
 
-    def coefficients(self, gi: torch.Tensor, w: LayerWeights) -> tuple[torch.Tensor, torch.Tensor]:
+    def __init__(self, segment_start: str = "scaled") -> None:
+        self.segment_start = segment_start
+        if segment_start != "scaled":
+            self.name, self.title = f"rglru_{segment_start}", f"RG-LRU (segment_start={segment_start!r})"
+            self.reads_starts = True
+
+    def __reduce__(self):  # copies and pickles are the registered cell (the compiled ensemble op finds it by name)
+        return rglru_cell, (self.segment_start,)
+
+    def coefficients(self, gi: torch.Tensor, w: LayerWeights,
+                     *start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         u, _, i, _, a, m = _parts(gi, w.extra[0])
+        if start:  # recurrentgemma: a segment's first step takes the gated input unscaled
+            m = torch.where(start[0], 1.0, m)
         return a, m * i * u
 
     def step_backward_saved(self, factors: Saved, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
-        (gi,), (h,), (g,) = factors, carry, d_new
+        (gi, *start), (h,), (g,) = factors, carry, d_new
         log_lambda = w.extra[0]
         u, r, i, _, a, m = _parts(gi, log_lambda)
         d_m = g * i * u
-        # d log_a: through a (a h, da/dlog_a = a) and through m (dm/dlog_a = -a^2 / m)
         pos = m > 0  # 1/m where m = 0 enters as 0 (the limit, see _parts)
-        d_log_a = a * (g * h - d_m * a * torch.where(pos, torch.where(pos, m, 1.0).reciprocal(), 0.0))
+        inv_m = torch.where(pos, torch.where(pos, m, 1.0).reciprocal(), 0.0)
+        if start:  # m = 1 at a segment's first step: no longer a function of a
+            m, inv_m = torch.where(start[0], 1.0, m), torch.where(start[0], 0.0, inv_m)
+        # d log_a: through a (a h, da/dlog_a = a) and through m (dm/dlog_a = -a^2 / m)
+        d_log_a = a * (g * h - d_m * a * inv_m)
         d_r = d_log_a * (-C * F.softplus(-log_lambda)) * r * (1 - r)
         d_i = g * m * u * i * (1 - i)
         d_lambda = (d_log_a * (C * r) * torch.sigmoid(-log_lambda)).sum(0)  # d softplus(-Λ)/dΛ = -sigmoid(-Λ)
@@ -68,6 +88,15 @@ class RGLRUCell(LinearRecurrentCell):
 
 
 RGLRU = register(RGLRUCell())
+RGLRU_RECURRENTGEMMA = register(RGLRUCell("recurrentgemma"))
+SEGMENT_STARTS = {"scaled": RGLRU, "recurrentgemma": RGLRU_RECURRENTGEMMA}
+
+
+def rglru_cell(segment_start: str) -> RGLRUCell:
+    """The registered cell for ``segment_start`` (``ValueError`` naming the allowed values otherwise)."""
+    if not isinstance(segment_start, str) or segment_start not in SEGMENT_STARTS:
+        raise ValueError(f"segment_start: expected one of {list(SEGMENT_STARTS)}, got {segment_start!r}.")
+    return SEGMENT_STARTS[segment_start]
 
 
 def _griffin_log_lambda(hidden_size: int, dtype, device, generator) -> torch.Tensor:
@@ -111,8 +140,9 @@ def rglru_params_from_recurrentgemma(layer: Mapping[str, torch.Tensor] | torch.n
     ``input_gate.w/.b``, ``a_gate.w/.b``), sharing nothing. Its layer feeds ``x`` in directly and gates it with two
     block-diagonal linears (``w [heads, Hb, Hb]``, ``b [heads, Hb]``): here an identity input projection and the
     gates' blocks on the diagonal of ``weight_l0``; its ``log_a = -8 r softplus(a_param)`` is ours with ``Λ = -a_param``.
-    The recurrence agrees everywhere but at a segment start, where recurrentgemma sets ``a = 0`` and scales the input
-    by 1 (ours: carry reset, input scaled by ``sqrt(1 - a^2)``); see docs/linear_recurrences.md."""
+    At a segment start (``segment_pos == 0``, our ``is_init``) recurrentgemma drops the carry and scales the gated
+    input by 1: pass ``segment_start="recurrentgemma"`` to ``rglru_step``/``rglru_sequence``/``RGLRUModule`` for that
+    (the default, ``"scaled"``, keeps ``sqrt(1 - a^2)`` there); see docs/linear_recurrences.md."""
     tensors = layer.state_dict() if isinstance(layer, torch.nn.Module) else layer
     a_param = tensors["a_param"].detach()
     width = a_param.shape[-1]

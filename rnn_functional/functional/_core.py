@@ -251,13 +251,17 @@ def run_step(cell: Cell, x, state, params, is_init, backend: str, dropout: float
         carry = None if state is None else (state,) if isinstance(state, torch.Tensor) else tuple(state)
         c = flatten(layout, params if isinstance(params, dict) else dict(params), x, carry, is_init, None, False)
     x = c.x if cell.prepare_input is None else cell.prepare_input(c.params, c.x)
+    # a cell that reads where segments start gets is_init [N, 1] (only the reference step serves such a cell)
+    start = None if c.is_init is None or not c.layout.cell.reads_starts else c.is_init.unsqueeze(-1)
     if x.shape[0] == 0:
         y, carry, _ = _empty_call(c, ())
     elif training and dropout > 0 and c.layout.num_layers > 1:
-        y, carry = multi_layer_step(c.layout, c.params, x, apply_reset(c.carry, c.is_init, None), dropout, True)
+        y, carry = multi_layer_step(c.layout, c.params, x, apply_reset(c.carry, c.is_init, None), dropout, True, start)
     else:
         step = selection.resolve_step(backend, c.layout, x, call_context())
-        y, carry = step(c.layout, c.params, x, apply_reset(c.carry, c.is_init, None))
+        carry = apply_reset(c.carry, c.is_init, None)
+        y, carry = step(c.layout, c.params, x, carry) if start is None else step(c.layout, c.params, x, carry,
+                                                                                 start=start)
     if len(c.batch_shape) != 1:
         y, *carry = restore(c.batch_shape, (y, *carry))
     return y, (carry[0] if len(carry) == 1 else tuple(carry))
@@ -351,13 +355,15 @@ def run_sequence(cell: Cell, x, state, params, is_init, reset_state, backend: st
     elif call[2] is not None and not (empty or ctx.traced) and selection.reads_segments(
             backend, c.layout, call[0], opts, ctx, segment_layout):
         host, plan = _read_mask(call[2], host)
-        if plan is None:
+        if plan is None and not cell.reads_starts:  # such a cell needs is_init at t = 0 too
             call = _first_step_resets(*call, host)
     static = plan is not None and plan.static
     route = selection.choose(backend, c.layout, call[0], opts, None if static else plan, records_grad, ctx,
                              segment_layout)
-    if static and route.backend != "parallel":  # parallel serves any segment layout as it is
-        route = Route(route.backend, "aligned", plan)  # the segments right-aligned in their block
+    # the segments right-aligned in their block; parallel serves any segment layout as it is, and a cell that reads
+    # where segments start runs the rows as they are (right-aligned, one continuing the incoming state would restart)
+    if static and route.backend != "parallel" and not cell.reads_starts:
+        route = Route(route.backend, "aligned", plan)
     if empty:  # no step runs (the route was still chosen: a backend that cannot serve the call says so)
         y, final, seg = _empty_call(c, (t_len,))
     else:

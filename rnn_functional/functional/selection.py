@@ -162,8 +162,11 @@ def _route(backend: str, layout: Layout, plan: SegmentPlan | None, records_grad:
             fused = layout.cell.aten.fused_on_cpu and not cuda
             forced = "buckets" if records_grad and layout.num_layers == 1 and fused else "packed"
     why = {"buckets": f"it serves one layer (these params have {layout.num_layers})",
-           "slices": "this batch is not whole slices of one length from t = 0 (SliceSampler(strict_length=True))"}
-    serves = {"buckets": layout.num_layers == 1, "slices": plan.slice_len is not None}
+           "slices": "this batch is not whole slices of one length from t = 0 (SliceSampler(strict_length=True))",
+           "aligned": f"the {layout.cell.title} reads where segments start, and right-aligned, a segment that "
+                      f"continues the incoming state would start with a reset"}
+    serves = {"buckets": layout.num_layers == 1, "slices": plan.slice_len is not None,
+              "aligned": not layout.cell.reads_starts}
     if forced not in LAYOUTS_OF[backend] or not serves.get(forced, True):
         layouts = [name for name in LAYOUTS_OF[backend] if serves.get(name, True)]
         raise ValueError(f"segment_layout={forced!r} cannot serve this call on backend {backend!r}: "

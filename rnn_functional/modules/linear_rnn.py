@@ -9,6 +9,10 @@ carry the functional API's names (``weight_l0``, ``bias_l0``, ``log_lambda_l0``,
 
 from __future__ import annotations
 
+import inspect
+from dataclasses import replace
+from functools import partial
+
 import torch
 from tensordict import TensorDict
 from torch import nn
@@ -63,13 +67,16 @@ class RGLRU(_LinearRecurrence):
     init = staticmethod(rglru.init_rglru_params)
 
 
-def _spec(module_name: str, nn_class: type[_LinearRecurrence], child_attr: str, core, step, sequence) -> ModuleCell:
-    def ensemble_init(num_members: int, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
-                      generator: torch.Generator | None = None) -> TensorDict:
-        return stacked_init(nn_class.init, num_members, input_size, hidden_size, num_layers, generator=generator)
+def _ensemble_init(nn_class: type[_LinearRecurrence], num_members: int, input_size: int, hidden_size: int,
+                   num_layers: int = 1, bias: bool = True, generator: torch.Generator | None = None) -> TensorDict:
+    return stacked_init(nn_class.init, num_members, input_size, hidden_size, num_layers, generator=generator)
 
+
+def _spec(module_name: str, nn_class: type[_LinearRecurrence], child_attr: str, core, step, sequence) -> ModuleCell:
+    # a partial of a module-level function, not a closure: a module holding its own spec pickles
     return ModuleCell(module_name, nn_class, child_attr, HYPER, ("h",), ("recurrent_state",),
-                      (("next", "recurrent_state"),), core, step, sequence, ensemble_init, gru_widths)
+                      (("next", "recurrent_state"),), core, step, sequence, partial(_ensemble_init, nn_class),
+                      gru_widths)
 
 
 class MinGRUModule(RecurrentModule):
@@ -87,9 +94,28 @@ class MinGRUModule(RecurrentModule):
 class RGLRUModule(RecurrentModule):
     """An RG-LRU (:func:`~rnn_functional.rglru_sequence`) with :class:`~rnn_functional.GRUModule`'s conventions.
 
-    Args: as :class:`MinGRUModule`. ``self.rglru`` holds the weights: ``weight_l{k} [3H, F_k]``, ``bias_l{k} [3H]``,
-    ``log_lambda_l{k} [H]``. State: ``recurrent_state [*B, L, H]``.
+    Args: as :class:`MinGRUModule`, and ``segment_start``: ``"scaled"`` (default) or ``"recurrentgemma"``, as
+    :func:`~rnn_functional.rglru_sequence` takes it (both modes). ``self.rglru`` holds the weights: ``weight_l{k}
+    [3H, F_k]``, ``bias_l{k} [3H]``, ``log_lambda_l{k} [H]``. State: ``recurrent_state [*B, L, H]``.
     """
 
     _takes_child = False
     _cell = _spec("RGLRUModule", RGLRU, "rglru", rglru.RGLRU, rglru_step, rglru_sequence)
+
+    def __init__(self, *args, segment_start: str = "scaled", **kwargs) -> None:
+        core = rglru.rglru_cell(segment_start)
+        if core is not rglru.RGLRU:  # this instance's cell, and the public functions called with its option
+            object.__setattr__(self, "_cell", replace(
+                RGLRUModule._cell, core=core, step=partial(rglru_step, segment_start=segment_start),
+                sequence=partial(rglru_sequence, segment_start=segment_start)))
+        super().__init__(*args, **kwargs)
+
+    @property
+    def segment_start(self) -> str:
+        """``"scaled"`` or ``"recurrentgemma"`` (see :func:`~rnn_functional.rglru_sequence`)."""
+        return self._cell.core.segment_start
+
+
+RGLRUModule.__signature__ = RGLRUModule.__signature__.replace(parameters=[
+    *RGLRUModule.__signature__.parameters.values(),
+    inspect.Parameter("segment_start", inspect.Parameter.KEYWORD_ONLY, default="scaled")])

@@ -1,0 +1,54 @@
+"""The RG-LRU's public functions: the other cells' (:func:`._core.public_functions`) plus ``segment_start``, which
+picks one of the two registered RG-LRU cells (:data:`~rnn_functional.cells.rglru.SEGMENT_STARTS`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+import torch
+
+from ..backends import SequenceOptions
+from ..cells import Layout
+from ..cells.rglru import RGLRU, rglru_cell
+from ._core import _SEQUENCE_DOC, _STEP_DOC, run_sequence, run_step
+
+__all__ = ["rglru_sequence", "rglru_step"]
+
+_SEGMENT_START_DOC = """
+        segment_start: ``"scaled"`` (default: a segment's first step is the ordinary step from the reset carry,
+            the gated input scaled by ``sqrt(1 - a^2)``) or ``"recurrentgemma"`` (DeepMind's recurrentgemma: scaled
+            by 1 at every step where ``is_init`` is True; a call without ``is_init``, or whose first step is not a
+            start, keeps the scale there). Served by ``reference``, ``scan`` and ``parallel``.
+
+    Returns:"""
+
+
+def rglru_step(x: torch.Tensor, state, params: Mapping[str, torch.Tensor], *, is_init: torch.Tensor | None = None,
+               backend: str = "auto", dropout: float = 0.0, training: bool = False, layout: Layout | None = None,
+               segment_start: str = "scaled"):
+    cell = RGLRU if segment_start == "scaled" else rglru_cell(segment_start)
+    if layout is not None and layout.cell is not cell:  # a layout read by the other RG-LRU cell: the same params
+        layout = replace(layout, cell=cell)
+    return run_step(cell, x, state, params, is_init, backend, dropout, training, layout)
+
+
+def rglru_sequence(x: torch.Tensor, state, params: Mapping[str, torch.Tensor], *, is_init: torch.Tensor | None = None,
+                   reset_state=None, backend: str = "auto", dropout: float = 0.0, training: bool = False,
+                   recompute: str = "none", compute_dtype: torch.dtype | None = None, matmul_precision: str | None = None,
+                   return_segment_states: bool = False, slice_len: int | None = None, num_slices: int | None = None,
+                   segment_layout: str = "auto", layout: Layout | None = None, segment_start: str = "scaled"):
+    cell = RGLRU if segment_start == "scaled" else rglru_cell(segment_start)
+    if layout is not None and layout.cell is not cell:
+        layout = replace(layout, cell=cell)
+    opts = SequenceOptions(dropout, training, recompute, compute_dtype, matmul_precision, return_segment_states)
+    return run_sequence(cell, x, state, params, is_init, reset_state, backend, opts, slice_len, num_slices,
+                        segment_layout, layout)
+
+
+for _fn, _doc in ((rglru_step, _STEP_DOC), (rglru_sequence, _SEQUENCE_DOC)):
+    _fn.__module__ = "rnn_functional.functional"
+    _doc = _doc.format(title=RGLRU.title, state=RGLRU.state_doc, params=RGLRU.params_doc, init=RGLRU.init_function,
+                       out=RGLRU.out_dim)
+    _fn.__doc__ = _doc.replace("\n\n    Returns:", _SEGMENT_START_DOC)
+del _fn, _doc
