@@ -214,8 +214,7 @@ def test_plan_of_a_flat_row():
     is_init = torch.tensor([[False, False, True, True, False, False, False], [True, False, False, True, False, False, True]])
     p = segments.plan(is_init.numpy(), is_init.device)
     assert p.count == 6 and p.max_len == 4
-    assert p.row.tolist() == [0, 0, 0, 1, 1, 1]
-    assert p.start.tolist() == [0, 2, 3, 0, 3, 6]
+    assert (p.first // 7).tolist() == [0, 0, 0, 1, 1, 1] and (p.first % 7).tolist() == [0, 2, 3, 0, 3, 6]
     assert p.lengths_host.tolist() == p.lengths.tolist() == [2, 1, 4, 3, 3, 1]
     assert p.pos[0].tolist() == [0, 1, 0, 0, 1, 2, 3] and p.seg_of[1].tolist() == [3, 3, 3, 4, 4, 4, 5]
     assert segments.alive_per_step(p).tolist() == [6, 4, 3, 1]
@@ -228,9 +227,8 @@ def test_buckets_of_sorted_lengths(lengths):
     twice its length; a new bucket starts only where the length halves."""
     is_init = torch.zeros(1, sum(lengths), dtype=torch.bool)
     is_init[0, np.cumsum([0] + lengths[:-1])] = True
-    p = segments.plan(is_init.numpy(), torch.device("cpu"))
-    cut = segments.buckets(p)
     ordered = sorted(lengths, reverse=True)
+    cut = segments.buckets(np.array(ordered))
     assert [b[0] for b in cut] == [0] + [b[1] for b in cut[:-1]] and cut[-1][1] == len(lengths)
     for first, end, steps, full in cut:
         assert steps == ordered[first] and full == ordered[first:end].count(steps)

@@ -26,11 +26,11 @@ def aten_kernels(layout: Layout) -> AtenKernels:
 
 
 def to_layer_major(carry: Carry) -> Carry:
-    return tuple(s.transpose(0, 1).contiguous() for s in carry)
+    return tuple([s.transpose(0, 1).contiguous() for s in carry])
 
 
 def to_batch_major(carry: Carry) -> Carry:
-    return tuple(s.transpose(0, 1) for s in carry)
+    return tuple([s.transpose(0, 1) for s in carry])
 
 
 def kernel_mode(x: torch.Tensor, opts: SequenceOptions) -> tuple[float, bool]:
@@ -51,10 +51,10 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
     run = aten_kernels(layout).sequence
     n, t_len = x.shape[0], x.shape[1]
     if is_init is not None:
-        carry = apply_reset(carry, is_init[:, 0], None if reset is None else tuple(r[:, 0] for r in reset))
+        carry = apply_reset(carry, is_init[:, 0], None if reset is None else tuple([r[:, 0] for r in reset]))
     y, hx = run(layout, params, x, to_layer_major(carry), *kernel_mode(x, opts), None)
     final = to_batch_major(hx)
-    per_step = tuple(s.unsqueeze(1).expand(n, t_len, *s.shape[1:]) for s in final) if opts.segment_states else None
+    per_step = tuple([s.unsqueeze(1).expand(n, t_len, *s.shape[1:]) for s in final]) if opts.segment_states else None
     return y, final, per_step
 
 
@@ -94,7 +94,7 @@ def step(layout: Layout, params, x: torch.Tensor, carry: Carry) -> tuple[torch.T
     new_layers = []
     inp = x
     for k in range(layout.num_layers):
-        layer = run(layout.cell.layer_weights(params, layout, k), inp, tuple(s[:, k] for s in carry))
+        layer = run(layout.cell.layer_weights(params, layout, k), inp, tuple([s[:, k] for s in carry]))
         new_layers.append(layer)
         inp = layer[0]
-    return inp, tuple(torch.stack(parts, dim=1) for parts in zip(*new_layers))
+    return inp, tuple([torch.stack(parts, dim=1) for parts in zip(*new_layers)])

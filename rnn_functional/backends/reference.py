@@ -23,5 +23,5 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
         y, carry = multi_layer_step(layout, params, x_t[t], carry, opts.dropout, opts.training, starts[t])
         outputs.append(y)
         states.append(carry)
-    per_step = tuple(torch.stack(parts, dim=1) for parts in zip(*states)) if opts.segment_states else None
+    per_step = tuple([torch.stack(parts, dim=1) for parts in zip(*states)]) if opts.segment_states else None
     return torch.stack(outputs, dim=1), carry, per_step

@@ -46,28 +46,28 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
     mask_t = None if is_init is None else is_init.transpose(0, 1)  # [T, N]
     for k in range(layout.num_layers):
         w = cell.layer_weights(params, layout, k)
-        layer_carry = tuple(s[:, k] for s in carry)
-        reset_k = None if reset is None else tuple(r[:, :, k].transpose(0, 1) for r in reset)  # [T, N, S]
+        layer_carry = tuple([s[:, k] for s in carry])
+        reset_k = None if reset is None else tuple([r[:, :, k].transpose(0, 1) for r in reset])  # [T, N, S]
         recompute = opts.recompute == "full"
         layer_inputs = (len(layer_carry), reset_k is not None, inp, mask_t, *layer_carry, *(reset_k or ()), *w.tensors())
         if ensemble_scan.serves(recompute, inp, mask_t, *layer_carry, *(reset_k or ()), *w.tensors()):
             # compiled torch.vmap with autograd: the ensemble op (torch cannot vmap the layer below there)
             states = ensemble_scan.layer_states(cell, recompute, *layer_inputs)
-            final, ys = tuple(s[-1] for s in states), (states if opts.segment_states else states[0])
+            final, ys = tuple([s[-1] for s in states]), (states if opts.segment_states else states[0])
         elif _needs_grad(inp, *layer_carry, *(reset_k or ()), w) and not forward_mode() and not traced_under_grad():
             if torch.compiler.is_compiling():
                 layer_inputs = _distinct(layer_inputs)
             states = HandWrittenLayer.apply(cell, recompute, 0, *layer_inputs)[: len(layer_carry)]
-            final, ys = tuple(s[-1] for s in states), (states if opts.segment_states else states[0])
+            final, ys = tuple([s[-1] for s in states]), (states if opts.segment_states else states[0])
         else:
             gi = F.linear(inp, w.weight_ih, w.bias_ih).transpose(0, 1)  # [T, N, G*H]
             final, ys = scan_states(cell, w.tensors(), layer_carry, gi, mask_t, reset_k, "states" if opts.segment_states else "h")
         # ``* 1``: each final carry's backward hands the scan a cotangent of its own, where a loss such as
         # ``(h_T + c_T).sum()`` gives views of one tensor, which scan rejects ("scan might be aliasing")
-        finals.append(tuple(s * 1 for s in final))
+        finals.append(tuple([s * 1 for s in final]))
         if opts.segment_states:
-            per_step.append(tuple(s.transpose(0, 1) for s in ys))  # [N, T, S]
+            per_step.append(tuple([s.transpose(0, 1) for s in ys]))  # [N, T, S]
             ys = ys[0]
         inp = between_layers(ys.transpose(0, 1), k, layout, opts.dropout, opts.training)
-    states = tuple(torch.stack(parts, dim=2) for parts in zip(*per_step)) if opts.segment_states else None
-    return inp, tuple(torch.stack(parts, dim=1) for parts in zip(*finals)), states
+    states = tuple([torch.stack(parts, dim=2) for parts in zip(*per_step)]) if opts.segment_states else None
+    return inp, tuple([torch.stack(parts, dim=1) for parts in zip(*finals)]), states

@@ -35,7 +35,7 @@ only. Under ``torch.compile`` the one layout is :func:`aligned` over a :func:`st
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -59,16 +59,17 @@ class Result(NamedTuple):
 
 @dataclass
 class SegmentPlan:
-    """Where the segments of an ``[N, T]`` call lie (``S`` segments, the longest ``max_len`` steps).
+    """Where the segments of an ``[N, T]`` call lie (``count`` segments, the longest ``max_len`` steps).
 
     ``shape``: ``(N, T)``; ``first [S]``: each segment's first step, row-major over ``N * T``; ``lengths [S]``:
     its step count; both on the call's device. ``lengths_host``: ``lengths`` as a NumPy array, from the
     call's one host read of ``is_init`` (:func:`plan`): every count and length the layouts need on the
-    host comes from it. :attr:`seg_of` and :attr:`pos` (``[N, T]``: each step's segment and its index
-    within it) are derived on first use, by the layouts that gather; ``index`` holds them once known.
-    ``static``: a plan of static shapes (:func:`static_plan`, under ``torch.compile``) whose ``first``
-    and ``lengths`` are bounds-clamped estimates past the real segments and which has no host values:
-    its layouts index by ``index`` only. ``memo``: the sorted lengths and the length buckets, computed once.
+    host comes from it. ``slice_len``: ``L`` when every row is slices of ``L < T`` steps from ``t = 0``, its last
+    one ``T mod L`` steps where ``L`` does not divide ``T`` (whole ``SliceSampler`` slices), else ``None``.
+    :attr:`seg_of` and :attr:`pos` (``[N, T]``: each step's segment and its index within it) are derived on first
+    use, by the layouts that gather; ``index`` holds them once known. ``static``: a plan of static shapes
+    (:func:`static_plan`, under ``torch.compile``) whose ``first`` and ``lengths`` are bounds-clamped estimates past
+    the real segments and which has no host values: its layouts index by ``index`` only.
     """
 
     shape: tuple[int, int]
@@ -76,22 +77,10 @@ class SegmentPlan:
     lengths: torch.Tensor
     lengths_host: np.ndarray | None
     max_len: int
+    count: int
+    slice_len: int | None = None
     index: tuple[torch.Tensor, torch.Tensor] | None = None
     static: bool = False
-    memo: dict = field(default_factory=dict, compare=False, repr=False)
-
-    @property
-    def count(self) -> int:
-        """``S``, the number of segments."""
-        return int(self.first.shape[0])
-
-    @property
-    def row(self) -> torch.Tensor:
-        return self.first // self.shape[1]
-
-    @property
-    def start(self) -> torch.Tensor:
-        return self.first % self.shape[1]
 
     def _index(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.index is None:
@@ -119,23 +108,6 @@ class SegmentPlan:
         row_ends = torch.arange(1, n + 1, device=self.first.device) * t_len
         return torch.searchsorted(self.first, row_ends) - 1
 
-    @property
-    def slice_len(self) -> int | None:
-        """``L`` when every row is slices of ``L < T`` steps from ``t = 0``, its last one ``T mod L`` steps where
-        ``L`` does not divide ``T`` (whole ``SliceSampler`` slices); else None."""
-        if "slice_len" not in self.memo:
-            n, t_len = self.shape
-            length = int(self.lengths_host[0])
-            whole, tail = divmod(t_len, length)
-            per_row = whole + (tail > 0)
-            regular = length < t_len and self.count == n * per_row
-            if regular:
-                pattern = np.full(per_row, length)
-                pattern[-1] = tail or length
-                regular = bool((self.lengths_host.reshape(n, per_row) == pattern).all())
-            self.memo["slice_len"] = length if regular else None
-        return self.memo["slice_len"]
-
 
 def segment_starts(is_init: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(first, lengths)``: every segment's first step (row-major flat index) and step count, of a call with resets
@@ -150,7 +122,16 @@ def plan(is_init: np.ndarray, device: torch.device) -> SegmentPlan:
     """The segments of a call with resets ``is_init [N, T]`` (a bool NumPy array read from the call's mask,
     ``N, T > 0``); the device tensors are copied to ``device`` (no read back)."""
     first, lengths = segment_starts(is_init)
-    return SegmentPlan(is_init.shape, _to(first, device), _to(lengths, device), lengths, int(lengths.max()))
+    (n, t_len), length = is_init.shape, int(lengths[0])
+    whole, tail = divmod(t_len, length)
+    per_row = whole + (tail > 0)
+    regular = length < t_len and len(first) == n * per_row
+    if regular:  # every row: whole slices of one length from t = 0, the last one the remainder
+        pattern = np.full(per_row, length)
+        pattern[-1] = tail or length
+        regular = bool((lengths.reshape(n, per_row) == pattern).all())
+    return SegmentPlan(is_init.shape, _to(first, device), _to(lengths, device), lengths, int(lengths.max()),
+                       len(first), length if regular else None)
 
 
 def _to(a: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -174,7 +155,8 @@ def static_plan(is_init: torch.Tensor, slice_len: int, num_slices: int) -> Segme
     step = torch.arange(n * t_len, device=is_init.device)
     first = step.new_zeros(num_slices).scatter_reduce(0, clamped, step, "amin", include_self=False)
     pos = (step - first[clamped]).clamp(max=slice_len - 1).reshape(n, t_len)
-    return SegmentPlan((n, t_len), first, lengths, None, slice_len, index=(clamped.reshape(n, t_len), pos), static=True)
+    return SegmentPlan((n, t_len), first, lengths, None, slice_len, num_slices, index=(clamped.reshape(n, t_len), pos),
+                       static=True)
 
 
 def _initial_carries(p: SegmentPlan, carry: Carry, is_init: torch.Tensor, reset: Carry | None,
@@ -184,9 +166,10 @@ def _initial_carries(p: SegmentPlan, carry: Carry, is_init: torch.Tensor, reset:
     A segment starts from its row's incoming carry unless ``is_init`` is True at its first step (always,
     past ``t = 0``), where it starts from ``reset`` there, or zeros.
     """
-    row, start = (p.row, p.start) if order is None else (p.row[order], p.start[order])
-    fill = None if reset is None else tuple(r[row, start] for r in reset)
-    return apply_reset(tuple(s[row] for s in carry), is_init[row, start], fill)
+    first = p.first if order is None else p.first[order]
+    row, start = first // p.shape[1], first % p.shape[1]
+    fill = None if reset is None else tuple([r[row, start] for r in reset])
+    return apply_reset(tuple([s[row] for s in carry]), is_init[row, start], fill)
 
 
 def _dest(p: SegmentPlan, base: torch.Tensor) -> torch.Tensor:
@@ -217,15 +200,15 @@ def _scatter(p: SegmentPlan, y_rows: torch.Tensor, dest: torch.Tensor, seg_final
     n, t_len = p.shape
     y = y_rows.index_select(0, dest).view(n, t_len, -1)
     last = p.last if order is None else order[1][p.last]
-    final = tuple(s.index_select(0, last) for s in seg_final)
+    final = tuple([s.index_select(0, last) for s in seg_final])
     if not opts.segment_states:
         return Result(y, final, None)
     if p.static:  # clamped ends past the real segments: gather every step's segment
-        return Result(y, final, tuple(s[p.seg_of] for s in seg_final))
+        return Result(y, final, tuple([s[p.seg_of] for s in seg_final]))
     ends = p.first + p.lengths - 1
     ends = ends if order is None else ends[order[0]]
-    per_step = tuple(s.new_zeros(n * t_len, *s.shape[1:]).index_copy(0, ends, s).view(n, t_len, *s.shape[1:])
-                     for s in seg_final)
+    per_step = tuple([s.new_zeros(n * t_len, *s.shape[1:]).index_copy(0, ends, s).view(n, t_len, *s.shape[1:])
+                     for s in seg_final])
     return Result(y, final, per_step, segment_ends=True)
 
 
@@ -237,7 +220,7 @@ def aligned(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: Ca
     h0 = _initial_carries(p, carry, is_init, reset)
     first = torch.zeros(p.count, p.max_len, dtype=torch.bool, device=x.device)
     first[torch.arange(p.count, device=x.device), offset] = True
-    to_h0 = tuple(s.unsqueeze(1).expand(s.shape[0], p.max_len, *s.shape[1:]) for s in h0)
+    to_h0 = tuple([s.unsqueeze(1).expand(s.shape[0], p.max_len, *s.shape[1:]) for s in h0])
     inner = opts.without_segment_states()
     x_block = _block(x, dest, p.count * p.max_len).view(p.count, p.max_len, -1)
     y_block, seg_final, _ = impl(layout, params, x_block, h0, first, to_h0, inner)
@@ -278,17 +261,15 @@ def _other_finals(layout: Layout, params, x_block, h0: Carry, y_block, lengths: 
     w = cell.layer_weights(params, layout, 0)
     gi = F.linear(x_block, w.weight_ih, w.bias_ih)
     h_prev = torch.cat([h0[0], y_block[:, : x_block.shape[1] - 1]], dim=1)  # h before each step
-    rest = cell.carry_rest_given_h(gi, h_prev, tuple(s[:, 0] for s in h0[1:]), w)
+    rest = cell.carry_rest_given_h(gi, h_prev, tuple([s[:, 0] for s in h0[1:]]), w)
     last = (lengths - 1).view(-1, 1, 1)
-    return tuple(parts.gather(1, last.expand(-1, 1, parts.shape[-1])) for parts in rest)
+    return tuple([parts.gather(1, last.expand(-1, 1, parts.shape[-1])) for parts in rest])
 
 
 def _sorted(p: SegmentPlan) -> tuple[np.ndarray, np.ndarray]:
-    """``(order, lengths_sorted)``: the segments of ``p`` sorted by decreasing length (stable), on the host (memoised)."""
-    if "sorted" not in p.memo:
-        order = np.argsort(-p.lengths_host, kind="stable")
-        p.memo["sorted"] = (order, p.lengths_host[order])
-    return p.memo["sorted"]
+    """``(order, lengths_sorted)``: the segments of ``p`` sorted by decreasing length (stable), on the host."""
+    order = np.argsort(-p.lengths_host, kind="stable")
+    return order, p.lengths_host[order]
 
 
 def alive_per_step(p: SegmentPlan) -> np.ndarray:
@@ -296,20 +277,18 @@ def alive_per_step(p: SegmentPlan) -> np.ndarray:
     return p.count - np.cumsum(np.bincount(p.lengths_host, minlength=p.max_len + 1)[:-1])
 
 
-def buckets(p: SegmentPlan) -> list[tuple[int, int, int, int]]:
-    """The length buckets :func:`bucketed` runs for the segments of ``p``: ``(first, end, steps, full)`` ranges of the
-    segments sorted by decreasing length, cut where the length halves (at most 2x padded steps, about
-    ``log2(Lmax)`` calls), with the count of rows that end at the bucket's last step (memoised on ``p``)."""
-    if "buckets" not in p.memo:
-        lengths, cut, first = _sorted(p)[1].tolist(), [], 0
-        while first < len(lengths):
-            end = first + 1
-            while end < len(lengths) and 2 * lengths[end] > lengths[first]:
-                end += 1
-            cut.append((first, end, lengths[first], lengths[first:end].count(lengths[first])))
-            first = end
-        p.memo["buckets"] = cut
-    return p.memo["buckets"]
+def buckets(lengths_sorted: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """The length buckets :func:`bucketed` runs for segments of these lengths (sorted, decreasing): ``(first, end,
+    steps, full)`` ranges cut where the length halves (at most 2x padded steps, about ``log2(Lmax)`` calls), with the
+    count of rows that end at the bucket's last step."""
+    lengths, cut, first = lengths_sorted.tolist(), [], 0
+    while first < len(lengths):
+        end = first + 1
+        while end < len(lengths) and 2 * lengths[end] > lengths[first]:
+            end += 1
+        cut.append((first, end, lengths[first], lengths[first:end].count(lengths[first])))
+        first = end
+    return cut
 
 
 def bucketed(p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions) -> Result:
@@ -321,7 +300,7 @@ def bucketed(p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, r
     back by one ``index_select`` of the outputs.
     """
     order, lengths_sorted = _sorted(p)
-    cut = buckets(p)
+    cut = buckets(lengths_sorted)
     dev = x.device
     rows_per_bucket = np.array([end - first for first, end, _, _ in cut])
     steps_per_bucket = np.array([steps for *_, steps, _ in cut])
@@ -345,15 +324,15 @@ def bucketed(p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, r
         yb, hx = run(layout, params, xb, pad.to_layer_major(hb), *pad.kernel_mode(xb, opts), None)
         lb = len_d[first:end]
         h_last = yb.gather(1, (lb - 1).view(-1, 1, 1).expand(-1, 1, yb.shape[-1]))  # [Sb, 1, P]
-        others = tuple(s.transpose(0, 1)[:full] for s in hx[1:])  # a prefix of the bucket ends at its last step
+        others = tuple([s.transpose(0, 1)[:full] for s in hx[1:]])  # a prefix of the bucket ends at its last step
         if full < end - first and len(hb) > 1:  # rows ending early: their parts after h, recomputed
             rest = slice(full, end - first)
             short = _other_finals(layout, params, xb[rest, : int(lengths_sorted[first + full])],
-                                  tuple(s[rest] for s in hb), yb[rest], lb[rest])
-            others = tuple(torch.cat([a, b]) for a, b in zip(others, short))
+                                  tuple([s[rest] for s in hb]), yb[rest], lb[rest])
+            others = tuple([torch.cat([a, b]) for a, b in zip(others, short)])
         finals.append((h_last, *others))
         ys.append(yb.reshape(-1, yb.shape[-1]))
-    seg_final = tuple(torch.cat(parts) if len(parts) > 1 else parts[0] for parts in zip(*finals))  # sorted order
+    seg_final = tuple([torch.cat(parts) if len(parts) > 1 else parts[0] for parts in zip(*finals)])  # sorted order
     return _scatter(p, torch.cat(ys) if len(ys) > 1 else ys[0], dest, seg_final, opts, order=(order_d, rank_d))
 
 
@@ -361,9 +340,9 @@ def slice_carries(slice_len: int, k: int, carry: Carry, reset: Carry | None) -> 
     """The carry before each of the ``k`` slices of every row, ``[N * k, ...]``: the call's for the first slice
     and, for the others, the slice's reset state at its first step (zeros without ``reset``)."""
     n = carry[0].shape[0]
-    later = (tuple(s.new_zeros(n, k - 1, *s.shape[1:]) for s in carry) if reset is None
-             else tuple(r[:, slice_len:k * slice_len:slice_len] for r in reset))
-    return tuple(torch.cat([s.unsqueeze(1), r], dim=1).reshape(n * k, *s.shape[1:]) for s, r in zip(carry, later))
+    later = (tuple([s.new_zeros(n, k - 1, *s.shape[1:]) for s in carry]) if reset is None
+             else tuple([r[:, slice_len:k * slice_len:slice_len] for r in reset]))
+    return tuple([torch.cat([s.unsqueeze(1), r], dim=1).reshape(n * k, *s.shape[1:]) for s, r in zip(carry, later)])
 
 
 def merge_slices(n: int, t_len: int, y: torch.Tensor, final: Carry, per_step: Carry | None) -> Result:
@@ -371,9 +350,9 @@ def merge_slices(n: int, t_len: int, y: torch.Tensor, final: Carry, per_step: Ca
     carry and the per-step carries ``[N, T, ...]``."""
     k = final[0].shape[0] // n
     y = y.reshape(n, t_len, y.shape[-1])
-    final = tuple(s.reshape(n, k, *s.shape[1:])[:, -1] for s in final)
+    final = tuple([s.reshape(n, k, *s.shape[1:])[:, -1] for s in final])
     if per_step is not None:
-        per_step = tuple(s.reshape(n, t_len, *s.shape[2:]) for s in per_step)
+        per_step = tuple([s.reshape(n, t_len, *s.shape[2:]) for s in per_step])
     return Result(y, final, per_step)
 
 
@@ -398,7 +377,7 @@ def whole_slices(p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_ini
     k = -(-t_len // slice_len) if padded_tail else t_len // slice_len
     whole = k * slice_len
     inner = opts.without_segment_states()
-    carry = apply_reset(carry, is_init[:, 0], None if reset is None else tuple(r[:, 0] for r in reset))
+    carry = apply_reset(carry, is_init[:, 0], None if reset is None else tuple([r[:, 0] for r in reset]))
     x_s = F.pad(x, (0, 0, 0, whole - t_len)) if padded_tail else x[:, :whole]
     x_s = x_s.reshape(n * k, slice_len, x.shape[-1])
     y_s, slice_finals, _ = pad.sequence(layout, params, x_s, slice_carries(slice_len, k, carry, reset), None, None, inner)
@@ -408,8 +387,8 @@ def whole_slices(p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_ini
         y, ended = y[:, :t_len], k - 1
         final = tail_finals = (y[:, -1].unsqueeze(1).clone(),)  # not a view of the outputs
     elif tail:  # the shorter last slices
-        tail_carry = (tuple(s.new_zeros(s.shape) for s in carry) if reset is None
-                      else tuple(r[:, whole] for r in reset))
+        tail_carry = (tuple([s.new_zeros(s.shape) for s in carry]) if reset is None
+                      else tuple([r[:, whole] for r in reset]))
         y_tail, tail_finals, _ = pad.sequence(layout, params, x[:, whole:], tail_carry, None, None, inner)
         y, final = torch.cat([y, y_tail], dim=1), tail_finals
     if not opts.segment_states:

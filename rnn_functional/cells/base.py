@@ -169,7 +169,7 @@ class Cell(abc.ABC):
         :meth:`step_backward_saved`, stacked over time (``[T, ...]`` each). Default: each entry is a step's share of
         one weight's gradient, summed over time; a cell may instead emit per-row factors and reduce them here, one
         GEMM over the whole sequence."""
-        return tuple(d.sum(0) for d in per_step)
+        return tuple([d.sum(0) for d in per_step])
 
     def layer_step(self, gi: torch.Tensor, carry: Carry, w: LayerWeights, *start: torch.Tensor) -> Carry:
         """One layer, one step: ``gi [N, G]`` (the input projection), carry of ``[N, S]`` -> carry' (``start``: see
@@ -188,7 +188,7 @@ class Cell(abc.ABC):
         for gi_t, h_t in zip(gi.unbind(1), h_prev.unbind(1)):  # not [:, t]: see backends/reference.py
             carry = self.layer_step(gi_t, (h_t, *carry), w)[1:]
             rest.append(carry)
-        return tuple(torch.stack(parts, dim=1) for parts in zip(*rest))
+        return tuple([torch.stack(parts, dim=1) for parts in zip(*rest)])
 
     def step_backward(self, gi: torch.Tensor, carry: Carry, w: LayerWeights, d_new: Carry,
                       *start: torch.Tensor) -> StepGrads:
@@ -260,7 +260,7 @@ def final_at_last_step(final: Carry, t_len: int) -> Carry:
     tensor (the backward is a view of the incoming gradient at ``T - 1``).
     """
     before = (0, 0) * (final[0].ndim - 1) + (t_len - 1, 0)  # F.pad lists the last dim first
-    return tuple(F.pad(s.unsqueeze(1), before) for s in final)
+    return tuple([F.pad(s.unsqueeze(1), before) for s in final])
 
 
 def between_layers(y: torch.Tensor, k: int, layout: Layout, dropout: float, training: bool) -> torch.Tensor:

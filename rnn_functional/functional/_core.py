@@ -180,9 +180,9 @@ def flatten(layout: Layout, params: dict[str, torch.Tensor], x: torch.Tensor, ca
     x = _flat(x, (n, *x.shape[len(batch_shape):]))
     is_init = None if is_init is None else _flat(is_init, (n, *time))
     L = layout.num_layers
-    carry = tuple(x.new_zeros((n, L, size)) for size in layout.state_sizes) if carry is None else \
-        tuple(_flat(t, (n, L, t.shape[-1])) for t in carry)
-    reset = None if reset is None else tuple(_flat(t, (n, *time, L, t.shape[-1])) for t in reset)
+    carry = tuple([x.new_zeros((n, L, size)) for size in layout.state_sizes]) if carry is None else \
+        tuple([_flat(t, (n, L, t.shape[-1])) for t in carry])
+    reset = None if reset is None else tuple([_flat(t, (n, *time, L, t.shape[-1])) for t in reset])
     return Canonical(layout, params, batch_shape, x, carry, is_init, reset)
 
 
@@ -193,7 +193,7 @@ def in_autocast_dtype(layout: Layout, params: Mapping[str, torch.Tensor], x: tor
     dtype = autocast_dtype(layout)
     if dtype is None:
         return layout, params, x, carry, reset
-    cast = (lambda ts: None if ts is None else tuple(t.to(dtype) for t in ts))  # noqa: E731
+    cast = (lambda ts: None if ts is None else tuple([t.to(dtype) for t in ts]))  # noqa: E731
     return (replace(layout, dtype=dtype), {k: v.to(dtype) for k, v in params.items()}, x.to(dtype), cast(carry),
             cast(reset))
 
@@ -217,7 +217,7 @@ def restore(batch_shape: tuple, tensors: Carry) -> Carry:
     """``[N, ...]`` tensors back to ``[*B, ...]`` (as they are for one batch dim)."""
     if len(batch_shape) == 1:
         return tuple(tensors)
-    return tuple(t.reshape(batch_shape + tuple(t.shape[1:])) for t in tensors)
+    return tuple([t.reshape(batch_shape + tuple(t.shape[1:])) for t in tensors])
 
 
 # ----------------------------------------------------------------------------- drivers
@@ -234,8 +234,8 @@ def _empty_call(c: Canonical, time: tuple) -> tuple[torch.Tensor, Carry, Carry]:
     zero = sum(t.flatten()[:0].sum() for t in inputs)
     n = c.x.shape[0]
     y = c.x.new_zeros((n, *time, c.layout.out_size)) + zero
-    per_step = tuple(s.new_zeros((n, *time, *s.shape[1:])) + zero for s in c.carry)
-    return y, tuple(s + zero for s in c.carry), per_step
+    per_step = tuple([s.new_zeros((n, *time, *s.shape[1:])) + zero for s in c.carry])
+    return y, tuple([s + zero for s in c.carry]), per_step
 
 
 def run_step(cell: Cell, x, state, params, is_init, backend: str, dropout: float = 0.0, training: bool = False,
@@ -273,11 +273,11 @@ def _first_step_resets(x, carry: Carry, is_init: torch.Tensor, reset: Carry | No
     all True, the carry unchanged where all False, else :func:`apply_reset`. A side whose gradient autograd
     records keeps :func:`apply_reset`, which sends it the zeros ``torch.where`` does."""
     resets = np.count_nonzero(host[:, 0])
-    reset0 = None if reset is None else tuple(r[:, 0] for r in reset)
+    reset0 = None if reset is None else tuple([r[:, 0] for r in reset])
     if 0 < resets < host.shape[0] or any(t.requires_grad for t in (*carry, *(reset0 or ()))):
         carry = apply_reset(carry, is_init[:, 0], reset0)
     elif resets:
-        carry = reset0 if reset0 is not None else tuple(torch.zeros_like(s) for s in carry)
+        carry = reset0 if reset0 is not None else tuple([torch.zeros_like(s) for s in carry])
     return x, carry, None, None
 
 

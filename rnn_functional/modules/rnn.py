@@ -157,8 +157,8 @@ class RNNChild:
         self._live = LiveParams(rnn)
         self._layout = self._cell.core.read_layout(self._weights)
         self._input_size = int(rnn.input_size)
-        self._state_shapes = tuple((int(rnn.num_layers), width) for width in self._cell.state_widths(rnn))
-        self._sizes = (int(rnn.num_layers), tuple(w for _, w in self._state_shapes))
+        self._state_shapes = tuple([(int(rnn.num_layers), width) for width in self._cell.state_widths(rnn)])
+        self._sizes = (int(rnn.num_layers), tuple([w for _, w in self._state_shapes]))
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
