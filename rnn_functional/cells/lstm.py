@@ -177,7 +177,7 @@ class LSTMCell(TorchRNNCell):
         h, c = carry
         i, f, g, o = (gi + F.linear(h, w.weight_hh, w.bias_hh)).chunk(4, dim=-1)
         i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
-        c_next = _cell_update(f, c, i * g)
+        c_next = torch.addcmul(i * g, f, c)  # c' = f * c + i * g: the backward recomputes it by the same op
         h_next = o * torch.tanh(c_next)
         (weight_hr,) = w.extra
         if weight_hr is not None:
@@ -189,7 +189,7 @@ class LSTMCell(TorchRNNCell):
         (_, candidate), (_, f, *_) = self.layer_step_saving(gi, (h_prev, torch.zeros_like(h_prev[..., :1])), w)
         c, cs = rest0[0], []  # candidate: i * g
         for f_t, candidate_t in zip(f.unbind(1), candidate.unbind(1)):  # not [:, t]: see backends/reference.py
-            c = _cell_update(f_t, c, candidate_t)
+            c = torch.addcmul(candidate_t, f_t, c)
             cs.append(c)
         return (torch.stack(cs, dim=1),)
 
@@ -197,7 +197,7 @@ class LSTMCell(TorchRNNCell):
         """``(k [.., 4H], a [.., H], f [.., H])`` (and ``o * tanh(c')`` with ``weight_hr``): the gate
         cotangents are ``cat([dc, dc, dc, dh]) * k``, and ``dc = dc' + dh * a``."""
         (i, f, g, o), c = saved, carry[1]
-        tanh_c = torch.tanh(_cell_update(f, c, i * g))  # tanh(c'), as the forward computed it
+        tanh_c = torch.tanh(torch.addcmul(i * g, f, c))  # tanh(c'), as the forward computed it
         k = torch.cat([g * i * (1 - i), c * f * (1 - f), i * (1 - g * g), tanh_c * o * (1 - o)], dim=-1)
         projected = () if w.extra[0] is None else (o * tanh_c,)
         return (k, o * (1 - tanh_c * tanh_c), f, *projected)
@@ -213,11 +213,6 @@ class LSTMCell(TorchRNNCell):
         dc = torch.addcmul(dc_new, dh_new, a)
         d_gates = torch.cat([dc, dc, dc, dh_new], dim=-1) * k
         return StepGrads((d_gates @ w.weight_hh, dc * f), d_gates, None, (d_hr,))
-
-
-def _cell_update(f: torch.Tensor, c: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
-    """``c' = f * c + i * g`` (``candidate = i * g``)."""
-    return torch.addcmul(candidate, f, c)
 
 
 LSTM = register(LSTMCell())
