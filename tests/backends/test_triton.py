@@ -245,9 +245,7 @@ def test_compile_fullgraph_no_graph_break_matches_eager(cell: str, recompute: st
         y, carry = seq(x, state, params, is_init=is_init, reset_state=reset, backend="triton", recompute=recompute)
         return (y, *flat(carry))
 
-    explained = torch._dynamo.explain(fn)(problem["x"], problem["state"])
-    assert explained.graph_break_count == 0
-    compiled = torch.compile(fn, fullgraph=True, backend=compiler)
+    compiled = torch.compile(fn, fullgraph=True, backend=compiler)  # fullgraph: a graph break raises
     outs = compiled(problem["x"], problem["state"])
     grads = torch.autograd.grad(sum(o.sum() for o in outs), problem["leaves"])
     ref_outs = fn(problem["x"], problem["state"])
