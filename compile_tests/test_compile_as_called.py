@@ -123,18 +123,27 @@ def test_default_compile_sequence_every_cell(cell):
 
 @pytest.mark.parametrize("cell", ["lstm", "gru", "norm_gru"])
 def test_default_compile_step_every_cell(cell):
-    assert _check(_user_step_loop(cell), cell, {}, "grad") == 1
+    """The loop is unrolled into the graph, so its compile grows with T: three steps hold interior resets."""
+    x, is_init = _sequence_inputs()
+    x, is_init = x[:, :3], is_init[:, :3]
+    assert is_init[:, 1:].any()
+    assert _check(_user_step_loop(cell), cell, {}, "grad", x, is_init) == 1
 
 
-@pytest.mark.parametrize("grad_mode", ["grad", "inference_mode"])
-@pytest.mark.parametrize("config", [pytest.param(v, id=k) for k, v in CONFIGS.items() if k != "default"])
+# (configuration, grad mode) pairs. Left out, as the same compile as a case run elsewhere: "dynamic-none" is the
+# default (test_default_compile_sequence_every_cell under grad, test_default_compile_module_grad_modes under
+# inference_mode); "fullgraph" under grad is test_compile_functional.py::test_sequence_inductor_fp32[gru-L1]; one
+# call of "dynamic-false" compiles the default's graph, run under grad here; "max-autotune-no-cudagraphs" runs
+# under grad, a forward and a backward (inference_mode would compile a forward alone).
+CONFIG_CASES = [("fullgraph", "inference_mode"), ("dynamic-true", "grad"), ("dynamic-true", "inference_mode"),
+                ("dynamic-false", "grad"), ("max-autotune-no-cudagraphs", "grad"), ("aot_eager", "grad"),
+                ("aot_eager", "inference_mode")]
+
+
+@pytest.mark.parametrize(("config", "grad_mode"), [pytest.param(CONFIGS[c], m, id=f"{c}-{m}") for c, m in CONFIG_CASES])
 def test_configurations(config, grad_mode):
     """One representative (GRU sequence with interior resets) per configuration and grad mode."""
     assert _check(_user_sequence("gru"), "gru", config, grad_mode) == 1
-
-
-def test_default_compile_no_grad():
-    assert _check(_user_sequence("lstm"), "lstm", {}, "no_grad") == 1
 
 
 FUNC_CELLS = {
@@ -152,7 +161,8 @@ def test_compiled_torch_func_grad(cell, transform):
     """``torch.compile(torch.func.grad(loss))`` and ``torch.compile(torch.vmap(torch.func.grad(loss)))`` (per-sample
     gradients), ``fullgraph=True``, ``scan`` and ``auto``: equal to the eager ``reference`` transform. torch's
     ``scan`` could not be traced under ``grad`` ("Expected FakeTensor"), nor the hand-written layer under
-    ``vmap(grad)``; there the loop is unrolled (``scan_parts.traced_under_grad``)."""
+    ``vmap(grad)``; there the loop is unrolled (``scan_parts.traced_under_grad``). Those were tracing failures,
+    which ``aot_eager`` shows; the LSTM runs the default compiler (Inductor) on both transforms."""
     init, sequence = FUNC_CELLS[cell]
     params = init(F_IN, H, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     x, is_init = _sequence_inputs(batch=2)
@@ -165,9 +175,10 @@ def test_compiled_torch_func_grad(cell, transform):
         return torch.func.grad(loss) if transform == "grad" else torch.vmap(torch.func.grad(loss))
 
     want = transformed("reference")(x)
+    compiler = "inductor" if cell == "lstm" else FAST
     for backend in ("scan", "auto"):
         torch._dynamo.reset()
-        torch.testing.assert_close(torch.compile(transformed(backend), fullgraph=True)(x), want)
+        torch.testing.assert_close(torch.compile(transformed(backend), fullgraph=True, backend=compiler)(x), want)
 
 
 COMPILED_AUTOGRAD_CASES = [*((cell, "auto") for cell in FUNC_CELLS), ("gru", "pad"),
@@ -321,22 +332,30 @@ def _check_module(cell: str, backend: str, grad_mode: str, layout: str = "batch"
     assert stats.breaks == 0 and stats.graphs == 1, stats
 
 
-@pytest.mark.parametrize("backend", ["auto", "scan", "pad", "reference", pytest.param("triton", marks=TRITON)])
-@pytest.mark.parametrize("cell", ["lstm", "gru"])
+MODULE_BACKEND_CASES = [*(("lstm", b) for b in ("auto", "scan", "pad", "reference")), ("gru", "reference"),
+                        pytest.param("lstm", "triton", marks=TRITON), pytest.param("gru", "triton", marks=TRITON)]
+
+
+@pytest.mark.parametrize(("cell", "backend"), MODULE_BACKEND_CASES)
 def test_default_compile_module_recurrent_every_backend(cell, backend):
-    """The issue's failing call: ``torch.compile(module)`` in recurrent mode with resets, under no_grad."""
+    """The issue's failing call: ``torch.compile(module)`` in recurrent mode with resets, under no_grad. Every backend
+    with the LSTM; the GRU where its compiled code is its own (``reference``'s loop, its Triton kernel): under
+    compile ``auto`` and ``pad`` run ``scan``, whose GRU graph test_default_compile_module_grad_modes compiles."""
     _check_module(cell, backend, "no_grad")
 
 
-@pytest.mark.parametrize("grad_mode", ["grad", "inference_mode"])
-@pytest.mark.parametrize("cell", ["lstm", "gru"])
+# no_grad: test_default_compile_module_recurrent_every_backend; the LSTM module under grad in recurrent mode: its
+# flat layout below and test_compile_policy.py::test_policy_inductor[batch] (fullgraph)
+@pytest.mark.parametrize(("cell", "grad_mode"), [("gru", "grad"), ("lstm", "inference_mode")])
 def test_default_compile_module_grad_modes(cell, grad_mode):
     _check_module(cell, "auto", grad_mode)
 
 
-@pytest.mark.parametrize("layout", ["step", "flat"])
+# sequential mode (one env step, no scan: the default compile is fullgraph's) under Inductor with grad:
+# test_compile_policy.py::test_policy_inductor[step]
+@pytest.mark.parametrize("layout", ["flat"])
 def test_default_compile_module_layouts(layout):
-    """Sequential mode (one env step) and a flat ``SliceSampler``-style batch in recurrent mode."""
+    """A flat ``SliceSampler``-style batch in recurrent mode."""
     _check_module("lstm", "auto", "grad", layout)
 
 

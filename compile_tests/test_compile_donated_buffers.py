@@ -35,9 +35,11 @@ def test_the_switch_is_off_after_import():
     assert torch._functorch.config.donated_buffer is False
 
 
-@pytest.mark.parametrize("backend", ["auto", "scan", "pad"])
+@pytest.mark.parametrize("backend", ["auto"])
 def test_projected_lstm_over_two_layers(backend):
-    """A projected LSTM over two layers with stored states: the lower layer's gradients were off by 3x their size."""
+    """A projected LSTM over two layers with stored states: the lower layer's gradients were off by 3x their size.
+    Under compile ``auto``, ``scan`` and ``pad`` all run the ``scan`` layer (test_compile_functional.py checks that
+    routing), so one compile of the default serves all three."""
     g = torch.Generator().manual_seed(0)
     params = {k: v.requires_grad_(True) for k, v in
               rf.init_lstm_params(3, 4, 2, proj_size=2, dtype=torch.float64, generator=g).items()}

@@ -59,8 +59,6 @@ def outputs_and_grads(fn, leaves, args):
 def test_compiled_slices_match_reference(cell, num_layers, proj, compiler):
     leaves, args = flat_call(cell, num_layers, proj)
     fn = loss_fn(cell, slice_len=SLICE)
-    explained = torch._dynamo.explain(fn)(*args)
-    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend=compiler, fullgraph=True)
     with compile_stats() as stats:
@@ -94,11 +92,7 @@ def test_compiled_ragged_slices_in_padded_block_match_reference():
         state = (torch.randn(layers, H, generator=g, dtype=torch.float64).requires_grad_(),)
         reset = (torch.randn(n, layers, H, generator=g, dtype=torch.float64).requires_grad_(),)
         leaves, args = [x, *state, *reset, *params.values()], (x, state, params, is_init, reset)
-        if len(lengths) == 6:
-            explained = torch._dynamo.explain(fn)(*args)
-            assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
-            torch._dynamo.reset()
-        with compile_stats() as stats:
+        with compile_stats() as stats:  # fullgraph: a graph break raises; the graphs are counted here
             got = outputs_and_grads(compiled, leaves, args)
         torch.testing.assert_close(got, outputs_and_grads(loss_fn(cell, backend="reference"), leaves, args))
         assert (stats.graphs, stats.breaks) == (graphs, 0)

@@ -59,8 +59,8 @@ def test_export_reads_closed_over_params_and_states(cell: str, backend: str, str
         torch.testing.assert_close(program(x_new, mask), Forward()(x_new, mask), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("strict", [False, True], ids=["non_strict", "strict"])
-@pytest.mark.parametrize("cell", ["lstm", "gru"])
+# the segment ends that broke are the module's, for any cell: each cell once, each kind of export once
+@pytest.mark.parametrize(("cell", "strict"), [("lstm", True), ("gru", False)], ids=["lstm-strict", "gru-non_strict"])
 def test_export_module_in_recurrent_mode_with_dynamic_time(cell: str, strict: bool) -> None:
     torch.manual_seed(0)
     keys = ["h", "c"] if cell == "lstm" else ["h"]

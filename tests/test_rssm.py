@@ -241,9 +241,7 @@ def test_compiled_module_fullgraph_without_breaks_equals_torchrl() -> None:
         return h
 
     torch._dynamo.reset()
-    explained = torch._dynamo.explain(rollout)(ours)
-    assert explained.graph_break_count == 0, explained.break_reasons
-    got = torch.compile(rollout, fullgraph=True, backend="aot_eager")(ours)
+    got = torch.compile(rollout, fullgraph=True, backend="aot_eager")(ours)  # fullgraph: a graph break raises
     want = rollout(theirs)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(grads([got], leaves), grads([want], leaves))

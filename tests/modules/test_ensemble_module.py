@@ -160,11 +160,8 @@ def test_compiled_ensemble_equals_eager_without_graph_breaks(cell, mode):
             value = module(td)["feat"]
             return value, torch.autograd.grad(value.square().sum(), params)
 
-    with rf.set_recurrent_mode(mode == "sequence"):
-        explanation = torch._dynamo.explain(ens)(td)
-    assert explanation.graph_break_count == 0, explanation.break_reasons
     want, want_grads = run(ens)
-    got, got_grads = run(torch.compile(ens, fullgraph=True, backend="aot_eager"))
+    got, got_grads = run(torch.compile(ens, fullgraph=True, backend="aot_eager"))  # fullgraph: a break raises
     torch.testing.assert_close(got, want)
     for g, w in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(g, w)

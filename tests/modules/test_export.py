@@ -106,10 +106,12 @@ def test_export_policy_step(cell, layout, strict):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("cell", ["lstm"])
 def test_aoti_package_policy_step(cell, tmp_path):
     """The tutorial layout exported (non-strict, as the tutorial does), compiled with AOTInductor into a
-    package, loaded back: its calls equal the eager policy's, and the eager policy is unchanged."""
+    package, loaded back: its calls equal the eager policy's, and the eager policy is unchanged. The LSTM (two state
+    keys) only: the GRU's program is exported and run in test_export_policy_step, and Inductor's code for its step
+    is compiled in compile_tests/test_compile_as_called.py."""
     from torch._inductor import aoti_compile_and_package, aoti_load_package
 
     policy, inputs, before, exported = _export("tutorial", cell, strict=False)

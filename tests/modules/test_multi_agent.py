@@ -3,7 +3,7 @@
 Oracles: single-agent ``GRUModule``/``LSTMModule`` (which are tested against ``torch.nn`` elsewhere) run on one
 agent's trajectory alone with that agent's weights (``agent_params(i)``); inputs concatenated by hand for
 ``centralized``; a step-by-step rollout for recurrent mode. fp64 comparisons use ``assert_close`` defaults; the
-one Inductor-compiled comparison runs fp32 at defaults too (the same ops in the same order, fused).
+one compiled comparison with gradients runs fp32 at defaults too (the same ops in the same order).
 """
 
 from __future__ import annotations
@@ -257,11 +257,14 @@ def test_compiles_whole_with_fullgraph_in_both_modes(cell, share) -> None:
     assert counter.frame_count == 2
 
 
-def test_inductor_compiled_equals_eager_with_grads() -> None:
-    """The default compile (Inductor) of per-agent weights (the vmapped call) in recurrent mode, fp32."""
+def test_compiled_equals_eager_with_grads() -> None:
+    """``torch.compile`` without ``fullgraph`` of per-agent weights (the vmapped call) in recurrent mode, fp32,
+    outputs and gradients. ``aot_eager`` traces the forward and backward as Inductor would; Inductor's lowering of
+    the same vmapped layer (an ``EnsembleModule`` of ``GRUModule``, fwd and bwd) runs in
+    compile_tests/test_compile_as_called.py::test_default_compile_ensemble_module_fwd_bwd."""
     module = make("gru", 3, share_params=False, dtype=torch.float32)
     td = make_td("gru", (2, 4), 3, dtype=torch.float32)
-    compiled = torch.compile(module)
+    compiled = torch.compile(module, backend="aot_eager")
     outs = []
     for m in (module, compiled):
         module.zero_grad()
