@@ -10,7 +10,7 @@ import torch
 
 from ..backends import SequenceOptions
 from ..cells import Layout
-from ..cells.rglru import RGLRU, rglru_cell
+from ..cells.rglru import RGLRU, RGLRUCell, rglru_cell
 from ._core import _SEQUENCE_DOC, _STEP_DOC, run_sequence, run_step
 
 __all__ = ["rglru_sequence", "rglru_step"]
@@ -24,12 +24,16 @@ _SEGMENT_START_DOC = """
     Returns:"""
 
 
+def _configured(segment_start: str, layout: Layout | None) -> tuple[RGLRUCell, Layout | None]:
+    """The cell for ``segment_start`` and ``layout`` as that cell's (one read by the other RG-LRU cell: same params)."""
+    cell = rglru_cell(segment_start)
+    return cell, layout if layout is None or layout.cell is cell else replace(layout, cell=cell)
+
+
 def rglru_step(x: torch.Tensor, state, params: Mapping[str, torch.Tensor], *, is_init: torch.Tensor | None = None,
                backend: str = "auto", dropout: float = 0.0, training: bool = False, layout: Layout | None = None,
                segment_start: str = "scaled"):
-    cell = RGLRU if segment_start == "scaled" else rglru_cell(segment_start)
-    if layout is not None and layout.cell is not cell:  # a layout read by the other RG-LRU cell: the same params
-        layout = replace(layout, cell=cell)
+    cell, layout = _configured(segment_start, layout)
     return run_step(cell, x, state, params, is_init, backend, dropout, training, layout)
 
 
@@ -38,9 +42,7 @@ def rglru_sequence(x: torch.Tensor, state, params: Mapping[str, torch.Tensor], *
                    recompute: str = "none", compute_dtype: torch.dtype | None = None, matmul_precision: str | None = None,
                    return_segment_states: bool = False, slice_len: int | None = None, num_slices: int | None = None,
                    segment_layout: str = "auto", layout: Layout | None = None, segment_start: str = "scaled"):
-    cell = RGLRU if segment_start == "scaled" else rglru_cell(segment_start)
-    if layout is not None and layout.cell is not cell:
-        layout = replace(layout, cell=cell)
+    cell, layout = _configured(segment_start, layout)
     opts = SequenceOptions(dropout, training, recompute, compute_dtype, matmul_precision, return_segment_states)
     return run_sequence(cell, x, state, params, is_init, reset_state, backend, opts, slice_len, num_slices,
                         segment_layout, layout)
