@@ -20,8 +20,8 @@ from helpers import exec_as_module
 import rnn_functional as rf
 from rnn_functional.backends import SequenceOptions, triton_backend
 from rnn_functional.cells.norm_gru import NORM_GRU
-from rnn_functional.functional import selection
-from rnn_functional.functional.selection import CallContext
+from rnn_functional.functional import _core
+from rnn_functional.functional._core import CallContext
 
 F_IN, H, B, T = 3, 4, 3, 5
 
@@ -216,16 +216,16 @@ def test_auto_never_picks_a_backend_without_its_kernels(monkeypatch, compiling, 
     is_init = torch.zeros(B, T, dtype=torch.bool)
     for device in ("cpu", "cuda"):
         x = SimpleNamespace(is_cuda=device == "cuda", device=torch.device(device), shape=is_init.shape)
-        assert selection.choose("auto", layout, x, opts, None, True, ctx).backend in ("reference", "scan")
+        assert _core.choose("auto", layout, x, opts, None, True, ctx).backend in ("reference", "scan")
     if not differentiated:  # the control: the GRU gets cuDNN (pad) in plain eager mode on CUDA, triton elsewhere
         x = SimpleNamespace(is_cuda=True, device=torch.device("cuda"), shape=is_init.shape)
         plain = not (compiling or vmapped) and recompute == "none"
-        assert selection.choose("auto", gru_layout, x, opts, None, True, ctx).backend == ("pad" if plain else "triton")
+        assert _core.choose("auto", gru_layout, x, opts, None, True, ctx).backend == ("pad" if plain else "triton")
 
 
 def test_auto_step_runs_reference() -> None:
     layout = NORM_GRU.read_layout(rf.init_norm_gru_params(F_IN, H))
-    assert selection.resolve_step("auto", layout, torch.randn(B, F_IN), CallContext(False, False, False)) is rf.cells.multi_layer_step
+    assert _core.resolve_step("auto", layout, torch.randn(B, F_IN), CallContext(False, False, False)) is rf.cells.multi_layer_step
 
 
 # ----------------------------------------------------------------------------- compile and vmap

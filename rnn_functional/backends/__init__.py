@@ -1,9 +1,9 @@
 """Backends: run a cell over time. They import cells, never the public API.
 
 Every backend serves the canonical call of :mod:`.base` and computes exactly what
-``reference`` does. :class:`.route.Route` runs a call on a backend in one of the eager layouts
-of its segments (:mod:`.segments`); which route serves a call is decided above, in
-:mod:`rnn_functional.functional.selection`, by a short rule.
+``reference`` does. :class:`.segments.Route` runs a call on a backend in one of the eager layouts
+of its segments (:mod:`.segments`); which route serves a call is decided above, by the rule of
+:func:`rnn_functional.functional._core.choose`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from ..cells import Cell
 from . import pad, parallel, reference, scan, segments
 from . import triton as triton_backend
 from .base import BACKENDS, RECOMPUTE_MODES, SequenceOptions, backends_for
-from .route import LAYOUTS_OF, SEGMENT_LAYOUTS, Route
-from .segments import Result, SegmentPlan
+from .segments import LAYOUTS_OF, SEGMENT_LAYOUTS, Result, Route, SegmentPlan
 
 __all__ = [
     "BACKENDS",

@@ -8,7 +8,7 @@ functional layer handles empty calls): ``x [N, T, F]``, ``carry`` a tuple of ``[
 with ``opts.segment_states``, per-step carries ``[N, T, L, S]`` that are exact at least at
 every segment end (the caller zeroes the other steps), else ``None``. (``pad.sequence`` serves
 resets at ``t = 0`` only: a call with interior resets runs on a layout of its segments,
-:mod:`.segments`, which :class:`.route.Route` picks.)
+:mod:`.segments`.)
 
 A step backend is ``step(layout, params, x [N, F], carry) -> (y [N, P], carry')`` with the
 resets already applied.
@@ -24,6 +24,29 @@ from ..cells import Cell
 
 BACKENDS = ("reference", "scan", "pad", "triton", "parallel")
 RECOMPUTE_MODES = ("none", "full")
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """Where a call runs, read once per call by the functional layer and handed down in :class:`SequenceOptions`:
+    under ``torch.compile`` (or ``torch.jit.trace``: a graph is captured), ``torch.vmap``, an eager ``torch.func``
+    autodiff or forward-mode AD (``differentiated``), forward-mode AD (``forward``: ``torch.func.jvp``/``jacfwd``/
+    ``hessian``, dual tensors); ``traced`` when any holds (eager-only kernels cannot run)."""
+
+    compiling: bool
+    vmapped: bool
+    differentiated: bool
+    forward: bool = False
+    traced: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "traced", self.compiling or self.vmapped or self.differentiated)
+
+
+# every context is one of these: a call builds none (a policy step reads its context on every call)
+CONTEXTS = {(c, v, d, f): CallContext(c, v, d, f) for c in (False, True) for v in (False, True) for d in (False, True)
+             for f in (False, True)}
+EAGER = CONTEXTS[False, False, False, False]
 
 
 def transforms() -> set | tuple:
@@ -89,6 +112,7 @@ class SequenceOptions:
     compute_dtype: torch.dtype | None = None  # operand dtype of the recurrent matmul (triton)
     matmul_precision: str | None = None  # see rnn_functional.precision (triton)
     segment_states: bool = False  # also return the per-step carries (exact at segment ends)
+    context: CallContext = EAGER  # where the call runs, read once by the functional layer
 
     def without_segment_states(self) -> SequenceOptions:
         """These options asking for no per-step carries (themselves when they ask for none: most calls)."""
@@ -96,7 +120,8 @@ class SequenceOptions:
         # dataclass's __dict__
         if not self.segment_states:
             return self
-        return SequenceOptions(self.dropout, self.training, self.recompute, self.compute_dtype, self.matmul_precision)
+        return SequenceOptions(self.dropout, self.training, self.recompute, self.compute_dtype, self.matmul_precision,
+                               False, self.context)
 
 
 def backends_for(cell: Cell) -> list[str]:

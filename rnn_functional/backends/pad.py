@@ -1,13 +1,10 @@
-"""``pad``: ATen's fused kernels of a cell (cuDNN on CUDA, oneDNN/native on CPU).
+"""``pad``: ATen's fused kernels of a cell (cuDNN on CUDA, oneDNN/native on CPU), for cells with
+:class:`~rnn_functional.cells.AtenKernels` (LSTM, GRU).
 
-Serves cells with :class:`~rnn_functional.cells.AtenKernels` (LSTM, GRU). :func:`sequence`
-runs a call without interior resets as one kernel call; :func:`packed_sequence` runs rows of
-different lengths as one call over a packed sequence. A call with interior resets runs on one of
-the layouts of its segments in :mod:`.segments` (packed, length buckets, whole slices), which call these.
-
-Both are eager-only (the lengths are host-side counts; ATen's kernels have no vmap rule): the
-dispatcher (:func:`rnn_functional.functional.selection.choose`) routes ``pad`` to
-``scan`` under ``torch.compile`` and to ``reference`` under eager ``torch.vmap``.
+:func:`sequence` runs a call without interior resets as one :func:`kernel` call; a call with interior resets runs
+on a layout of its segments (:mod:`.segments`: packed, length buckets, whole slices), which call :func:`kernel`.
+Eager only (the lengths are host-side counts; ATen's kernels have no vmap rule): the functional layer routes ``pad``
+to ``scan`` under ``torch.compile`` and to ``reference`` under eager ``torch.vmap``.
 """
 
 from __future__ import annotations
@@ -25,63 +22,37 @@ def aten_kernels(layout: Layout) -> AtenKernels:
     return layout.cell.aten
 
 
-def to_layer_major(carry: Carry) -> Carry:
-    return tuple([s.transpose(0, 1).contiguous() for s in carry])
+def kernel(layout: Layout, params, x: torch.Tensor, carry: Carry, opts: SequenceOptions,
+           batch_sizes: torch.Tensor | None = None) -> tuple[torch.Tensor, Carry]:
+    """ATen's sequence kernel over all layers: ``x [N, T, F]`` (or, with ``batch_sizes``, the steps of rows sorted by
+    decreasing length packed time-major, ``batch_sizes [Lmax]`` int64 on the CPU), ``carry`` a tuple of ``[N, L, S]``
+    -> ``(y, the carry after each row's last step)``.
 
-
-def to_batch_major(carry: Carry) -> Carry:
-    return tuple([s.transpose(0, 1) for s in carry])
-
-
-def kernel_mode(x: torch.Tensor, opts: SequenceOptions) -> tuple[float, bool]:
-    """``(dropout, train)`` for ATen's kernel. cuDNN keeps what its backward needs only in training mode
-    ("cudnn RNN backward can only be called in training mode"), so a call that records gradients runs in it,
-    with dropout only where ``opts.training`` asks for it."""
+    cuDNN keeps what its backward needs only in training mode ("cudnn RNN backward can only be called in training
+    mode"), so a call that records gradients runs in it, with dropout only where ``opts.training`` asks for it.
+    """
     train = bool(opts.training) or (x.is_cuda and torch.is_grad_enabled())
-    return (float(opts.dropout) if opts.training else 0.0), train
+    hx = tuple([s.transpose(0, 1).contiguous() for s in carry])  # the kernels' layer-major carries
+    y, hx = aten_kernels(layout).sequence(layout, params, x, hx, float(opts.dropout) if opts.training else 0.0, train,
+                                          batch_sizes)
+    return y, tuple([s.transpose(0, 1) for s in hx])
 
 
 def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
-    """``x [N, T, F]`` -> ``(y [N, T, P], carry, per-step carries)``; see :mod:`.base`.
-
-    Serves resets at ``t = 0`` only: it reads ``is_init[:, 0]`` alone (a call with interior resets runs on
-    one of the layouts of :mod:`.segments`, which :class:`.route.Route` picks). The per-step carries hold
-    the final carry at every step.
-    """
-    run = aten_kernels(layout).sequence
-    n, t_len = x.shape[0], x.shape[1]
+    """``x [N, T, F]`` -> ``(y [N, T, P], carry, per-step carries)``; see :mod:`.base`. Reads ``is_init[:, 0]``
+    alone: a call with interior resets runs on a layout of :mod:`.segments`. The per-step carries hold the final
+    carry at every step."""
     if is_init is not None:
         carry = apply_reset(carry, is_init[:, 0], None if reset is None else tuple([r[:, 0] for r in reset]))
-    y, hx = run(layout, params, x, to_layer_major(carry), *kernel_mode(x, opts), None)
-    final = to_batch_major(hx)
+    y, final = kernel(layout, params, x, carry, opts)
+    n, t_len = x.shape[0], x.shape[1]
     per_step = tuple([s.unsqueeze(1).expand(n, t_len, *s.shape[1:]) for s in final]) if opts.segment_states else None
     return y, final, per_step
 
 
-def packed_sequence(layout: Layout, params, data: torch.Tensor, batch_sizes: torch.Tensor, carry: Carry,
-                    opts: SequenceOptions) -> tuple[torch.Tensor, Carry]:
-    """Rows of different lengths, no resets, in one kernel call over their steps packed time-major.
-
-    Args:
-        data: ``[sum of lengths, F]``: step 0 of every row, then step 1 of the rows longer than 1, ...:
-            the rows sorted by decreasing length, ``batch_sizes[t]`` (the first) rows at step ``t``.
-        batch_sizes: ``[Lmax]`` int64 on the CPU, non-increasing, ``batch_sizes[0]`` the row count.
-        carry: tuple of ``[S, L, ·]``, each row's carry before its first step (in the same row order).
-
-    Returns:
-        ``(out [sum of lengths, P], final)``: the outputs in ``data``'s order and each row's carry after
-        its last step (tuple of ``[S, L, ·]``).
-    """
-    run = aten_kernels(layout).sequence
-    out, hx = run(layout, params, data, to_layer_major(carry), *kernel_mode(data, opts), batch_sizes)
-    return out, to_batch_major(hx)
-
-
 def step(layout: Layout, params, x: torch.Tensor, carry: Carry) -> tuple[torch.Tensor, Carry]:
-    """One step over all layers with the cell's fused ATen step (``lstm_cell`` / ``gru_cell``).
-
-    ``x [N, F]``, carry tensors ``[N, L, S]``. Eager only (no vmap rule); no projection.
-    """
+    """One step over all layers with the cell's fused ATen step (``lstm_cell`` / ``gru_cell``): ``x [N, F]``, carry
+    tensors ``[N, L, S]``. Eager only (no vmap rule); no projection."""
     run = layout.cell.aten.step  # resolve_step checked that the cell has it
     if layout.num_layers == 1:  # views in and out: a policy step's cost is its op count
         squeezed, out = [], []

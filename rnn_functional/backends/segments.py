@@ -1,41 +1,29 @@
-"""The eager layouts of a call's segments: how ``pad`` (and the loops) run a call with interior resets.
+"""How a call runs: the :class:`Route` the functional layer picks (a backend, and how a call with interior resets
+lays out its segments), and those layouts.
 
-A *segment* is a maximal run of steps of one row between resets: it starts at ``t = 0`` or
-where ``is_init`` is True and ends before the next reset or at ``T - 1``. No state crosses a
-reset, so the segments of every row are independent sequences: each starts from its own
-initial carry (the incoming carry, reset where ``is_init[:, 0]``, for a segment at ``t = 0``;
-``reset_state`` at its first step, or zeros, for the others). Re-batched, a call of ``N`` rows
-of ``T`` steps becomes ``S`` rows (one per segment) of at most ``Lmax`` steps (the longest
-segment) with no interior reset: a flat ``SliceSampler`` batch ``[1, N]`` runs its slices side
-by side instead of ``N`` steps of one row. Every layout is exact and returns a :class:`Result`:
+A *segment* is a maximal run of steps of one row between resets: it starts at ``t = 0`` or where ``is_init`` is
+True. No state crosses a reset, so the segments are independent sequences, each from its own initial carry (the
+incoming carry, reset where ``is_init[:, 0]``, for a segment at ``t = 0``; ``reset_state`` at its first step, or
+zeros, for the others). Re-batched, ``N`` rows of ``T`` steps become ``S`` rows of at most ``Lmax`` steps and no
+interior reset: a flat ``SliceSampler`` batch ``[1, N]`` runs its slices side by side. The layouts, each exact:
 
-* :func:`aligned`, for any backend's canonical ``sequence``: the segments are right-aligned in an
-  ``[S, Lmax]`` block (front padding) and each segment's first real step is marked as a reset to
-  its initial carry. Every segment then ends at the block's last step: its final carry is the
-  backend's final carry. The padded steps compute values that the reset discards.
-* :func:`packed`, for ``pad``: the steps, permuted into the packed (time-major) layout of the
-  segments sorted by length, run by ATen's kernels as one packed sequence
-  (:func:`rnn_functional.backends.pad.packed_sequence`).
-* :func:`bucketed`, for ``pad`` with one layer: the segments, sorted by length, are cut into a few
-  buckets (:func:`buckets`, cut where the length halves); each
-  bucket runs as one plain (unpacked) ATen call on its left-aligned ``[S_b, L_b]`` block. Unpacked
-  calls keep the fast kernels (oneDNN's LSTM on CPU) and their backward is linear in the steps,
-  where a packed call's backward on CPU zero-fills the whole input-projection gradient at every step
-  (``docs/backends.md``). Outputs at real steps are exact (padding follows them); a segment's final
-  carry is its output at its last step for the carry's output part (``h``) and, for the other parts
-  (the LSTM's ``c``) of a segment shorter than its bucket, recomputed by the cell's step from the
-  kernel's outputs (:func:`_other_finals`).
-* :func:`whole_slices`, for ``pad`` where every row is slices of one length from ``t = 0``
-  (:attr:`SegmentPlan.slice_len`): a view of the call, no gather.
+* ``rows``: the call as it is; the backend applies every reset on the device.
+* ``aligned`` (any backend): the segments right-aligned in an ``[S, Lmax]`` block, each one's first real step marked
+  as a reset to its initial carry, so that every segment ends at the block's last step.
+* ``packed`` (``pad``): the steps permuted into one packed sequence of the segments sorted by length.
+* ``buckets`` (``pad``, one layer): the sorted segments cut where their length halves, one unpacked call per bucket.
+  Unpacked calls keep the fused CPU kernel (oneDNN's LSTM) and a backward linear in the steps, where a packed call's
+  CPU backward zero-fills the whole input-projection gradient at every step (``docs/backends.md``).
+* ``slices`` (``pad``): rows of whole slices of one length from ``t = 0``: a view of the call, no gather.
 
-Segment counts and lengths are host values read from the call's mask once (:func:`plan`): eager
-only. Under ``torch.compile`` the one layout is :func:`aligned` over a :func:`static_plan`.
+Segment counts and lengths come from the call's one host read of its mask (:func:`plan`): eager only. Under
+``torch.compile`` the one layout is ``aligned`` over a :func:`static_plan`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -43,13 +31,23 @@ import torch
 import torch.nn.functional as F
 
 from ..cells import Carry, Layout, apply_reset
-from . import pad
+from . import pad, parallel, reference, scan
+from . import triton as triton_backend
 from .base import SequenceOptions
+from .recompute import checkpointed
+
+SEGMENT_LAYOUTS = ("rows", "aligned", "packed", "buckets", "slices")
+LAYOUTS_OF = {"reference": ("rows", "aligned"), "scan": ("rows", "aligned"), "pad": ("packed", "buckets", "slices"),
+              "triton": ("rows",), "parallel": ("rows",)}  # the layouts each backend runs a call with interior resets in
+_SEQUENCES = {"reference": reference.sequence, "parallel": parallel.sequence, "scan": scan.sequence, "pad": pad.sequence,
+              "triton": triton_backend.sequence}
+_CHECKPOINTED = ("reference", "parallel")  # recompute="full" by activation checkpointing; scan and triton serve it
+
 
 class Result(NamedTuple):
-    """What a run returns: ``y [N, T, P]``, the ``final`` carry after the last step, the ``per_step``
-    carries ``[N, T, L, ·]`` (``None`` unless ``opts.segment_states``) and whether those hold the
-    segment-end states already (each segment's final carry at its last step, zeros elsewhere)."""
+    """What a run returns: ``y [N, T, P]``, the ``final`` carry after the last step, the ``per_step`` carries
+    ``[N, T, L, ·]`` (``None`` unless ``opts.segment_states``) and whether those hold the segment-end states already
+    (each segment's final carry at its last step, zeros elsewhere)."""
 
     y: torch.Tensor
     final: Carry
@@ -59,27 +57,26 @@ class Result(NamedTuple):
 
 @dataclass
 class SegmentPlan:
-    """Where the segments of an ``[N, T]`` call lie (``count`` segments, the longest ``max_len`` steps).
+    """Where the segments of an ``[N, T]`` call lie: ``count`` segments, the longest ``max_len`` steps.
 
-    ``shape``: ``(N, T)``; ``first [S]``: each segment's first step, row-major over ``N * T``; ``lengths [S]``:
-    its step count; both on the call's device. ``lengths_host``: ``lengths`` as a NumPy array, from the
-    call's one host read of ``is_init`` (:func:`plan`): every count and length the layouts need on the
-    host comes from it. ``slice_len``: ``L`` when every row is slices of ``L < T`` steps from ``t = 0``, its last
-    one ``T mod L`` steps where ``L`` does not divide ``T`` (whole ``SliceSampler`` slices), else ``None``.
-    :attr:`seg_of` and :attr:`pos` (``[N, T]``: each step's segment and its index within it) are derived on first
-    use, by the layouts that gather; ``index`` holds them once known. ``static``: a plan of static shapes
-    (:func:`static_plan`, under ``torch.compile``) whose ``first`` and ``lengths`` are bounds-clamped estimates past
-    the real segments and which has no host values: its layouts index by ``index`` only.
+    On the call's device: ``first [S]`` (each segment's first step, row-major over ``N * T``), ``lengths [S]`` and
+    ``last [N]`` (the segment that ends each row). From the call's one host read: ``lengths_host`` and ``order`` (the
+    segments by decreasing length, stable), NumPy arrays. ``slice_len``: ``L`` when every row is whole slices of
+    ``L < T`` steps from ``t = 0`` (the last one ``T mod L`` steps where ``L`` does not divide ``T``), else ``None``.
+    :attr:`seg_of` and :attr:`pos` (``[N, T]``: each step's segment and its index within it) are derived on first use.
+    ``static``: a :func:`static_plan`, without host values.
     """
 
     shape: tuple[int, int]
     first: torch.Tensor
     lengths: torch.Tensor
+    last: torch.Tensor
     lengths_host: np.ndarray | None
     max_len: int
     count: int
     slice_len: int | None = None
-    index: tuple[torch.Tensor, torch.Tensor] | None = None
+    order: np.ndarray | None = None
+    index: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
     static: bool = False
 
     def _index(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,15 +96,6 @@ class SegmentPlan:
     def pos(self) -> torch.Tensor:
         return self._index()[1]
 
-    @property
-    def last(self) -> torch.Tensor:
-        """``[N]``: the segment that ends each row."""
-        n, t_len = self.shape
-        if self.static:
-            return self.seg_of[:, -1]
-        row_ends = torch.arange(1, n + 1, device=self.first.device) * t_len
-        return torch.searchsorted(self.first, row_ends) - 1
-
 
 def segment_starts(is_init: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(first, lengths)``: every segment's first step (row-major flat index) and step count, of a call with resets
@@ -118,11 +106,14 @@ def segment_starts(is_init: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return first, np.diff(first, append=starts.size)
 
 
-def plan(is_init: np.ndarray, device: torch.device) -> SegmentPlan:
-    """The segments of a call with resets ``is_init [N, T]`` (a bool NumPy array read from the call's mask,
-    ``N, T > 0``); the device tensors are copied to ``device`` (no read back)."""
+def plan(is_init: np.ndarray, device: torch.device) -> SegmentPlan | None:
+    """The segments of a call with resets ``is_init [N, T]`` (a bool NumPy array read from the call's mask), ``None``
+    without interior resets; the device tensors are copied to ``device`` (no read back)."""
+    (n, t_len) = is_init.shape
+    if t_len < 2 or not is_init[:, 1:].any():
+        return None
     first, lengths = segment_starts(is_init)
-    (n, t_len), length = is_init.shape, int(lengths[0])
+    length = int(lengths[0])
     whole, tail = divmod(t_len, length)
     per_row = whole + (tail > 0)
     regular = length < t_len and len(first) == n * per_row
@@ -130,22 +121,23 @@ def plan(is_init: np.ndarray, device: torch.device) -> SegmentPlan:
         pattern = np.full(per_row, length)
         pattern[-1] = tail or length
         regular = bool((lengths.reshape(n, per_row) == pattern).all())
-    return SegmentPlan(is_init.shape, _to(first, device), _to(lengths, device), lengths, int(lengths.max()),
-                       len(first), length if regular else None)
+    last = np.searchsorted(first, np.arange(1, n + 1) * t_len) - 1
+    return SegmentPlan(is_init.shape, _to(first, device), _to(lengths, device), _to(last, device), lengths,
+                       int(lengths.max()), len(first), length if regular else None,
+                       np.argsort(-lengths, kind="stable"))
 
 
 def _to(a: np.ndarray, device: torch.device) -> torch.Tensor:
     """``a`` as an int64 tensor on ``device``. To CUDA through pinned memory, without waiting: a copy from pageable
-    memory synchronises the stream (CUDA's sync debug mode counts each one)."""
+    memory synchronises the stream."""
     t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
     return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 
 
 def static_plan(is_init: torch.Tensor, slice_len: int, num_slices: int) -> SegmentPlan:
-    """The segments of ``is_init [N, T]`` in a ``[num_slices, slice_len]`` block, from static shapes only
-    (under ``torch.compile``). Indices are clamped into the block, so a batch beyond the bounds (which
-    the caller's hint check rejects) never indexes out of it; rows of the block past the last segment
-    hold no step."""
+    """The segments of ``is_init [N, T]`` in a ``[num_slices, slice_len]`` block, from static shapes only (under
+    ``torch.compile``). Indices are clamped into the block, so a batch beyond the bounds (which the hint's check
+    rejects) never indexes out of it; rows of the block past the last segment hold no step."""
     n, t_len = is_init.shape
     starts = is_init.clone()
     starts[:, 0] = True
@@ -155,17 +147,34 @@ def static_plan(is_init: torch.Tensor, slice_len: int, num_slices: int) -> Segme
     step = torch.arange(n * t_len, device=is_init.device)
     first = step.new_zeros(num_slices).scatter_reduce(0, clamped, step, "amin", include_self=False)
     pos = (step - first[clamped]).clamp(max=slice_len - 1).reshape(n, t_len)
-    return SegmentPlan((n, t_len), first, lengths, None, slice_len, num_slices, index=(clamped.reshape(n, t_len), pos),
+    seg_of = clamped.reshape(n, t_len)
+    return SegmentPlan((n, t_len), first, lengths, seg_of[:, -1], None, slice_len, num_slices, index=(seg_of, pos),
                        static=True)
+
+
+@dataclass(frozen=True)
+class Route:
+    """``backend`` over the call laid out as ``segments``; ``plan``: the call's segments (``None`` for ``rows``)."""
+
+    backend: str
+    segments: str = "rows"
+    plan: SegmentPlan | None = field(default=None, repr=False, compare=False)
+
+    def run(self, layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions) -> Result:
+        """The canonical call ``(x [N, T, F], carry, is_init, reset)`` of :mod:`.base` run this way."""
+        impl = _SEQUENCES[self.backend]
+        if opts.recompute == "full" and self.backend in _CHECKPOINTED:
+            impl = checkpointed(impl)
+        if self.segments == "rows":
+            return Result(*impl(layout, params, x, carry, is_init, reset, opts))
+        run = {"aligned": aligned, "packed": packed, "buckets": bucketed, "slices": whole_slices}[self.segments]
+        return run(impl, self.plan, layout, params, x, carry, is_init, reset, opts)
 
 
 def _initial_carries(p: SegmentPlan, carry: Carry, is_init: torch.Tensor, reset: Carry | None,
                      order: torch.Tensor | None = None) -> Carry:
-    """Every segment's carry before its first step (in ``order`` where given): tuple of ``[S, L, ·]``.
-
-    A segment starts from its row's incoming carry unless ``is_init`` is True at its first step (always,
-    past ``t = 0``), where it starts from ``reset`` there, or zeros.
-    """
+    """Every segment's carry before its first step, tuple of ``[S, L, ·]`` (in ``order`` where given): its row's
+    incoming carry, or ``reset`` (or zeros) where ``is_init`` is True at its first step (always, past ``t = 0``)."""
     first = p.first if order is None else p.first[order]
     row, start = first // p.shape[1], first % p.shape[1]
     fill = None if reset is None else tuple([r[row, start] for r in reset])
@@ -182,28 +191,24 @@ def _dest(p: SegmentPlan, base: torch.Tensor) -> torch.Tensor:
     return steps + torch.repeat_interleave(base - p.first, p.lengths, output_size=n * t_len)
 
 
-def _block(x: torch.Tensor, dest: torch.Tensor, rows: int) -> torch.Tensor:
-    """``x [N, T, F]`` as a block of ``rows`` rows ``[rows, F]``: step ``i`` at row ``dest[i]``, zeros elsewhere."""
+def _gather_in(x: torch.Tensor, dest: torch.Tensor, rows: int) -> torch.Tensor:
+    """``x [N, T, F]`` as ``[rows, F]``: step ``i`` at row ``dest[i]``, zeros elsewhere."""
     return x.new_zeros(rows, x.shape[-1]).index_copy(0, dest, x.reshape(-1, x.shape[-1]))
 
 
 def _scatter(p: SegmentPlan, y_rows: torch.Tensor, dest: torch.Tensor, seg_final: Carry, opts: SequenceOptions,
              order: tuple[torch.Tensor, torch.Tensor] | None = None) -> Result:
-    """Block results back to the call's rows.
-
-    ``y_rows [rows, P]``: the block's outputs, step ``i`` at row ``dest[i]``; ``seg_final``: each segment's
-    final carry ``[S, L, ·]``, in segment order or, with ``order = (order, rank)``, in the order ``order``
-    (``rank`` its inverse). The per-step carries are the segment-end states themselves (each segment's
-    final carry at its last step, zeros elsewhere), except for a plan of static shapes, whose per-step
-    carries hold every step's segment final carry.
-    """
+    """Block results back to the call's rows: ``y_rows [rows, P]`` (step ``i`` at row ``dest[i]``) and each
+    segment's final carry ``seg_final [S, L, ·]``, in segment order or, with ``order = (order, rank)``, in the order
+    ``order`` (``rank`` its inverse). The per-step carries are the segment-end states, but for a static plan, whose
+    per-step carries hold every step's segment final carry (its clamped ends can lie past the real segments)."""
     n, t_len = p.shape
     y = y_rows.index_select(0, dest).view(n, t_len, -1)
     last = p.last if order is None else order[1][p.last]
     final = tuple([s.index_select(0, last) for s in seg_final])
     if not opts.segment_states:
         return Result(y, final, None)
-    if p.static:  # clamped ends past the real segments: gather every step's segment
+    if p.static:
         return Result(y, final, tuple([s[p.seg_of] for s in seg_final]))
     ends = p.first + p.lengths - 1
     ends = ends if order is None else ends[order[0]]
@@ -212,64 +217,39 @@ def _scatter(p: SegmentPlan, y_rows: torch.Tensor, dest: torch.Tensor, seg_final
     return Result(y, final, per_step, segment_ends=True)
 
 
+def _sorted(p: SegmentPlan, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(order, rank)`` on ``device``: the segments by decreasing length, and each segment's place in that order."""
+    rank = np.empty_like(p.order)
+    rank[p.order] = np.arange(p.count)
+    return _to(p.order, device), _to(rank, device)
+
+
 def aligned(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, reset,
             opts: SequenceOptions) -> Result:
-    """``impl`` (a backend's canonical ``sequence``) run on the right-aligned segments of ``p``."""
+    """``impl`` (a backend's ``sequence``) run on the right-aligned segments of ``p``."""
     offset = p.max_len - p.lengths  # [S] front padding of each segment
     dest = _dest(p, torch.arange(p.count, device=x.device) * p.max_len + offset)
     h0 = _initial_carries(p, carry, is_init, reset)
     first = torch.zeros(p.count, p.max_len, dtype=torch.bool, device=x.device)
     first[torch.arange(p.count, device=x.device), offset] = True
     to_h0 = tuple([s.unsqueeze(1).expand(s.shape[0], p.max_len, *s.shape[1:]) for s in h0])
-    inner = opts.without_segment_states()
-    x_block = _block(x, dest, p.count * p.max_len).view(p.count, p.max_len, -1)
-    y_block, seg_final, _ = impl(layout, params, x_block, h0, first, to_h0, inner)
+    x_block = _gather_in(x, dest, p.count * p.max_len).view(p.count, p.max_len, -1)
+    y_block, seg_final, _ = impl(layout, params, x_block, h0, first, to_h0, opts.without_segment_states())
     return _scatter(p, y_block.reshape(-1, y_block.shape[-1]), dest, seg_final, opts)
 
 
-def packed(p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions) -> Result:
-    """The ``pad`` backend run on the segments of ``p`` packed by their lengths, one kernel call.
-
-    The packed steps are the call's steps permuted (time-major over the segments sorted by decreasing
-    length): one ``index_copy`` in and one ``index_select`` out, no padding.
-    """
-    order, _ = _sorted(p)
-    dev, steps = x.device, p.shape[0] * p.shape[1]
+def packed(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, reset,
+           opts: SequenceOptions) -> Result:
+    """ATen's kernel (``pad``) on the segments of ``p`` as one packed sequence (time-major over the segments by
+    decreasing length): one ``index_copy`` in, one ``index_select`` out, no padding."""
+    order, rank = _sorted(p, x.device)
     batch_sizes = alive_per_step(p)
-    rank = np.empty_like(order)
-    rank[order] = np.arange(p.count)
-    order_d, rank_d = _to(order, dev), _to(rank, dev)
-    seg_of, pos = p.seg_of.reshape(-1), p.pos.reshape(-1)
-    step_rows = _to(np.cumsum(batch_sizes) - batch_sizes, dev)  # the first packed row of each step
-    dest = step_rows[pos] + rank_d[seg_of]  # a permutation of the steps
-    data = x.new_empty(steps, x.shape[-1]).index_copy(0, dest, x.reshape(-1, x.shape[-1]))
-    h0 = _initial_carries(p, carry, is_init, reset, order_d)
-    out, seg_final = pad.packed_sequence(layout, params, data, _to(batch_sizes, torch.device("cpu")), h0, opts)
-    return _scatter(p, out, dest, seg_final, opts, order=(order_d, rank_d))
-
-
-def _other_finals(layout: Layout, params, x_block, h0: Carry, y_block, lengths: torch.Tensor) -> Carry:
-    """The carry parts after ``h`` (e.g. the LSTM's ``c``) after each row's last step, one layer.
-
-    ``x_block [R, T, F]`` and ``y_block [R, T, P]`` hold the rows' inputs and the kernel's outputs,
-    ``h0`` their initial carries ``[R, 1, ·]``, ``lengths [R]`` (on the device) their step counts.
-    The cell follows its other parts from ``h0`` with ``h`` read from the outputs
-    (:meth:`~rnn_functional.cells.Cell.carry_rest_given_h`; they depend on nothing else), so the
-    result is the carry the kernel held at each row's last step.
-    """
-    cell = layout.cell
-    w = cell.layer_weights(params, layout, 0)
-    gi = F.linear(x_block, w.weight_ih, w.bias_ih)
-    h_prev = torch.cat([h0[0], y_block[:, : x_block.shape[1] - 1]], dim=1)  # h before each step
-    rest = cell.carry_rest_given_h(gi, h_prev, tuple([s[:, 0] for s in h0[1:]]), w)
-    last = (lengths - 1).view(-1, 1, 1)
-    return tuple([parts.gather(1, last.expand(-1, 1, parts.shape[-1])) for parts in rest])
-
-
-def _sorted(p: SegmentPlan) -> tuple[np.ndarray, np.ndarray]:
-    """``(order, lengths_sorted)``: the segments of ``p`` sorted by decreasing length (stable), on the host."""
-    order = np.argsort(-p.lengths_host, kind="stable")
-    return order, p.lengths_host[order]
+    step_rows = _to(np.cumsum(batch_sizes) - batch_sizes, x.device)  # the first packed row of each step
+    dest = step_rows[p.pos.reshape(-1)] + rank[p.seg_of.reshape(-1)]  # a permutation of the steps
+    data = x.new_empty(dest.shape[0], x.shape[-1]).index_copy(0, dest, x.reshape(-1, x.shape[-1]))
+    h0 = _initial_carries(p, carry, is_init, reset, order)
+    out, seg_final = pad.kernel(layout, params, data, h0, opts, _to(batch_sizes, torch.device("cpu")))
+    return _scatter(p, out, dest, seg_final, opts, order=(order, rank))
 
 
 def alive_per_step(p: SegmentPlan) -> np.ndarray:
@@ -278,8 +258,8 @@ def alive_per_step(p: SegmentPlan) -> np.ndarray:
 
 
 def buckets(lengths_sorted: np.ndarray) -> list[tuple[int, int, int, int]]:
-    """The length buckets :func:`bucketed` runs for segments of these lengths (sorted, decreasing): ``(first, end,
-    steps, full)`` ranges cut where the length halves (at most 2x padded steps, about ``log2(Lmax)`` calls), with the
+    """The buckets :func:`bucketed` runs for segments of these lengths (sorted, decreasing): ``(first, end, steps,
+    full)`` ranges cut where the length halves (at most 2x padded steps, about ``log2(Lmax)`` calls), ``full`` the
     count of rows that end at the bucket's last step."""
     lengths, cut, first = lengths_sorted.tolist(), [], 0
     while first < len(lengths):
@@ -291,54 +271,65 @@ def buckets(lengths_sorted: np.ndarray) -> list[tuple[int, int, int, int]]:
     return cut
 
 
-def bucketed(p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions) -> Result:
-    """The ``pad`` backend (one layer) run on the segments of ``p`` in length buckets (:func:`buckets`), one
-    unpacked call each.
+def bucketed(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, reset,
+             opts: SequenceOptions) -> Result:
+    """ATen's kernel (``pad``, one layer) on the segments of ``p`` in length buckets (:func:`buckets`), one unpacked
+    call each on its left-aligned block ``[S_b, L_b, F]``; the blocks lie one after the other in one buffer, filled by
+    one ``index_copy`` and read back by one ``index_select``.
 
-    The buckets' blocks ``[S_b, L_b, F]`` lie one after the other in one zero-filled buffer (each
-    segment's steps consecutive from its block row's start), filled by one ``index_copy`` and read
-    back by one ``index_select`` of the outputs.
+    Outputs at real steps are exact (padding follows them). A segment's final ``h`` is its output at its last step;
+    its other carry parts (the LSTM's ``c``), where it ends before its bucket, are recomputed from the outputs by the
+    cell (:meth:`~rnn_functional.cells.Cell.carry_rest_given_h`).
     """
-    order, lengths_sorted = _sorted(p)
+    lengths_sorted = p.lengths_host[p.order]
     cut = buckets(lengths_sorted)
-    dev = x.device
-    rows_per_bucket = np.array([end - first for first, end, _, _ in cut])
-    steps_per_bucket = np.array([steps for *_, steps, _ in cut])
-    steps_sorted = np.repeat(steps_per_bucket, rows_per_bucket)
+    rows = np.array([end - first for first, end, _, _ in cut])
+    steps = np.array([bucket[2] for bucket in cut])
+    steps_sorted = np.repeat(steps, rows)
     base = np.empty_like(steps_sorted)
-    base[order] = np.cumsum(steps_sorted) - steps_sorted  # each segment's first row in the buffer
-    rank = np.empty_like(order)
-    rank[order] = np.arange(p.count)
-    order_d, rank_d, len_d = _to(order, dev), _to(rank, dev), _to(lengths_sorted, dev)
-    dest = _dest(p, _to(base, dev))
-    x_rows = _block(x, dest, int(steps_sorted.sum()))
-    h0 = _initial_carries(p, carry, is_init, reset, order_d)
-    run = pad.aten_kernels(layout).sequence
-    # The buckets' inputs by one split each, not a slice per bucket: a slice's backward zero-fills a gradient of
-    # the whole buffer, once per bucket (200 buckets over [256, 256]: 84% of an LSTM's backward).
-    x_b = x_rows.split((rows_per_bucket * steps_per_bucket).tolist())
-    h0_b = tuple(zip(*(s.split(rows_per_bucket.tolist()) for s in h0)))
+    base[p.order] = np.cumsum(steps_sorted) - steps_sorted  # each segment's first row in the buffer
+    order, rank = _sorted(p, x.device)
+    lengths_d = _to(lengths_sorted, x.device)
+    dest = _dest(p, _to(base, x.device))
+    h0 = _initial_carries(p, carry, is_init, reset, order)
+    # The buckets' inputs by one split each, not a slice per bucket: a slice's backward zero-fills a gradient of the
+    # whole buffer, once per bucket.
+    x_b = _gather_in(x, dest, int(steps_sorted.sum())).split((rows * steps).tolist())
+    h0_b = list(zip(*[s.split(rows.tolist()) for s in h0]))
     ys, finals = [], []
-    for (first, end, steps, full), x_flat, hb in zip(cut, x_b, h0_b):
-        xb = x_flat.view(end - first, steps, -1)
-        yb, hx = run(layout, params, xb, pad.to_layer_major(hb), *pad.kernel_mode(xb, opts), None)
-        lb = len_d[first:end]
+    for (first, end, length, full), x_flat, hb in zip(cut, x_b, h0_b):
+        xb = x_flat.view(end - first, length, -1)
+        yb, final_b = pad.kernel(layout, params, xb, hb, opts)
+        lb = lengths_d[first:end]
         h_last = yb.gather(1, (lb - 1).view(-1, 1, 1).expand(-1, 1, yb.shape[-1]))  # [Sb, 1, P]
-        others = tuple([s.transpose(0, 1)[:full] for s in hx[1:]])  # a prefix of the bucket ends at its last step
-        if full < end - first and len(hb) > 1:  # rows ending early: their parts after h, recomputed
+        others = [s[:full] for s in final_b[1:]]  # a prefix of the bucket ends at its last step
+        if full < end - first and others:  # rows ending early: their parts after h, recomputed
             rest = slice(full, end - first)
             short = _other_finals(layout, params, xb[rest, : int(lengths_sorted[first + full])],
                                   tuple([s[rest] for s in hb]), yb[rest], lb[rest])
-            others = tuple([torch.cat([a, b]) for a, b in zip(others, short)])
+            others = [torch.cat([a, b]) for a, b in zip(others, short)]
         finals.append((h_last, *others))
         ys.append(yb.reshape(-1, yb.shape[-1]))
     seg_final = tuple([torch.cat(parts) if len(parts) > 1 else parts[0] for parts in zip(*finals)])  # sorted order
-    return _scatter(p, torch.cat(ys) if len(ys) > 1 else ys[0], dest, seg_final, opts, order=(order_d, rank_d))
+    return _scatter(p, torch.cat(ys) if len(ys) > 1 else ys[0], dest, seg_final, opts, order=(order, rank))
+
+
+def _other_finals(layout: Layout, params, x_block, h0: Carry, y_block, lengths: torch.Tensor) -> Carry:
+    """The carry parts after ``h`` after each row's last step, one layer: ``x_block [R, T, F]`` and ``y_block [R, T,
+    P]`` the rows' inputs and outputs, ``h0`` their initial carries ``[R, 1, ·]``, ``lengths [R]`` their step counts.
+    The cell follows its other parts from ``h0`` with ``h`` read from the outputs (they depend on nothing else)."""
+    cell = layout.cell
+    w = cell.layer_weights(params, layout, 0)
+    gi = F.linear(x_block, w.weight_ih, w.bias_ih)
+    h_prev = torch.cat([h0[0], y_block[:, : x_block.shape[1] - 1]], dim=1)  # h before each step
+    rest = cell.carry_rest_given_h(gi, h_prev, tuple([s[:, 0] for s in h0[1:]]), w)
+    last = (lengths - 1).view(-1, 1, 1)
+    return tuple([parts.gather(1, last.expand(-1, 1, parts.shape[-1])) for parts in rest])
 
 
 def slice_carries(slice_len: int, k: int, carry: Carry, reset: Carry | None) -> Carry:
-    """The carry before each of the ``k`` slices of every row, ``[N * k, ...]``: the call's for the first slice
-    and, for the others, the slice's reset state at its first step (zeros without ``reset``)."""
+    """The carry before each of the ``k`` slices of every row, ``[N * k, ...]``: the call's for the first slice and,
+    for the others, the slice's reset state at its first step (zeros without ``reset``)."""
     n = carry[0].shape[0]
     later = (tuple([s.new_zeros(n, k - 1, *s.shape[1:]) for s in carry]) if reset is None
              else tuple([r[:, slice_len:k * slice_len:slice_len] for r in reset]))
@@ -346,8 +337,8 @@ def slice_carries(slice_len: int, k: int, carry: Carry, reset: Carry | None) -> 
 
 
 def merge_slices(n: int, t_len: int, y: torch.Tensor, final: Carry, per_step: Carry | None) -> Result:
-    """Results of ``[N * K, T / K]`` slices back to their rows: ``y [N, T, P]``, each row's last slice's final
-    carry and the per-step carries ``[N, T, ...]``."""
+    """Results of ``[N * K, T / K]`` slices back to their rows: ``y [N, T, P]``, each row's last slice's final carry
+    and the per-step carries ``[N, T, ...]``."""
     k = final[0].shape[0] // n
     y = y.reshape(n, t_len, y.shape[-1])
     final = tuple([s.reshape(n, k, *s.shape[1:])[:, -1] for s in final])
@@ -356,31 +347,24 @@ def merge_slices(n: int, t_len: int, y: torch.Tensor, final: Carry, per_step: Ca
     return Result(y, final, per_step)
 
 
-def pads_tail(layout: Layout) -> bool:
-    """Whether :func:`whole_slices` pads a shorter last slice into its one call: where the carry is ``h`` alone
-    over one layer (``h`` is then the output, read at the slice's real end)."""
-    return layout.num_layers == 1 and len(layout.state_sizes) == 1
-
-
-def whole_slices(p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, reset,
+def whole_slices(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, reset,
                  opts: SequenceOptions) -> Result:
-    """The ``pad`` backend on a call whose rows are slices of ``L = p.slice_len`` steps from ``t = 0``, the last
-    one ``T mod L`` steps where ``L`` does not divide ``T``: the whole slices run as one kernel call on the
-    view ``[N * T // L, L]``, the shorter last ones as a second call ``[N, T mod L]``, or, where the carry is
-    ``h`` alone over one layer (the GRU: ``h`` is the output), zero-padded to ``L`` steps in the same call
-    (padding after a slice's end cannot change its steps; its final ``h`` is its output at ``T - 1``). No
-    gather: every other slice ends at its call's last step, so the kernel's final carries are the slices'."""
+    """``pad`` on rows of slices of ``L = p.slice_len`` steps from ``t = 0`` (the last one ``T mod L`` steps where
+    ``L`` does not divide ``T``): the whole slices as one kernel call on the view ``[N * T // L, L]``, the shorter last
+    ones as a second call or, where the carry is ``h`` alone over one layer (the GRU: ``h`` is the output),
+    zero-padded to ``L`` steps in the same call (its final ``h`` is its output at ``T - 1``). No gather: every other
+    slice ends at its call's last step, so the kernel's final carries are the slices'."""
     slice_len = p.slice_len
     n, t_len = p.shape
     tail = t_len % slice_len
-    padded_tail = bool(tail) and pads_tail(layout)
+    padded_tail = bool(tail) and layout.num_layers == 1 and len(layout.state_sizes) == 1
     k = -(-t_len // slice_len) if padded_tail else t_len // slice_len
     whole = k * slice_len
     inner = opts.without_segment_states()
     carry = apply_reset(carry, is_init[:, 0], None if reset is None else tuple([r[:, 0] for r in reset]))
     x_s = F.pad(x, (0, 0, 0, whole - t_len)) if padded_tail else x[:, :whole]
     x_s = x_s.reshape(n * k, slice_len, x.shape[-1])
-    y_s, slice_finals, _ = pad.sequence(layout, params, x_s, slice_carries(slice_len, k, carry, reset), None, None, inner)
+    y_s, slice_finals = pad.kernel(layout, params, x_s, slice_carries(slice_len, k, carry, reset), inner)
     y, final, _, _ = merge_slices(n, whole, y_s, slice_finals, None)
     tail_finals, ended = None, whole // slice_len  # ended: the slices whose final carry the kernel holds
     if padded_tail:
@@ -389,7 +373,7 @@ def whole_slices(p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_ini
     elif tail:  # the shorter last slices
         tail_carry = (tuple([s.new_zeros(s.shape) for s in carry]) if reset is None
                       else tuple([r[:, whole] for r in reset]))
-        y_tail, tail_finals, _ = pad.sequence(layout, params, x[:, whole:], tail_carry, None, None, inner)
+        y_tail, tail_finals = pad.kernel(layout, params, x[:, whole:], tail_carry, inner)
         y, final = torch.cat([y, y_tail], dim=1), tail_finals
     if not opts.segment_states:
         return Result(y, final, None)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 
-from .base import AtenKernels, Carry, LayerWeights, Layout, Saved, StepGrads, TritonKernels, register
-from .lstm import TorchRNNCell
+from .base import AtenKernels, Carry, LayerWeights, Layout, Saved, StepGrads, TorchRNNCell, TritonKernels, register
 
 __all__ = ["GRU", "init_gru_params"]
 

@@ -1,13 +1,16 @@
-"""The public step and sequence functions, built once for every cell.
+"""The functional layer's one entry: a call is checked once, its context read once, its route chosen once and run.
 
-Each public call is validated and flattened here (the batch dims ``*B`` into one dim ``N``),
-then handed to a backend as the canonical call of :mod:`rnn_functional.backends.base`.
-Cases that are the same on every backend are handled here, once: empty calls (``N = 0`` or
-``T = 0``, where no step runs) and the segment-end states.
+The public ``{cell}_step`` / ``{cell}_sequence`` functions (:func:`public_functions`, over :func:`run_step` and
+:func:`run_sequence`) validate a call (:func:`_canonicalize`; the modules, which check their own inputs, pass
+``layout``), flatten its batch dims ``*B`` into ``N`` and hand one backend the canonical call of
+:mod:`rnn_functional.backends.base`. Which backend, and how a call with interior resets lays out its segments, is
+:func:`choose`'s rule (``auto``, ``docs/backends.md``); a backend that cannot serve the cell or an option raises a
+``ValueError`` naming itself and those that can. Empty calls and the segment-end states are handled here, once.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -17,12 +20,111 @@ import torch
 import torch.utils._pytree as pytree
 
 from .. import backends
-from ..backends import Route, SegmentPlan, SequenceOptions, segments
+from ..backends import (BACKENDS, LAYOUTS_OF, RECOMPUTE_MODES, SEGMENT_LAYOUTS, Route, SegmentPlan, SequenceOptions,
+                        pad, parallel, segments, triton_backend)
+from ..backends.base import CONTEXTS, CallContext, backends_for, no_kernel_for
 from ..cells import CELLS, Carry, Cell, Layout, apply_reset, final_at_last_step, keep_segment_ends, multi_layer_step
-from . import selection, slices
-from .selection import call_context, check_options
+from ..precision import check_mode
+from . import slices
 
+BACKEND_CHOICES = ("auto", *BACKENDS)
+STEP_BACKENDS = ("auto", "reference", "pad", "triton", "parallel")
+_RECOMPUTE_BACKENDS = ("reference", "scan", "triton")
 _COUNT = ("no", "one", "two", "three", "four", "five")
+
+
+# ----------------------------------------------------------------------------- the call's context and options
+
+
+def recompute_backends(ctx: CallContext) -> list[str]:
+    """The backends that serve ``recompute`` in ``ctx``, for the errors (:func:`choose`)."""
+    if not (ctx.vmapped or ctx.differentiated):
+        return list(_RECOMPUTE_BACKENDS)
+    return ["scan"] if ctx.differentiated else ["scan", "triton"]
+
+
+_VMAP, _GRAD, _JVP = (torch._C._functorch.TransformType.Vmap, torch._C._functorch.TransformType.Grad,
+                      torch._C._functorch.TransformType.Jvp)
+
+
+def call_context() -> CallContext:
+    """The context of the current call: ``is_compiling`` first (Dynamo cannot trace the rest), then functorch's
+    transform stack and the forward-mode AD level. ``torch.jit.trace`` captures a graph as Dynamo does: a call must
+    not steer by its data there."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return CONTEXTS[True, False, False, False]
+    stack = torch._C._functorch.get_interpreter_stack()
+    dual = torch.autograd.forward_ad._current_level >= 0  # dual tensors (torch 2.13 has no public accessor)
+    if not stack:
+        return CONTEXTS[False, False, dual, dual]
+    kinds = {interpreter.key() for interpreter in stack}
+    forward = dual or _JVP in kinds
+    return CONTEXTS[False, _VMAP in kinds, forward or _GRAD in kinds, forward]
+
+
+def compiled_autograd() -> bool:
+    """Whether torch's compiled autograd will trace the backward of the call being compiled (read under
+    ``torch.compile`` only). It cannot trace a ``scan`` in a backward graph ("UncapturedHigherOrderOpError"), so
+    :func:`choose` runs ``reference``'s loop there."""
+    return torch._dynamo.compiled_autograd.compiled_autograd_enabled
+
+
+def check_options(
+    *,
+    backend: str = "auto",
+    recompute: str = "none",
+    dropout: float = 0.0,
+    matmul_precision: str | None = None,
+    compute_dtype: torch.dtype | None = None,
+    segment_layout: str = "auto",
+    owner: str = "",
+) -> None:
+    """Raise a clear error for an option value, or a combination, that no call could serve. ``owner`` (a module's
+    name, e.g. ``"LSTMModule: "``) prefixes the message and spells the arguments ``recurrent_*``."""
+    pre = "recurrent_" if owner else ""
+    if backend not in BACKEND_CHOICES:
+        if not owner:
+            raise ValueError(f"backend: unknown backend {backend!r}; expected one of {list(BACKEND_CHOICES)}.")
+        raise ValueError(f"{owner}{pre}backend must be one of {list(BACKEND_CHOICES)}, got {backend!r}.")
+    if owner and backend == "triton" and importlib.util.find_spec("triton") is None:
+        raise RuntimeError(
+            f"{owner}{pre}backend='triton' requires the triton package (pip install triton); "
+            f"or pick one of {[b for b in BACKEND_CHOICES if b != 'triton']}."
+        )
+    if recompute not in RECOMPUTE_MODES:
+        if not owner:
+            raise ValueError(f"recompute: expected one of {list(RECOMPUTE_MODES)}, got {recompute!r}.")
+        raise ValueError(f"{owner}{pre}recompute must be one of {list(RECOMPUTE_MODES)}, got {recompute!r}.")
+    if recompute != "none" and backend == "pad":
+        if not owner:
+            raise ValueError(
+                f"backend 'pad' cannot serve recompute={recompute!r}: the cuDNN/oneDNN kernels keep their own "
+                f"activations. Use one of {recompute_backends(call_context())} (or backend='auto'), or recompute='none'."
+            )
+        raise ValueError(
+            f"{owner}{pre}recompute={recompute!r} cannot be served by {pre}backend='pad' (the ATen/cuDNN "
+            f"kernels keep their own activations). Use one of {recompute_backends(call_context())} or 'auto' (which "
+            f"picks one that can), or {pre}recompute='none'."
+        )
+    if not isinstance(dropout, (int, float)) or not 0.0 <= float(dropout) < 1.0:
+        raise ValueError(f"{owner}dropout: expected a probability in [0, 1), got {dropout!r}.")
+    if compute_dtype is not None and (not isinstance(compute_dtype, torch.dtype) or not compute_dtype.is_floating_point):
+        raise TypeError(
+            f"{owner}{pre}compute_dtype must be None (the params' dtype) or a floating torch.dtype "
+            f"(torch.float32 or torch.bfloat16), got {compute_dtype!r}."
+        )
+    if matmul_precision is not None:
+        check_mode(matmul_precision, f"{owner}{pre}matmul_precision")
+    if segment_layout != "auto":
+        serving = LAYOUTS_OF.get(backend, ())  # auto: none to force
+        if segment_layout not in SEGMENT_LAYOUTS:
+            raise ValueError(f"segment_layout: expected 'auto' or one of {list(SEGMENT_LAYOUTS)}, got {segment_layout!r}.")
+        if segment_layout not in serving:
+            raise ValueError(
+                f"segment_layout={segment_layout!r} is not a layout of backend {backend!r}: "
+                + (f"it lays out calls as one of {list(serving)}." if serving else
+                   "with backend='auto' the layout follows auto's rule; name a backend to force one.")
+            )
 
 
 def available_backends(device: torch.device | str | None = None, cell: str | None = None) -> list[str]:
@@ -220,6 +322,215 @@ def restore(batch_shape: tuple, tensors: Carry) -> Carry:
     return tuple([t.reshape(batch_shape + tuple(t.shape[1:])) for t in tensors])
 
 
+# ----------------------------------------------------------------------------- the route
+
+
+def _route(backend: str, layout: Layout, plan: SegmentPlan | None, records_grad: bool, forced: str,
+           cuda: bool) -> Route:
+    """``backend``'s route for an eager call with the segments ``plan`` (``None``: no interior reset), laid out as
+    ``forced`` (``segment_layout``) or by the rule: ``pad`` runs whole slices as a view of the call, else (one layer
+    under autograd, a kernel fused on the CPU: oneDNN's LSTM) length buckets, whose unpacked calls keep the fused
+    kernel and a backward linear in the steps, else one packed call (one cuDNN call on CUDA); the loops run the
+    right-aligned segments where they at least halve the steps, else the rows as they are."""
+    if plan is None:
+        return Route(backend)
+    if forced == "auto":
+        if backend != "pad":
+            forced = "aligned" if 2 * plan.max_len <= plan.shape[1] else "rows"
+        elif plan.slice_len is not None:
+            forced = "slices"
+        else:
+            fused = layout.cell.aten.fused_on_cpu and not cuda
+            forced = "buckets" if records_grad and layout.num_layers == 1 and fused else "packed"
+    why = {"buckets": f"it serves one layer (these params have {layout.num_layers})",
+           "slices": "this batch is not whole slices of one length from t = 0 (SliceSampler(strict_length=True))",
+           "aligned": f"the {layout.cell.title} reads where segments start, and right-aligned, a segment that "
+                      f"continues the incoming state would start with a reset"}
+    serves = {"buckets": layout.num_layers == 1, "slices": plan.slice_len is not None,
+              "aligned": not layout.cell.reads_starts}
+    if forced not in LAYOUTS_OF[backend] or not serves.get(forced, True):
+        layouts = [name for name in LAYOUTS_OF[backend] if serves.get(name, True)]
+        raise ValueError(f"segment_layout={forced!r} cannot serve this call on backend {backend!r}: "
+                         f"{why.get(forced, '')}. Use one of {layouts} or segment_layout='auto'.")
+    return Route(backend, forced, plan)
+
+
+def _check_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, step: bool = False) -> None:
+    """Raise unless ``triton`` has kernels for the cell (checked first: no device would serve it), runs on ``x``'s
+    device, the call is not differentiated in forward mode (its kernels have a reverse-mode backward
+    only: tangents would be dropped) and the kernels serve the params and ``opts`` (proj_size, dtype).
+    ``step``: the call is a step function's (the errors name the step backends)."""
+    triton_backend.kernel_family(layout)
+
+    def serving() -> list[str]:  # for the errors only: not on the call's path
+        if step:
+            return _step_backends(layout, x)
+        names = backends.available_backends(x.device, layout.cell)
+        return names if opts.recompute == "none" else [b for b in names if b in recompute_backends(opts.context)]
+
+    if opts.context.forward:
+        raise ValueError(
+            "backend 'triton' cannot serve forward-mode AD (torch.func.jvp/jacfwd/hessian, dual tensors): its fused "
+            f"kernels have a reverse-mode backward only. Use one of {[b for b in serving() if b != 'triton']} (exact "
+            "to every order), or 'auto', which picks one of them there."
+        )
+    if opts.context.differentiated:  # torch.func's grad/vjp: torch's wrapper of a registered autograd formula lacks
+        # functorch's setup_context
+        raise ValueError(
+            "backend 'triton' cannot serve torch.func's reverse-mode transforms (grad, vjp, jacrev): torch's autograd "
+            "wrapper of its kernels' custom op has no setup_context, which they require (pytorch/pytorch#170834). "
+            f"Use one of {[b for b in serving() if b != 'triton']}, or 'auto', which picks one of them there; or "
+            "differentiate with .backward() / torch.autograd.grad, which triton serves (over torch.vmap too)."
+        )
+    if not triton_backend.is_available(x.device):
+        raise ValueError(
+            f"backend 'triton' is not available on {x.device} here (needs the triton package and a "
+            f"CUDA device, or TRITON_INTERPRET=1 on CPU); use one of {serving()}."
+        )
+    triton_backend.check_supported(layout, opts)
+
+
+def _auto_runs_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, ctx: CallContext) -> bool:
+    """``auto`` runs ``triton`` on CUDA where it serves the call under ``torch.compile`` or ``torch.vmap`` (it compiles
+    whole and vmaps in one launch), but not in plain eager mode where cuDNN (``pad``) serves it faster (docs/gpu.md)."""
+    if not x.is_cuda or ctx.differentiated:
+        return False
+    cudnn = not ctx.traced and opts.recompute == "none" and layout.cell.aten is not None
+    return not cudnn and triton_backend.serves(layout, x.device, opts)
+
+
+def reads_segments(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, ctx: CallContext,
+                   segment_layout: str = "auto") -> bool:
+    """Whether an eager call with ``is_init`` reads it on the host to choose its route: ``pad``, ``auto`` (but not
+    where it runs ``triton`` or ``parallel``) and a forced ``segment_layout``. The others apply every reset on the
+    device."""
+    if segment_layout != "auto":
+        return True
+    if name == "auto":
+        return not (layout.cell.linear_in_state or _auto_runs_triton(layout, x, opts, ctx))
+    return name == "pad"
+
+
+def _compiled_loop() -> str:
+    """``auto`` and ``pad`` under ``torch.compile``: ``scan``, or ``reference``'s loop (unrolled in the graph, as
+    torch's decomposition of ``nn.LSTM`` unrolls its loop) where compiled autograd traces the backward, which cannot
+    hold a ``scan``. Grad mode, not ``records_grad``: a vmapped tensor reports ``requires_grad=False``."""
+    return "reference" if torch.is_grad_enabled() and compiled_autograd() else "scan"
+
+
+def auto(layout: Layout, x: torch.Tensor, opts: SequenceOptions, plan: SegmentPlan | None, records_grad: bool,
+         ctx: CallContext) -> str:
+    """``auto``'s rule (``docs/backends.md``), first match:
+
+    1. a cell linear in its state: ``parallel`` (``scan`` for ``recompute="full"`` under an eager ``torch.func``
+       transform, where activation checkpointing cannot run);
+    2. CUDA: ``triton`` where it serves the call under ``torch.compile`` or ``torch.vmap``;
+    3. ``torch.compile``: ``scan`` (``reference`` where compiled autograd traces the backward);
+    4. eager ``torch.vmap`` / ``torch.func``: ``reference`` (``scan`` for ``recompute="full"``);
+    5. plain eager: ``pad`` for a cell with ATen kernels and ``recompute="none"``, but not for a call under autograd
+       on the CPU of a cell whose kernel is a loop of per-step ops there (the GRU) and whose segments do not halve
+       the steps (the ``scan`` loop does the same steps without re-batching them); else ``scan`` under autograd (it
+       keeps the activations its backward reads), ``reference`` without.
+    """
+    if layout.cell.linear_in_state:
+        return "scan" if opts.recompute == "full" and ctx.traced and not ctx.compiling else "parallel"
+    if _auto_runs_triton(layout, x, opts, ctx):
+        return "triton"
+    if ctx.compiling:
+        return _compiled_loop()
+    if ctx.traced:
+        return "scan" if opts.recompute == "full" else "reference"
+    loop = "scan" if records_grad else "reference"
+    if opts.recompute != "none" or layout.cell.aten is None:
+        return loop
+    no_gain = (records_grad and plan is not None and plan.slice_len is None and not x.is_cuda
+               and not layout.cell.aten.fused_on_cpu and 2 * plan.max_len > plan.shape[1])
+    return loop if no_gain else "pad"
+
+
+def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, plan: SegmentPlan | None,
+           records_grad: bool, ctx: CallContext, segment_layout: str = "auto") -> Route:
+    """The route serving backend ``name`` (``"auto"``: :func:`auto`'s pick) for this call, laid out by :func:`_route`;
+    a backend that cannot serve the call raises ``ValueError`` naming those that can.
+
+    ``plan``: the call's segments where the caller read ``is_init`` on the host and found interior resets, or a static
+    plan under ``torch.compile``, else ``None``; ``records_grad``: autograd records the call. ``pad`` runs ATen's
+    kernels eagerly, and computes the same result through ``auto``'s pick under ``torch.compile`` and ``reference``
+    under eager ``torch.func`` transforms, where those kernels cannot run.
+    """
+    if plan is not None and plan.static:  # compiled [num_slices, slice_len] block: its segments right-aligned
+        route = choose(name, layout, x, opts, None, records_grad, ctx)
+        # parallel serves any segment layout as it is; a cell that reads where segments start runs its rows (right-
+        # aligned, a segment continuing the incoming state would restart)
+        aligned = route.backend != "parallel" and not layout.cell.reads_starts
+        return Route(route.backend, "aligned", plan) if aligned else route
+    if name == "auto":
+        name = auto(layout, x, opts, plan, records_grad, ctx)
+        if name == "triton" or ctx.compiling:
+            return Route(name)
+    elif name == "pad":
+        pad.aten_kernels(layout)  # raises for a cell without ATen kernels, in every context
+        if ctx.traced:
+            return Route(_compiled_loop() if ctx.compiling else "reference")
+    elif name == "triton":
+        _check_triton(layout, x, opts)
+        return Route("triton")
+    elif name == "scan" and ctx.compiling and _compiled_loop() == "reference":
+        raise ValueError(
+            "backend 'scan' cannot serve torch's compiled autograd (torch._dynamo.config.compiled_autograd): it cannot "
+            "trace a scan in the backward graph. Use backend 'reference' or 'auto' (which runs reference's loop there), "
+            "or differentiate without compiled autograd."
+        )
+    if name == "parallel":
+        parallel.check_cell(layout.cell)
+    if name in ("reference", "parallel") and opts.recompute == "full" and ctx.traced and not ctx.compiling:
+        raise ValueError(
+            f"backend {name!r} cannot serve recompute='full' under an eager torch.func transform or forward-mode "
+            "AD (dual tensors): its activation checkpointing replays the forward outside the transform and relies "
+            "on saved-tensor hooks, which torch.func.grad/vjp refuse. Use backend 'scan' (or 'auto'), which "
+            "recomputes inside its own backward, or recompute='none', or run under torch.compile."
+        )
+    return Route(name) if plan is None else _route(name, layout, plan, records_grad, segment_layout, x.is_cuda)
+
+
+def resolve_step(name: str, layout: Layout, x: torch.Tensor, ctx: CallContext):
+    """The one-step function ``(layout, params, x [N, F], carry) -> (y, carry)`` for ``name``.
+
+    ``auto``: ATen's fused cells (``pad``, cuDNN's on CUDA) in plain eager mode without projection; else the fused
+    ``triton`` step on CUDA where it serves the params (where both serve, ATen's eager step is the faster one,
+    docs/gpu.md); else ``reference``.
+    ``pad`` is eager-only like its sequence path and runs ``reference`` under
+    ``torch.compile`` / ``torch.func`` transforms; it has no projection, so with
+    ``proj_size`` it runs ``reference`` too.
+    """
+    if name in ("pad", "triton", "parallel") and name not in backends_for(layout.cell):
+        raise no_kernel_for(name, layout.cell, _step_backends(layout, x))
+    if name == "auto":
+        if x.is_cuda:
+            aten = not ctx.traced and layout.cell.aten is not None and not layout.proj_size
+            if not aten and not ctx.differentiated and triton_backend.serves(layout, x.device):
+                return triton_backend.step
+        if layout.cell.aten is None:
+            return multi_layer_step
+        name = "pad"
+    if name == "pad":  # traced (compile, vmap, torch.func): pad's kernels cannot run, its reference step can
+        return multi_layer_step if layout.proj_size or ctx.traced else pad.step
+    if name == "triton":
+        _check_triton(layout, x, SequenceOptions(context=ctx), step=True)
+        return triton_backend.step
+    if name not in ("reference", "parallel"):  # one step of a linear recurrence is the reference step
+        raise ValueError(
+            f"backend: expected one of {['auto', *_step_backends(layout, x)]} for a {layout.cell.title} step here, "
+            f"got {name!r}."
+        )
+    return multi_layer_step
+
+
+def _step_backends(layout: Layout, x: torch.Tensor) -> list[str]:
+    """The step backends that serve ``layout``'s cell on ``x``'s device here (``scan`` runs sequences only)."""
+    return [b for b in STEP_BACKENDS[1:] if b in backends.available_backends(x.device, layout.cell)]
+
+
 # ----------------------------------------------------------------------------- drivers
 
 
@@ -238,35 +549,6 @@ def _empty_call(c: Canonical, time: tuple) -> tuple[torch.Tensor, Carry, Carry]:
     return y, tuple([s + zero for s in c.carry]), per_step
 
 
-def run_step(cell: Cell, x, state, params, is_init, backend: str, dropout: float = 0.0, training: bool = False,
-             layout: Layout | None = None) -> tuple[torch.Tensor, object]:
-    """The public step functions: validate once (unless ``layout``: the caller checked ``x``, ``state`` and
-    ``is_init`` against these params' layout, as the modules do), reset to zeros where ``is_init``, run one step over
-    all layers (with inter-layer dropout where ``training``, the ``reference`` step: no fused cell applies it)."""
-    if layout is None:
-        if backend not in selection.STEP_BACKENDS or dropout:  # the unknown-name error first; resolve_step rejects 'scan'
-            check_options(backend=backend, dropout=dropout)
-        c = _canonicalize(cell, x, state, params, is_init, None, sequence=False)
-    else:
-        carry = None if state is None else (state,) if isinstance(state, torch.Tensor) else tuple(state)
-        c = flatten(layout, params if isinstance(params, dict) else dict(params), x, carry, is_init, None, False)
-    x = c.x if cell.prepare_input is None else cell.prepare_input(c.params, c.x)
-    # a cell that reads where segments start gets is_init [N, 1] (only the reference step serves such a cell)
-    start = None if c.is_init is None or not c.layout.cell.reads_starts else c.is_init.unsqueeze(-1)
-    if x.shape[0] == 0:
-        y, carry, _ = _empty_call(c, ())
-    elif training and dropout > 0 and c.layout.num_layers > 1:
-        y, carry = multi_layer_step(c.layout, c.params, x, apply_reset(c.carry, c.is_init, None), dropout, True, start)
-    else:
-        step = selection.resolve_step(backend, c.layout, x, call_context())
-        carry = apply_reset(c.carry, c.is_init, None)
-        y, carry = step(c.layout, c.params, x, carry) if start is None else step(c.layout, c.params, x, carry,
-                                                                                 start=start)
-    if len(c.batch_shape) != 1:
-        y, *carry = restore(c.batch_shape, (y, *carry))
-    return y, (carry[0] if len(carry) == 1 else tuple(carry))
-
-
 def _first_step_resets(x, carry: Carry, is_init: torch.Tensor, reset: Carry | None, host: np.ndarray):
     """A call whose resets all lie at ``t = 0`` (``host``: ``is_init`` read on the host) as a reset-free call
     ``(x, carry, None, None)``: the stored ``reset_state[:, 0]`` (or zeros) outright where ``is_init[:, 0]`` is
@@ -281,13 +563,6 @@ def _first_step_resets(x, carry: Carry, is_init: torch.Tensor, reset: Carry | No
     return x, carry, None, None
 
 
-def _read_mask(is_init: torch.Tensor, host: np.ndarray | None = None) -> tuple[np.ndarray, SegmentPlan | None]:
-    """``is_init [N, T]`` read on the host (the call's one read; ``host`` where the call read it already) and, with
-    interior resets, the plan of its segments (built from that copy: no further read), else ``None``."""
-    host = is_init.numpy(force=True) if host is None else host
-    return host, segments.plan(host, is_init.device) if host.shape[1] > 1 and host[:, 1:].any() else None
-
-
 def sequence_route(cell: str, x: torch.Tensor, params: Mapping[str, torch.Tensor], *, is_init: torch.Tensor | None = None,
                    backend: str = "auto", recompute: str = "none", records_grad: bool = True,
                    segment_layout: str = "auto") -> Route:
@@ -299,93 +574,13 @@ def sequence_route(cell: str, x: torch.Tensor, params: Mapping[str, torch.Tensor
     """
     check_options(backend=backend, recompute=recompute, segment_layout=segment_layout)
     c = _canonicalize(CELLS[cell], x, None, params, is_init, None, sequence=True)
-    opts, ctx = SequenceOptions(recompute=recompute), call_context()
-    plan = None
-    if c.is_init is not None and c.is_init.numel() and not ctx.traced and selection.reads_segments(
-            backend, c.layout, c.x, opts, ctx, segment_layout):
-        plan = _read_mask(c.is_init)[1]
-    return selection.choose(backend, c.layout, c.x, opts, plan, records_grad, ctx, segment_layout)
-
-
-def run_sequence(cell: Cell, x, state, params, is_init, reset_state, backend: str, opts: SequenceOptions,
-                 slice_len: int | None = None, num_slices: int | None = None, segment_layout: str = "auto",
-                 layout: Layout | None = None):
-    """The public sequence functions: check the options and the call once (unless ``layout``: the caller checked
-    the options and the call against these params' layout, as the modules do), pick the route once, run it. Returns
-    ``(y, state_T)`` or, with ``opts.segment_states``, ``(y, state_T, segment states)`` in the public format.
-
-    ``slice_len`` / ``num_slices``: the static layout hint of :mod:`.slices`. Eager ``pad`` and ``auto`` (but not
-    where ``auto`` runs ``triton`` or ``parallel``), and a forced ``segment_layout``, read ``is_init`` on the host
-    once (:func:`.selection.reads_segments`): a call whose resets all lie at ``t = 0`` runs reset-free, one with
-    interior resets gets its :func:`~rnn_functional.backends.segments.plan`. ``reference``, ``scan``, ``triton`` and
-    ``parallel`` apply every reset on the device and read nothing.
-    """
-    if layout is None:
-        check_options(backend=backend, recompute=opts.recompute, dropout=opts.dropout,
-                      matmul_precision=opts.matmul_precision, compute_dtype=opts.compute_dtype,
-                      segment_layout=segment_layout)
-        c = _canonicalize(cell, x, state, params, is_init, reset_state, sequence=True)
-    else:
-        carry = None if state is None else (state,) if isinstance(state, torch.Tensor) else tuple(state)
-        reset = None if reset_state is None else (reset_state,) if isinstance(reset_state, torch.Tensor) else \
-            tuple(reset_state)
-        c = flatten(layout, params if isinstance(params, dict) else dict(params), x, carry, is_init, reset)
-    n, t_len = c.x.shape[:2]
     ctx = call_context()
-    host = None  # is_init read on the host: once per call, for the hint's check and the segment plan alike
-    if slice_len is not None or num_slices is not None:
-        if c.is_init is not None and c.is_init.numel() and not ctx.traced:
-            host = c.is_init.numpy(force=True)
-        slices.check_hint(slice_len, num_slices, t_len, c.is_init, ctx.compiling, host)
-    empty = n == 0 or t_len == 0
-    records_grad = False
-    if torch.is_grad_enabled():
-        for t in (c.x, *c.carry, *(c.reset or ()), *c.params.values()):
-            if t.requires_grad:
-                records_grad = True
-                break
-    call = (c.x if cell.prepare_input is None else cell.prepare_input(c.params, c.x), c.carry, c.is_init, c.reset)
-    reshaped = slice_len is not None and num_slices is None and not empty
-    if reshaped:  # whole slices side by side: [N * T / slice_len, slice_len]
-        call = slices.split(slice_len, *call)
-        host = None if host is None else host.reshape(call[2].shape)
+    opts = SequenceOptions(recompute=recompute, context=ctx)
     plan = None
-    if num_slices is not None and ctx.compiling and not empty:  # the segments in a [num_slices, slice_len] block
-        plan = segments.static_plan(c.is_init, slice_len, num_slices)
-    elif call[2] is not None and not (empty or ctx.traced) and selection.reads_segments(
-            backend, c.layout, call[0], opts, ctx, segment_layout):
-        host, plan = _read_mask(call[2], host)
-        if plan is None and not cell.reads_starts:  # such a cell needs is_init at t = 0 too
-            call = _first_step_resets(*call, host)
-    static = plan is not None and plan.static
-    route = selection.choose(backend, c.layout, call[0], opts, None if static else plan, records_grad, ctx,
-                             segment_layout)
-    # the segments right-aligned in their block; parallel serves any segment layout as it is, and a cell that reads
-    # where segments start runs the rows as they are (right-aligned, one continuing the incoming state would restart)
-    if static and route.backend != "parallel" and not cell.reads_starts:
-        route = Route(route.backend, "aligned", plan)
-    if empty:  # no step runs (the route was still chosen: a backend that cannot serve the call says so)
-        y, final, seg = _empty_call(c, (t_len,))
-    else:
-        y, final, per_step, ends = route.run(c.layout, c.params, *call,
-                                            opts if call[2] is not None else opts.without_segment_states())
-        seg = None
-        if opts.segment_states:
-            if call[2] is None:  # no interior reset: the segment states are the final carry at the last step
-                seg = final_at_last_step(final, call[0].shape[1])
-            else:
-                seg = per_step if ends else keep_segment_ends(per_step, call[2])
-        if reshaped:
-            y, final, seg, _ = segments.merge_slices(n, t_len, y, final, seg)
-        if records_grad:  # the final carry can be the last step's own, read by y and seg: a node of its own, as nn's
-            final = tuple(map(torch.Tensor.view_as, final, final))  # h_n, so a hook on it sees its own uses only
-    if len(c.batch_shape) != 1:
-        y, *final = restore(c.batch_shape, (y, *final))
-        seg = None if seg is None else restore(c.batch_shape, seg)
-    final = final[0] if len(final) == 1 else tuple(final)
-    if not opts.segment_states:
-        return y, final
-    return y, final, seg[0] if len(seg) == 1 else tuple(seg)
+    if c.is_init is not None and c.is_init.numel() and not ctx.traced and reads_segments(
+            backend, c.layout, c.x, opts, ctx, segment_layout):
+        plan = segments.plan(c.is_init.numpy(force=True), c.is_init.device)
+    return choose(backend, c.layout, c.x, opts, plan, records_grad, ctx, segment_layout)
 
 
 # ----------------------------------------------------------------------------- public functions
@@ -401,7 +596,7 @@ _STEP_DOC = """One time step of a multi-layer {title}.
             cell (``"pad"``) in plain eager mode where the cell has one, else ``"reference"``),
             ``"reference"``, ``"pad"``, ``"triton"`` or ``"parallel"`` (one step of a linear recurrence: the
             ``reference`` step). See
-            :func:`rnn_functional.functional.selection.resolve_step`.
+            :func:`rnn_functional.functional.resolve_step`.
 
         dropout, training: dropout probability on the outputs of every layer but the last, applied only when
             ``training`` (then the ``reference`` step runs: no fused cell applies it).
@@ -459,11 +654,48 @@ _SEQUENCE_DOC = """A multi-layer {title} over a sequence, with resets.
 
 
 def public_functions(cell: Cell) -> tuple[Callable, Callable]:
-    """``cell``'s public step and sequence functions (``{name}_step``, ``{name}_sequence``)."""
+    """``cell``'s public step and sequence functions (``{name}_step``, ``{name}_sequence``), named and documented."""
+    step, sequence = entries(cell)
+    for fn, kind, doc in ((step, "step", _STEP_DOC), (sequence, "sequence", _SEQUENCE_DOC)):
+        fn.__name__ = fn.__qualname__ = f"{cell.name}_{kind}"
+        fn.__module__ = "rnn_functional.functional"
+        fn.__doc__ = doc.format(title=cell.title, state=cell.state_doc, params=cell.params_doc,
+                                init=cell.init_function, out=cell.out_dim)
+    return step, sequence
+
+
+def entries(cell: Cell) -> tuple[Callable, Callable]:
+    """The step and sequence functions of ``cell``: every call, a user's or a module's, enters through one of them.
+
+    Each checks its call once (unless ``layout``: the caller, a module, checked the options and the call against these
+    params' layout), reads the context once, picks its backend once and runs it.
+    """
 
     def step(x: torch.Tensor, state, params: Mapping[str, torch.Tensor], *, is_init: torch.Tensor | None = None,
              backend: str = "auto", dropout: float = 0.0, training: bool = False, layout: Layout | None = None):
-        return run_step(cell, x, state, params, is_init, backend, dropout, training, layout)
+        if layout is None:
+            if backend not in STEP_BACKENDS or dropout:  # the unknown-name error first; resolve_step rejects 'scan'
+                check_options(backend=backend, dropout=dropout)
+            c = _canonicalize(cell, x, state, params, is_init, None, sequence=False)
+        else:
+            carry = None if state is None else (state,) if isinstance(state, torch.Tensor) else tuple(state)
+            c = flatten(layout, params if isinstance(params, dict) else dict(params), x, carry, is_init, None, False)
+        x = c.x if cell.prepare_input is None else cell.prepare_input(c.params, c.x)
+        # a cell that reads where segments start gets is_init [N, 1] (only the reference step serves such a cell)
+        start = None if c.is_init is None or not cell.reads_starts else c.is_init.unsqueeze(-1)
+        if x.shape[0] == 0:
+            y, carry, _ = _empty_call(c, ())
+        elif training and dropout > 0 and c.layout.num_layers > 1:  # the reference step: no fused cell drops out
+            y, carry = multi_layer_step(c.layout, c.params, x, apply_reset(c.carry, c.is_init, None), dropout, True,
+                                        start)
+        else:
+            run = resolve_step(backend, c.layout, x, call_context())
+            carry = apply_reset(c.carry, c.is_init, None)
+            y, carry = run(c.layout, c.params, x, carry) if start is None else run(c.layout, c.params, x, carry,
+                                                                                   start=start)
+        if len(c.batch_shape) != 1:
+            y, *carry = restore(c.batch_shape, (y, *carry))
+        return y, (carry[0] if len(carry) == 1 else tuple(carry))
 
     def sequence(
         x: torch.Tensor,
@@ -484,13 +716,87 @@ def public_functions(cell: Cell) -> tuple[Callable, Callable]:
         segment_layout: str = "auto",
         layout: Layout | None = None,
     ):
-        opts = SequenceOptions(dropout, training, recompute, compute_dtype, matmul_precision, return_segment_states)
-        return run_sequence(cell, x, state, params, is_init, reset_state, backend, opts, slice_len, num_slices,
-                            segment_layout, layout)
+        # Eager pad and auto (but not where auto runs triton or parallel), and a forced segment_layout, read is_init
+        # on the host once (reads_segments): a call whose resets all lie at t = 0 runs reset-free, one with interior
+        # resets gets the plan of its segments. The other backends apply every reset on the device.
+        if layout is None:
+            check_options(backend=backend, recompute=recompute, dropout=dropout, matmul_precision=matmul_precision,
+                          compute_dtype=compute_dtype, segment_layout=segment_layout)
+            c = _canonicalize(cell, x, state, params, is_init, reset_state, sequence=True)
+        else:
+            carry = None if state is None else (state,) if isinstance(state, torch.Tensor) else tuple(state)
+            reset = None if reset_state is None else (reset_state,) if isinstance(reset_state, torch.Tensor) else \
+                tuple(reset_state)
+            c = flatten(layout, params if isinstance(params, dict) else dict(params), x, carry, is_init, reset)
+        ctx = call_context()
+        opts = SequenceOptions(dropout, training, recompute, compute_dtype, matmul_precision, return_segment_states, ctx)
+        n, t_len = c.x.shape[:2]
+        host = None  # is_init read on the host: once per call, for the hint's check and the segment plan alike
+        if slice_len is not None or num_slices is not None:
+            if c.is_init is not None and c.is_init.numel() and not ctx.traced:
+                host = c.is_init.numpy(force=True)
+            slices.check_hint(slice_len, num_slices, t_len, c.is_init, ctx.compiling, host)
+        empty = n == 0 or t_len == 0
+        records_grad = False
+        if torch.is_grad_enabled():
+            for t in (c.x, *c.carry, *(c.reset or ()), *c.params.values()):
+                if t.requires_grad:
+                    records_grad = True
+                    break
+        call = (c.x if cell.prepare_input is None else cell.prepare_input(c.params, c.x), c.carry, c.is_init, c.reset)
+        reshaped = slice_len is not None and num_slices is None and not empty
+        if reshaped:  # whole slices side by side: [N * T / slice_len, slice_len]
+            call = slices.split(slice_len, *call)
+            host = None if host is None else host.reshape(call[2].shape)
+        plan = None
+        if num_slices is not None and ctx.compiling and not empty:  # the segments in a [num_slices, slice_len] block
+            plan = segments.static_plan(c.is_init, slice_len, num_slices)
+        elif call[2] is not None and not (empty or ctx.traced) and reads_segments(
+                backend, c.layout, call[0], opts, ctx, segment_layout):
+            host = call[2].numpy(force=True) if host is None else host
+            plan = segments.plan(host, call[2].device)
+            if plan is None and not cell.reads_starts:  # such a cell needs is_init at t = 0 too
+                call = _first_step_resets(*call, host)
+        route = choose(backend, c.layout, call[0], opts, plan, records_grad, ctx, segment_layout)
+        if empty:  # no step runs (the route was still chosen: a backend that cannot serve the call says so)
+            y, final, seg = _empty_call(c, (t_len,))
+        else:
+            y, final, per_step, ends = route.run(c.layout, c.params, *call,
+                                                opts if call[2] is not None else opts.without_segment_states())
+            seg = None
+            if opts.segment_states:
+                if call[2] is None:  # no interior reset: the segment states are the final carry at the last step
+                    seg = final_at_last_step(final, call[0].shape[1])
+                else:
+                    seg = per_step if ends else keep_segment_ends(per_step, call[2])
+            if reshaped:
+                y, final, seg, _ = segments.merge_slices(n, t_len, y, final, seg)
+            if records_grad:  # the final carry can be the last step's own, read by y and seg: a node of its own, as
+                final = tuple(map(torch.Tensor.view_as, final, final))  # nn's h_n, so a hook sees its own uses only
+        if len(c.batch_shape) != 1:
+            y, *final = restore(c.batch_shape, (y, *final))
+            seg = None if seg is None else restore(c.batch_shape, seg)
+        final = final[0] if len(final) == 1 else tuple(final)
+        if not return_segment_states:
+            return y, final
+        return y, final, seg[0] if len(seg) == 1 else tuple(seg)
 
-    for fn, kind, doc in ((step, "step", _STEP_DOC), (sequence, "sequence", _SEQUENCE_DOC)):
-        fn.__name__ = fn.__qualname__ = f"{cell.name}_{kind}"
-        fn.__module__ = "rnn_functional.functional"
-        fn.__doc__ = doc.format(title=cell.title, state=cell.state_doc, params=cell.params_doc,
-                                init=cell.init_function, out=cell.out_dim)
     return step, sequence
+
+
+def run_step(cell: Cell, x, state, params, is_init, backend: str, dropout: float = 0.0, training: bool = False,
+             layout: Layout | None = None):
+    """``cell``'s step function called positionally (cells without public functions of their own)."""
+    return entries(cell)[0](x, state, params, is_init=is_init, backend=backend, dropout=dropout, training=training,
+                            layout=layout)
+
+
+def run_sequence(cell: Cell, x, state, params, is_init, reset_state, backend: str, opts: SequenceOptions,
+                 slice_len: int | None = None, num_slices: int | None = None, segment_layout: str = "auto",
+                 layout: Layout | None = None):
+    """``cell``'s sequence function called positionally, with its options as ``opts``."""
+    return entries(cell)[1](x, state, params, is_init=is_init, reset_state=reset_state, backend=backend,
+                            dropout=opts.dropout, training=opts.training, recompute=opts.recompute,
+                            compute_dtype=opts.compute_dtype, matmul_precision=opts.matmul_precision,
+                            return_segment_states=opts.segment_states, slice_len=slice_len, num_slices=num_slices,
+                            segment_layout=segment_layout, layout=layout)

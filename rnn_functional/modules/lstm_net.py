@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..functional.selection import BACKEND_CHOICES, check_options
+from ..functional._core import BACKEND_CHOICES, check_options
 from ..functional import lstm_sequence, lstm_step
 from .rnn import LSTM_CELL, RNNChild
 

@@ -54,8 +54,7 @@ from ..cells.gru import GRU
 from ..cells.lstm import LSTM
 from ..ensemble import ensemble_init_gru_params, ensemble_init_lstm_params
 from ..functional import gru_sequence, gru_step, lstm_sequence, lstm_step
-from ..functional._core import autocast_dtype
-from ..functional.selection import call_context, check_options
+from ..functional._core import autocast_dtype, call_context, check_options
 from ..functional.slices import check_pair, check_value
 from ..precision import mark_constant_result
 from ._options import checked_option, options_state
