@@ -211,7 +211,7 @@ def test_auto_never_picks_a_backend_without_its_kernels(monkeypatch, compiling, 
     layout = NORM_GRU.read_layout(rf.init_norm_gru_params(F_IN, H))
     gru_layout = rf.functional._core.read_layout(rf.init_gru_params(F_IN, H), "gru")
     monkeypatch.setattr(triton_backend, "is_available", lambda device=None: True)
-    ctx = CallContext(compiling, vmapped, differentiated)
+    ctx = CallContext.of(compiling, vmapped, differentiated)
     opts = SequenceOptions(recompute=recompute)
     is_init = torch.zeros(B, T, dtype=torch.bool)
     for device in ("cpu", "cuda"):
@@ -225,7 +225,7 @@ def test_auto_never_picks_a_backend_without_its_kernels(monkeypatch, compiling, 
 
 def test_auto_step_runs_reference() -> None:
     layout = NORM_GRU.read_layout(rf.init_norm_gru_params(F_IN, H))
-    assert _core.resolve_step("auto", layout, torch.randn(B, F_IN), CallContext(False, False, False)) is rf.cells.multi_layer_step
+    assert _core.resolve_step("auto", layout, torch.randn(B, F_IN), CallContext.of(False, False, False)) is rf.cells.multi_layer_step
 
 
 # ----------------------------------------------------------------------------- compile and vmap

@@ -17,6 +17,7 @@ resets already applied.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -26,12 +27,12 @@ BACKENDS = ("reference", "scan", "pad", "triton", "parallel")
 RECOMPUTE_MODES = ("none", "full")
 
 
-@dataclass(frozen=True)
-class CallContext:
+class CallContext(NamedTuple):
     """Where a call runs, read once per call by the functional layer and handed down in :class:`SequenceOptions`:
     under ``torch.compile`` (or ``torch.jit.trace``: a graph is captured), ``torch.vmap``, an eager ``torch.func``
     autodiff or forward-mode AD (``differentiated``), forward-mode AD (``forward``: ``torch.func.jvp``/``jacfwd``/
-    ``hessian``, dual tensors); ``traced`` when any holds (eager-only kernels cannot run)."""
+    ``hessian``, dual tensors); ``traced`` when any holds (eager-only kernels cannot run). A named tuple: Dynamo
+    builds one inside a traced call, which it cannot do for a dataclass."""
 
     compiling: bool
     vmapped: bool
@@ -39,12 +40,13 @@ class CallContext:
     forward: bool = False
     traced: bool = False
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "traced", self.compiling or self.vmapped or self.differentiated)
+    @classmethod
+    def of(cls, compiling: bool, vmapped: bool, differentiated: bool, forward: bool = False) -> CallContext:
+        return cls(compiling, vmapped, differentiated, forward, compiling or vmapped or differentiated)
 
 
 # every context is one of these: a call builds none (a policy step reads its context on every call)
-CONTEXTS = {(c, v, d, f): CallContext(c, v, d, f) for c in (False, True) for v in (False, True) for d in (False, True)
+CONTEXTS = {(c, v, d, f): CallContext.of(c, v, d, f) for c in (False, True) for v in (False, True) for d in (False, True)
              for f in (False, True)}
 EAGER = CONTEXTS[False, False, False, False]
 
