@@ -17,21 +17,8 @@ from .base import BACKENDS, RECOMPUTE_MODES, SequenceOptions, backends_for
 from .segments import LAYOUTS_OF, SEGMENT_LAYOUTS, Result, Route, SegmentPlan
 
 __all__ = [
-    "BACKENDS",
-    "LAYOUTS_OF",
-    "RECOMPUTE_MODES",
-    "SEGMENT_LAYOUTS",
-    "Result",
-    "Route",
-    "SegmentPlan",
-    "SequenceOptions",
-    "available_backends",
-    "backends_for",
-    "pad",
-    "parallel",
-    "reference",
-    "scan",
-    "segments",
+    "BACKENDS", "LAYOUTS_OF", "RECOMPUTE_MODES", "SEGMENT_LAYOUTS", "Result", "Route", "SegmentPlan",
+    "SequenceOptions", "available_backends", "backends_for", "pad", "parallel", "reference", "scan", "segments",
     "triton_backend",
 ]
 

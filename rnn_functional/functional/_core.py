@@ -592,12 +592,9 @@ _STEP_DOC = """One time step of a multi-layer {title}.
         state: {state}, or ``None`` for zeros.
         params: {params} (see ``{init}``).
         is_init: bool ``[*B]`` (or ``[*B, 1]``); where True the state is reset to zeros first.
-        backend: ``"auto"`` (the fused ``triton`` step on CUDA where it applies, ATen's fused
-            cell (``"pad"``) in plain eager mode where the cell has one, else ``"reference"``),
-            ``"reference"``, ``"pad"``, ``"triton"`` or ``"parallel"`` (one step of a linear recurrence: the
-            ``reference`` step). See
-            :func:`rnn_functional.functional.resolve_step`.
-
+        backend: ``"auto"`` (the fused ``triton`` step on CUDA where it applies, ATen's fused cell (``"pad"``) in
+            plain eager mode where the cell has one, else ``"reference"``), ``"reference"``, ``"pad"``, ``"triton"``
+            or ``"parallel"`` (one step of a linear recurrence: the ``reference`` step).
         dropout, training: dropout probability on the outputs of every layer but the last, applied only when
             ``training`` (then the ``reference`` step runs: no fused cell applies it).
         layout: the params' layout (``Cell.layout_of``) when the caller has checked ``x``, ``state`` (a tuple
