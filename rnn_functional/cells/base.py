@@ -237,19 +237,16 @@ def apply_reset(carry: Carry, mask: torch.Tensor | None, reset: Carry | None) ->
     return tuple(out)
 
 
-def segment_ends(is_init: torch.Tensor) -> torch.Tensor:
-    """``[N, T]`` bool: True at the last step of every segment (before a reset, and at ``T - 1``)."""
+def keep_segment_ends(states: Carry, is_init: torch.Tensor) -> Carry:
+    """Per-step carries ``[N, T, L, S]`` zeroed except at segment ends (before a reset, and at ``T - 1``: TorchRL's
+    ``("next", hidden)``); ``is_init [N, T]``. A call without ``is_init`` has one segment per row:
+    :func:`final_at_last_step`."""
     if torch.compiler.is_compiling():
         # traced, ``pad``'s decomposition guards ``T - 1 != 1``: an export with a dynamic T refused T = 2
         last = torch.arange(is_init.shape[-1], device=is_init.device) == is_init.shape[-1] - 1
-        return is_init.roll(-1, -1) | last
-    return F.pad(is_init[:, 1:], (0, 1), value=True)  # one op eagerly: the next step's reset, True past the end
-
-
-def keep_segment_ends(states: Carry, is_init: torch.Tensor) -> Carry:
-    """Per-step carries ``[N, T, L, S]`` zeroed except at segment ends (TorchRL's ``("next", hidden)``);
-    ``is_init [N, T]``. A call without ``is_init`` has one segment per row: :func:`final_at_last_step`."""
-    ends = segment_ends(is_init)
+        ends = is_init.roll(-1, -1) | last
+    else:
+        ends = F.pad(is_init[:, 1:], (0, 1), value=True)  # one op eagerly: the next step's reset, True past the end
     ends = ends.view(*ends.shape, *(1,) * (states[0].ndim - ends.ndim))  # every carry has the same ndim
     return tuple([torch.where(ends, s, 0.0) for s in states])
 
