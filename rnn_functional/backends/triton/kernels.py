@@ -374,14 +374,13 @@ def _rnn_bwd_tiled_kernel(
             tl.store(dc_row + cj[None, :], dc, mask=m)
 
 
-# Persistent (all SMs). Grid ``(S, P, E)``: program ``(s, p, e)`` owns the ``HS = H / S`` hidden units ``[s*HS, (s+1)*HS)`` of every
-# gate and the 64-row groups ``p, p + P, ...`` of member ``e``. Its slice of ``W_hh`` is loaded once, in ``KC``
-# chunks of ``BK`` rows (a tuple the loop indexes statically), and stays in shared memory for all steps; each
-# step multiplies ``[64, H] x [H, HS]`` per gate, which is the shape wgmma (sm_90) and mma (sm_80) take. The
-# carry entering a step lives in a ping-pong buffer ``carry [E, 2, N, H]`` (reset applied by its owner in
-# registers); the ``S`` programs of a row group meet once per step at a release/acquire flag in global memory,
-# so the grid must be co-resident (the launcher sizes it to the SM count). ``SYNC=False`` runs without the
-# flag: the launcher then runs one step per launch (the interpreter, which cannot spin between programs).
+# Persistent (all SMs). Grid ``(S, P, E)``: program ``(s, p, e)`` owns the ``HS = H / S`` hidden units
+# ``[s*HS, (s+1)*HS)`` of every gate and the 64-row groups ``p, p + P, ...`` of member ``e``. Its slice of ``W_hh``
+# is loaded once, in ``KC`` chunks of ``BK`` rows (a tuple indexed statically), and stays in shared memory for all
+# steps; each step multiplies ``[64, H] x [H, HS]`` per gate, the shape wgmma (sm_90) and mma (sm_80) take. The
+# carry entering a step lives in a ping-pong buffer ``carry [E, 2, N, H]`` (reset by its owner in registers); the
+# ``S`` programs of a row group meet once per step at a release/acquire flag, so the grid must be co-resident (sized
+# to the SM count). ``SYNC=False`` runs without the flag, one step per launch (the interpreter cannot spin).
 
 PERSISTENT_ROWS = 64  # batch rows per group: the M of one wgmma
 PERSISTENT_BYTES = 128 * 1024  # budget for one program's slice of the recurrent weights

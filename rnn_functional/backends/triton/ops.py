@@ -200,16 +200,13 @@ def _make_fwd(run: Callable) -> Callable:
         E, N, T, _ = x.shape
         H = w.shape[-1]
         if E * N * (T + 1) * 4 * H >= MAX_ELEMENTS:
-            raise ValueError(
-                f"backend 'triton': E*N*(T+1)*4*H = {E * N * (T + 1) * 4 * H} exceeds the kernels' 32-bit "
-                f"indexing ({MAX_ELEMENTS}); split the batch or the sequence, or use one of reference, scan, pad."
-            )
+            raise ValueError(f"backend 'triton': E*N*(T+1)*4*H = {E * N * (T + 1) * 4 * H} exceeds the kernels' "
+                             f"32-bit indexing ({MAX_ELEMENTS}); split the batch or the sequence, or use one of "
+                             "reference, scan, pad.")
         gx = _input_projection(x, w_ih, b_ih)
         hs, cs, gates = _fwd_outputs(gx, H, lstm, save)
-        kernel, grid, args, constexprs = fwd_launch(
-            gx, w, b, h0, c0, is_init, rh, rc, hs, cs, gates, lstm, save, compute_dtype, precision
-        )
-        _launch(run, kernel, grid, args, constexprs)
+        _launch(run, *fwd_launch(gx, w, b, h0, c0, is_init, rh, rc, hs, cs, gates, lstm, save, compute_dtype,
+                                 precision))
         return hs, cs, gates
 
     return layer_fwd
