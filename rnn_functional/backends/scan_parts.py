@@ -178,7 +178,7 @@ def scan_states(cell: Cell, weights: tuple, carry: Carry, gi: torch.Tensor, mask
 
     def step(layer_carry, xs_t):  # xs_t: (gi, mask, *reset) or (gi,)
         if len(xs_t) > 1:
-            layer_carry = apply_reset(layer_carry, xs_t[1], xs_t[2:] or None)
+            layer_carry = apply_reset(layer_carry, xs_t[1], xs_t[2:] if len(xs_t) > 2 else None)
         gi_t = members.linear(xs_t[0], *weights[:2]) if project else xs_t[0]
         new, saved = members.map(step_saving, gi_t, layer_carry, weights, *xs_t[1:2 if reads_starts else 1])
         return own(new), (own({"h": new[:1], "states": new, "saved": (*new, *saved)}[keep]),)
