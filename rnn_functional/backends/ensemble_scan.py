@@ -1,14 +1,11 @@
 """Compiled training of vmapped ensembles on the ``scan`` backend: one layer of E members at once.
 
 Under ``torch.compile`` with gradients, a vmapped ``scan`` cannot be differentiated ("Expected init and carry to have
-same metadata") and Dynamo refuses to vmap the hand-written layer ("You tried to vmap over ApplyTemplate"). So such a
-layer calls the op ``rnn_functional::scan_ensemble_layer`` (:func:`layer_states`) on tensors with a leading ensemble
-dim; when AOTAutograd traces, the op's vmap rule (:func:`_fold_vmapped_dim`) folds every vmapped dim into it, and the
-op runs :class:`~rnn_functional.backends.scan_parts.HandWrittenLayer` with ``members=E`` on plain tensors: the same
-forward and reverse scan, each per-member primitive vmapped, no ``scan`` ever vmapped.
-
-Shapes inside the op (``e``: ``E`` or 1, shared): ``inp [e, N, T, F]``, ``mask [e, T, N]``, ``carry0 [e, N, S]`` and
-``reset [e, T, N, S]`` each, every weight ``[e, *member_shape]``; output: the carry after every step, ``[E, T, N, S]``.
+same metadata") nor Dynamo vmap the hand-written layer ("You tried to vmap over ApplyTemplate"). So such a layer calls
+the op ``rnn_functional::scan_ensemble_layer``, whose vmap rule folds every vmapped dim into a leading ensemble dim;
+the op runs :class:`~.scan_parts.HandWrittenLayer` with ``members=E`` on plain tensors (no ``scan`` ever vmapped).
+Inside the op (``e``: ``E`` or 1, shared): ``inp [e, N, T, F]``, ``mask [e, T, N]``, ``carry0 [e, N, S]``,
+``reset [e, T, N, S]``, weights ``[e, ...]``; output: the carry after every step, ``[E, T, N, S]``.
 """
 
 from __future__ import annotations
@@ -28,14 +25,13 @@ def _vmapped(t: torch.Tensor | None) -> bool:
 
 
 def serves(recompute: bool, *tensors: torch.Tensor | None) -> bool:
-    """True when this layer's call must run here: compiled, with a vmapped input, and autograd on or ``recompute``
-    asked for (a vmapped tensor reports ``requires_grad=False`` whatever its base)."""
+    """Compiled, with a vmapped input, and autograd on or ``recompute`` (a vmapped tensor reports
+    ``requires_grad=False`` whatever its base)."""
     return torch.compiler.is_compiling() and (recompute or torch.is_grad_enabled()) and any(_vmapped(t) for t in tensors)
 
 
 def layer_states(cell: Cell, recompute: bool, n_carry: int, has_reset: bool, inp, mask, *rest) -> Carry:
-    """One layer over time through the ensemble op, the ``scan`` layer's arguments (see
-    :class:`~.scan_parts.HandWrittenLayer`) without ``members``: the per-step carries, ``[T, N, S]`` each."""
+    """:class:`~.scan_parts.HandWrittenLayer`'s arguments without ``members`` -> the per-step carries."""
     if CELLS.get(cell.name) is not cell:
         raise ValueError(f"the {cell.title} cell has no compiled ensemble path: register it where it is made "
                          f"(rnn_functional.cells.register).")
@@ -63,8 +59,7 @@ def _layer_impl(cell: str, recompute: bool, inp, mask, carry0, reset, weights):
 
 
 def _fold_vmapped_dim(info, in_dims, cell, recompute, inp, mask, carry0, reset, weights):
-    """vmap rule: every tensor's vmapped dim ``B`` joins its ensemble dim (``[B, e] -> [B * e]``); a tensor shared
-    at one level only is expanded (a copy; only nested vmaps meet it), one shared at both stays ``e = 1``."""
+    """vmap rule: ``[B, e] -> [B * e]``; a tensor shared at one level only is expanded, at both stays ``e = 1``."""
     batch = info.batch_size
     inner = max(t.shape[0] if d is None else t.movedim(d, 0).shape[1] for t, d in _pairs(in_dims, inp, mask, carry0, reset, weights))
 
@@ -92,15 +87,13 @@ def _fold_vmapped_dim(info, in_dims, cell, recompute, inp, mask, carry0, reset, 
     return [s.reshape(batch, inner, *s.shape[1:]) for s in states], [0] * len(states)
 
 
-def _per_entry(value, dim):
-    """The vmapped dims of a list argument, one per entry (vmap may give one ``None`` for the whole list)."""
+def _per_entry(value, dim):  # a list argument's vmapped dims, one per entry (vmap may give one None)
     if isinstance(value, (list, tuple)) and not isinstance(dim, (list, tuple)):
         return [dim] * len(value)
     return dim
 
 
-def _pairs(in_dims, *values):
-    """``(tensor, vmapped dim)`` for every tensor among ``values`` (after ``cell, recompute`` in ``in_dims``)."""
+def _pairs(in_dims, *values):  # (tensor, vmapped dim) for every tensor among values
     for v, d in zip(values, in_dims[2:]):
         if isinstance(v, (list, tuple)):
             yield from ((t, e) for t, e in zip(v, _per_entry(v, d)) if t is not None)

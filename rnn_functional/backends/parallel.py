@@ -1,12 +1,11 @@
 """``parallel``: cells linear in their state (``h_t = a_t * h_{t-1} + b_t``) solved in parallel over time.
 
-Each layer computes ``(a, b)`` for every step at once (:meth:`~rnn_functional.cells.base.Cell.coefficients`), folds
-the resets in (``b_t += a_t * reset_t`` where ``is_init``) and solves the recurrence with :func:`linear_scan`, a
-chunked scan of plain ops (chunks of about ``sqrt(T)`` steps, three passes) that never divides by a product of ``a``
-(it underflows in fp32), so it is as stable as the sequential loop. Any segment layout is served as it is: nothing is
-re-batched or read on the host. Eagerly the scan is :class:`LinearScan`, writing into preallocated buffers, whose
-backward is the same scan in reverse (recorded under ``create_graph=True``); compiled and in forward mode the plain
-ops run under autograd (Dynamo cannot vmap the Function under a compiled ensemble, nor trace one with a ``jvp``).
+Each layer computes ``(a, b)`` for every step (:meth:`~rnn_functional.cells.base.Cell.coefficients`), folds the
+resets in and solves the recurrence with :func:`linear_scan`, a chunked scan (chunks of about ``sqrt(T)`` steps,
+three passes) that never divides by a product of ``a`` (it underflows), as stable as the sequential loop; nothing is
+read on the host. Eagerly the scan is :class:`LinearScan` (preallocated buffers, its backward the same scan in
+reverse); compiled and in forward mode the plain ops run under autograd (Dynamo cannot vmap the Function under a
+compiled ensemble, nor trace one with a ``jvp``).
 """
 
 from __future__ import annotations
@@ -27,8 +26,7 @@ def check_cell(cell: Cell) -> None:
 
 
 def _chunks(t: torch.Tensor, count: int) -> torch.Tensor:
-    """``t [N, count * chunk, ...]`` as ``[N, count, chunk, ...]``, a view (``reshape``: ``unflatten`` has no
-    legacy batching rule, ``is_grads_batched=True``)."""
+    """``[N, count * chunk, ...] -> [N, count, chunk, ...]`` (``unflatten`` has no legacy batching rule)."""
     return t.reshape(t.shape[0], count, -1, *t.shape[2:])
 
 
@@ -45,13 +43,9 @@ def _step(b: torch.Tensor, a: torch.Tensor, h: torch.Tensor, cut: torch.Tensor |
 
 def _solve(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reverse: bool,
            out: torch.Tensor | None = None, cut: torch.Tensor | None = None, select: bool = True) -> torch.Tensor:
-    """The chunked scan; shapes as :func:`linear_scan`. ``out``: a ``[N, T, ...]`` buffer to write ``h`` into
-    (eager, autograd off); ``None``: the steps are stacked (differentiable, traceable). ``select``: see :func:`_step`.
-
-    The first ``count * chunk`` steps (the last ones in reverse) run chunked: (1) every chunk from a zero start,
-    keeping its last value and the product of its ``a``; (2) the state entering each chunk; (3) every chunk again
-    from its entering state. The remaining ``T mod chunk`` steps then run one by one (no padding copy).
-    """
+    """The chunked scan; shapes as :func:`linear_scan`; ``out``: a buffer to write ``h`` into (eager, autograd off),
+    else the steps are stacked. The first ``count * chunk`` steps (the last in reverse) run chunked: (1) every chunk
+    from a zero start, (2) the state entering each chunk, (3) every chunk again from it; the rest one by one."""
     t_len = a.shape[1]
     if t_len == 0:
         return b.clone() if out is None else out
@@ -114,8 +108,7 @@ def _before(h: torch.Tensor, reverse: bool, init: torch.Tensor | None) -> torch.
 
 
 def _wrapped(*tensors: torch.Tensor | None) -> bool:
-    """True if any of ``tensors`` is a ``torch.func`` wrapper or a legacy batched tensor (``is_grads_batched``):
-    ``out=`` and in-place writes have no batching rule there."""
+    """Any of ``tensors`` a ``torch.func`` wrapper or legacy batched tensor: ``out=`` has no batching rule there."""
     functorch = torch._C._functorch
     return any(t is not None and (functorch.is_functorch_wrapped_tensor(t) or functorch.is_legacy_batchedtensor(t))
                for t in tensors)

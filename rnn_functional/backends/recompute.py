@@ -1,7 +1,6 @@
-"""``recompute="full"`` for the eager-loop backends: time is cut into chunks of about ``sqrt(T)`` steps, each run
-under non-reentrant activation checkpointing, so peak activation memory is ``O(sqrt(T))`` steps. The RNG state is
-replayed, so the backward's dropout masks are the forward's (``parallel``'s chunks each draw their own masks).
-"""
+"""``recompute="full"`` for the eager-loop backends: chunks of about ``sqrt(T)`` steps, each under non-reentrant
+checkpointing: peak activation memory ``O(sqrt(T))`` steps. The RNG state is replayed, so the backward's dropout
+masks are the forward's (``parallel``'s chunks each draw their own masks)."""
 
 from __future__ import annotations
 

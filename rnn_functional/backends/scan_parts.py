@@ -1,8 +1,6 @@
-"""The ``scan`` backend's layer over time, shared by one model (:mod:`.scan`) and a compiled ensemble
-(:mod:`.ensemble_scan`): the time loop, the forward scan and :class:`HandWrittenLayer`, whose backward is a
-hand-written reverse scan. The math is written once, for one model; :class:`Members` applies it directly
-(``Members(0)``) or vmapped over a leading members dim (``Members(E)``: tensors ``[E or 1, ...]``, 1 = shared).
-"""
+"""The ``scan`` backend's layer over time (time loop, forward scan, :class:`HandWrittenLayer` with its hand-written
+reverse scan), shared by :mod:`.scan` and :mod:`.ensemble_scan`: written for one model, :class:`Members` applies it
+directly or vmapped over a leading members dim."""
 
 from __future__ import annotations
 
@@ -19,7 +17,7 @@ from .base import replayed_vjp
 
 __all__ = ["HandWrittenLayer", "Members", "contiguous_copy", "scan_states", "split_inputs", "time_loop"]
 
-# Inductor's donated buffers (torch 2.13) let a compiled backward through this layer overwrite memory it does not
+# Inductor's donated buffers let a compiled backward through this layer overwrite memory it does not
 # own, giving silently wrong gradients (compile_tests/test_compile_donated_buffers.py). Read when a graph compiles.
 torch._functorch.config.donated_buffer = False
 
@@ -34,27 +32,24 @@ def _sum_rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def _outer_sum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``sum_{t, n} a[t, n]^T b[t, n]``, ``[T, N, G], [T, N, K] -> [G, K]`` in one GEMM (``reshape``: ``flatten``
-    has no legacy batching rule, ``is_grads_batched=True``)."""
+    """``[T, N, G], [T, N, K] -> [G, K]`` in one GEMM (``reshape``: ``flatten`` has no legacy batching rule)."""
     return a.reshape(-1, a.shape[-1]).transpose(0, 1) @ b.reshape(-1, b.shape[-1])
 
 
 @dataclass(frozen=True)
 class Members:
-    """``count == 0``: one model, tensors as the ``scan`` backend lays them out (``inp [N, T, F]``, time-major
-    ``[T, N, ...]``). ``count == E``: an ensemble, every tensor with a leading members dim of ``E`` or 1 (shared)."""
+    """``count == 0``: one model (``inp [N, T, F]``, time-major ``[T, N, ...]``); ``count == E``: an ensemble, every
+    tensor with a leading members dim of ``E`` or 1 (shared)."""
 
     count: int = 0
     static_shapes: bool = False  # scan with static shapes (the ensemble op's layers, see :func:`time_loop`)
 
     @staticmethod
     def of(members: int | Members) -> Members:
-        """``members`` as :class:`HandWrittenLayer` receives it."""
         return members if isinstance(members, Members) else Members(members)
 
     def map(self, fn, *args):
-        """``fn`` on each member's share of ``args`` (tensors, tuples of them, ``None``; members dim first); a
-        tensor with members dim 1 is passed once to every member (vmap ``in_dims=None``)."""
+        """``fn`` on each member's share of ``args`` (pytrees, members dim first; a members dim of 1 is shared)."""
         if not self.count:
             return fn(*args)
         leaves, spec = pytree.tree_flatten(args)
@@ -65,85 +60,70 @@ class Members:
         return torch.vmap(fn, in_dims=tuple(pytree.tree_unflatten(dims, spec)))(*per_member)
 
     def linear(self, inp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """Each member's ``F.linear``, ``[e, ..., F] -> [E, ..., G]``. A shared input meeting per-member weights is
-        copied per member first: a batched GEMM with batch stride 0 runs far slower on CPU than the copy costs."""
+        """Each member's ``F.linear``; a shared input meeting per-member weights is copied per member first (a batched
+        GEMM with batch stride 0 is slow on CPU)."""
         if self.count and inp.shape[0] == 1 and weight.shape[0] != 1:
             inp = inp.expand(weight.shape[0], *inp.shape[1:]).contiguous()
         return self.map(F.linear, inp, weight, bias)
 
-    def map_time_major(self, fn, *args):
-        """:meth:`map` over time-major tensors (``[T, e, N, ...]``), ``fn`` seeing ``[T, N, ...]``."""
+    def map_time_major(self, fn, *args):  # :meth:`map` over ``[T, e, N, ...]``, ``fn`` seeing ``[T, N, ...]``
         return self.map(fn, *pytree.tree_map(self.members_first, args))
 
-    def members_first(self, t: torch.Tensor) -> torch.Tensor:
-        """``[T, e, ...] <-> [e, T, ...]`` (its own inverse; one model: ``t``)."""
+    def members_first(self, t: torch.Tensor) -> torch.Tensor:  # [T, e, ...] <-> [e, T, ...]
         return t.movedim(1, 0) if self.count else t
 
-    def time_major(self, t: torch.Tensor | None, time_dim: int) -> torch.Tensor | None:
-        """``t`` with its per-member dim ``time_dim`` moved first (a view)."""
+    def time_major(self, t: torch.Tensor | None, time_dim: int) -> torch.Tensor | None:  # per-member time_dim first
         return None if t is None else t.movedim(time_dim + bool(self.count), 0)
 
-    def from_time_major(self, t: torch.Tensor, time_dim: int) -> torch.Tensor:
-        """The inverse of :meth:`time_major`."""
+    def from_time_major(self, t: torch.Tensor, time_dim: int) -> torch.Tensor:  # inverse of time_major
         return t.movedim(0, time_dim + bool(self.count))
 
     def rows_by_member(self, step_out: torch.Tensor) -> torch.Tensor:
-        """A step's gate cotangents ``[E, N, G]`` as a fresh ``[N, E, G]``: stacked over time, each member's rows
-        are equally spaced, so the whole-sequence GEMMs read them in place without a layout copy."""
+        """A step's ``[E, N, G]`` as a fresh ``[N, E, G]``: stacked over time, each member's rows are equally spaced
+        for the whole-sequence GEMMs (no layout copy)."""
         return step_out.transpose(0, 1).contiguous() if self.count else step_out
 
-    def from_rows_by_member(self, stacked: torch.Tensor) -> torch.Tensor:
-        """Stacked :meth:`rows_by_member` outputs ``[T, N, E, G]`` as ``[T, E, N, G]`` (a view)."""
+    def from_rows_by_member(self, stacked: torch.Tensor) -> torch.Tensor:  # [T, N, E, G] -> [T, E, N, G], a view
         return stacked.transpose(1, 2) if self.count else stacked
 
-    def expand(self, t: torch.Tensor) -> torch.Tensor:
-        """A carry ``[e, N, S]`` for every member (a view); one model: ``t``."""
+    def expand(self, t: torch.Tensor) -> torch.Tensor:  # a carry [e, N, S] for every member
         return t.expand(self.count, *t.shape[1:]) if self.count else t
 
-    def like(self, grad: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """``grad [E, ...]`` summed over the members where ``t`` is shared (``[1, ...]``)."""
+    def like(self, grad: torch.Tensor, t: torch.Tensor) -> torch.Tensor:  # summed over members where t is shared
         return grad.sum(0, keepdim=True) if self.count and t.shape[0] == 1 and grad.shape[0] != 1 else grad
 
 
 def _batched_like_step(init, *reads: torch.Tensor | None):
-    """``init`` given the vmap batch dims of every tensor the scanned step reads: torch's vmap rule for ``scan``
-    gives the carry ``init``'s batch dims, and a batched carry from an unbatched ``init`` fails ("Expected init and
-    carry to have same metadata"). A zero read from each tensor adds its dims (outside vmap, an exact 0)."""
+    """``init`` plus a zero read from every tensor the step reads, so it has their vmap batch dims: a batched carry
+    from an unbatched ``init`` fails ("Expected init and carry to have same metadata")."""
     leaves = pytree.tree_leaves(init)
     zero = sum(torch.zeros_like(t.flatten()[:1], dtype=leaves[0].dtype).sum() for t in (*leaves, *reads) if t is not None)
     return pytree.tree_map(lambda s: contiguous_copy(s) + zero, init)
 
 
-def time_loop(step, init, xs, reads=(), reverse: bool = False, members: Members = Members()):
-    """``step(carry, xs_t) -> (carry, out_t)`` over the leading (time) dim of every tensor in ``xs``; returns
-    ``(final carry, outputs stacked on a new dim 0)``, with ``reverse`` in the order run (index 0 = last step).
+def time_loop(step, init, xs: tuple, reads=(), reverse: bool = False, members: Members = Members()):
+    """``step(carry, xs_t) -> (carry, out_t)`` over the leading (time) dim of the tensors ``xs`` (``xs_t``: a tuple of
+    tensors, ``out_t``: a tuple of tuples of tensors); returns ``(final carry, outputs stacked on a new dim 0)``, with
+    ``reverse`` in the order run (index 0 = last step).
 
-    Under ``torch.compile``, torch's ``scan`` (``reads``: tensors the step closes over, :func:`_batched_like_step`);
-    eagerly a Python loop. An ensemble layer (``members.static_shapes``) always scans, over time indices and with
-    static shapes: it is traced inside the ensemble op, where symbolic sizes are rejected by Inductor's subgraph pass.
-    """
+    Compiled, torch's ``scan`` (``reads``: tensors the step closes over); eagerly a Python loop. An ensemble layer
+    (``members.static_shapes``) always scans, over time indices with static shapes: it is traced inside the ensemble
+    op, where Inductor's subgraph pass rejects symbolic sizes."""
     if members.static_shapes:
         return _indexed_scan(step, init, xs, reads, reverse)
     if torch.compiler.is_compiling() and not traced_under_grad():
-        if reverse:
-            xs = pytree.tree_map(lambda t: t.flip(0), xs)
-        return _scan(step, _batched_like_step(init, *reads), xs)
-    leaves, spec = pytree.tree_flatten(xs)
-    per_step = list(zip(*(t.unbind(0) for t in leaves)))  # [T] of each step's leaves: one unbind per tensor
-    rebuild = _builder(spec)
+        return _scan(step, _batched_like_step(init, *reads), tuple([t.flip(0) for t in xs]) if reverse else xs)
+    per_step = list(zip(*[t.unbind(0) for t in xs]))  # [T] of each step's tensors: one unbind per tensor
     carry, outs = init, []
-    for t in (range(len(per_step) - 1, -1, -1) if reverse else range(len(per_step))):
-        carry, out = step(carry, rebuild(iter(per_step[t])))
-        outs.append(_leaves(out))
-    out_spec = pytree.tree_structure(out)
-    return carry, pytree.tree_unflatten([torch.stack(parts) for parts in zip(*outs)], out_spec)
+    for xs_t in (per_step[::-1] if reverse else per_step):
+        carry, out = step(carry, xs_t)
+        outs.append(out)
+    return carry, tuple([tuple(map(torch.stack, zip(*group))) for group in zip(*outs)])
 
 
 def traced_under_grad() -> bool:
-    """Whether ``torch.compile`` traces this call under ``torch.func.grad``/``vjp``/``jacrev`` as the innermost
-    transform: torch's ``scan`` cannot be traced there ("Expected FakeTensor"), nor can Dynamo vmap an
-    ``autograd.Function``, so :func:`time_loop` unrolls and functorch differentiates the plain ops. Both calls below
-    trace under ``fullgraph=True``."""
+    """Whether ``torch.compile`` traces this call under ``torch.func.grad``/``vjp``/``jacrev`` (innermost): ``scan``
+    cannot be traced there ("Expected FakeTensor") nor a Function vmapped, so the loop unrolls over plain ops."""
     if not torch.compiler.is_compiling():
         return False
     return torch._C._are_functorch_transforms_active() and \
@@ -152,15 +132,13 @@ def traced_under_grad() -> bool:
 
 def _indexed_scan(step, init, xs, reads, reverse: bool):
     """:func:`time_loop` for an ensemble layer: a static-shape ``scan`` over time indices, each step reading its
-    slice of ``xs`` from the closure. Scanning over ``xs`` would make Inductor clone them (and ``reverse`` flip
-    them) on every call, E times a member's ``[T, N, ·]``; closure reads are fused indexed loads."""
-    leaves, spec = pytree.tree_flatten(xs)
-    count = leaves[0].shape[0]
-    order = (torch.arange(count - 1, -1, -1) if reverse else torch.arange(count)).to(leaves[0].device)
+    slice of ``xs`` from the closure (fused indexed loads; scanning over ``xs`` would clone or flip them per call)."""
+    count = xs[0].shape[0]
+    order = (torch.arange(count - 1, -1, -1) if reverse else torch.arange(count)).to(xs[0].device)
 
     def indexed_step(carry, index):  # index: [] (int64)
         at = index.reshape(1)
-        return step(carry, pytree.tree_unflatten([t.index_select(0, at).squeeze(0) for t in leaves], spec))
+        return step(carry, tuple([t.index_select(0, at).squeeze(0) for t in xs]))
 
     with torch._dynamo.config.patch(automatic_dynamic_shapes=False, assume_static_by_default=True):
         return _scan(indexed_step, _batched_like_step(init, *reads), order)
@@ -168,9 +146,8 @@ def _indexed_scan(step, init, xs, reads, reverse: bool):
 
 @torch._dynamo.assume_constant_result  # runs as plain Python while Dynamo traces: no graph break
 def _allow_scan_lowering() -> bool:
-    """Let Inductor lower the ``scan`` of the compile in progress: its ``decompose_scan_to_while_loop`` calls
-    ``.item()``, which a default (not ``fullgraph``) compile's ``ShapeEnv`` refuses
-    (``DataDependentOutputException``). Granted on that ``ShapeEnv`` alone, the global config untouched."""
+    """Let Inductor lower this compile's ``scan``: ``decompose_scan_to_while_loop`` calls ``.item()``, which a
+    default compile's ``ShapeEnv`` refuses (``DataDependentOutputException``); granted on that ``ShapeEnv`` alone."""
     context = torch._guards.TracingContext.try_get()
     shape_env = None if context is None or context.fake_mode is None else context.fake_mode.shape_env
     if shape_env is not None and not shape_env.allow_scalar_outputs:
@@ -179,64 +156,36 @@ def _allow_scan_lowering() -> bool:
 
 
 def _scan(step, init, xs):
-    """torch's ``scan``, made lowerable by Inductor under a default ``torch.compile`` (:func:`_allow_scan_lowering`)."""
     _allow_scan_lowering()
     return scan(step, init, xs)
-
-
-def _builder(spec: pytree.TreeSpec):
-    """``leaves -> tree`` for ``spec`` (dicts and tuples of tensors), fed an iterator of leaves; built once per
-    loop, cheaper per step than pytree's unflatten."""
-    if spec.type is type(None):
-        return lambda leaves: None
-    if spec.type not in (dict, tuple):
-        return next
-    parts = [_builder(c) for c in spec.children()]
-    if spec.type is tuple:
-        return lambda leaves: tuple(part(leaves) for part in parts)
-    keys = spec.context
-    return lambda leaves: {k: part(leaves) for k, part in zip(keys, parts)}
-
-
-def _leaves(tree) -> list:
-    """The tensors of ``tree`` (dicts and tuples) in pytree's order."""
-    if tree is None:
-        return []
-    if isinstance(tree, dict):
-        return [t for v in tree.values() for t in _leaves(v)]
-    if isinstance(tree, tuple):
-        return [t for v in tree for t in _leaves(v)]
-    return [tree]
 
 
 def scan_states(cell: Cell, weights: tuple, carry: Carry, gi: torch.Tensor, mask, reset, keep: str,
                 members: Members = Members(), project: bool = False):
     """Run one layer over time-major ``gi [T, N, G*H]`` (with ``project``: the layer's input ``[T, N, F]``, each
     step projecting its own slice) from ``carry`` (tuple of ``[N, S]``); ``mask [T, N]`` / ``reset`` (tuple of
-    ``[T, N, S]``) apply the resets. Returns ``(final carry, ys)``, ``ys`` per ``keep``: ``"h"`` the output
+    ``[T, N, S]``) apply the resets. Returns ``(final carry, ys)``, ``ys`` a tuple per ``keep``: ``"h"`` the output
     ``[T, N, P]``, ``"states"`` every per-step carry, ``"saved"`` those and the activations each step saves for its
-    backward (tuples of ``[T, N, ·]``). An ensemble puts the members dim before every ``N``.
+    backward (``[T, N, ·]`` each). An ensemble puts the members dim before every ``N``.
     """
-    xs: dict[str, object] = {"gi": gi}
-    if mask is not None:
-        xs["mask"] = broadcast_mask(mask, gi)  # [T, N, 1]
-        if reset is not None:
-            xs["reset"] = reset
+    xs = (gi,) if mask is None else (gi, broadcast_mask(mask, gi), *(reset or ()))  # mask [T, N, 1]
     # compiled, outputs that alias nothing (scan's rule)
-    own = contiguous_copy if torch.compiler.is_compiling() or members.static_shapes else (lambda t: t)
+    own = (lambda ts: tuple(map(contiguous_copy, ts))) if torch.compiler.is_compiling() or members.static_shapes \
+        else tuple
     step_saving = lambda gi_t, c, wts, *start: cell.layer_step_saving(  # noqa: E731
         gi_t, c, LayerWeights.from_tensors(wts), *start)
     reads_starts = mask is not None and cell.reads_starts  # the step's start mask [N, 1] is its reset mask
 
-    def step(layer_carry, xs_t):
-        layer_carry = apply_reset(layer_carry, xs_t.get("mask"), xs_t.get("reset"))
-        gi_t = members.linear(xs_t["gi"], *weights[:2]) if project else xs_t["gi"]
-        new, saved = members.map(step_saving, gi_t, layer_carry, weights, *((xs_t["mask"],) if reads_starts else ()))
-        out = {"h": new[0], "states": new, "saved": (*new, *saved)}[keep]
-        return tuple(own(s) for s in new), (own(out) if keep == "h" else tuple(own(s) for s in out))
+    def step(layer_carry, xs_t):  # xs_t: (gi, mask, *reset) or (gi,)
+        if len(xs_t) > 1:
+            layer_carry = apply_reset(layer_carry, xs_t[1], xs_t[2:] if len(xs_t) > 2 else None)
+        gi_t = members.linear(xs_t[0], *weights[:2]) if project else xs_t[0]
+        new, saved = members.map(step_saving, gi_t, layer_carry, weights, *xs_t[1:2 if reads_starts else 1])
+        return own(new), (own({"h": new[:1], "states": new, "saved": (*new, *saved)}[keep]),)
 
-    init = tuple(members.expand(s) for s in carry)
-    return time_loop(step, init, xs, reads=(gi, *weights[2:], mask, *(reset or ())), members=members)
+    init = tuple(map(members.expand, carry))
+    carry, (ys,) = time_loop(step, init, xs, reads=(gi, *weights[2:], mask, *(reset or ())), members=members)
+    return carry, ys
 
 
 def split_inputs(rest, n_carry: int, has_reset: bool):
@@ -245,24 +194,16 @@ def split_inputs(rest, n_carry: int, has_reset: bool):
     return tuple(rest[:n_carry]), reset, tuple(rest[n_carry * (2 if has_reset else 1) :])
 
 
-def _amp_state(device: str) -> tuple[str, bool, torch.dtype]:
-    """``(device, autocast enabled, autocast dtype)`` for ``device``'s type now."""
-    return device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)
-
-
 class HandWrittenLayer(torch.autograd.Function):
     """One layer over time whose backward is a hand-written reverse scan (see :mod:`.scan`).
 
     ``apply(cell, recompute, members, n_carry, has_reset, inp [N, T, F], mask [T, N] | None, *carry0 ([N, S]),
-    *reset ([T, N, S], if has_reset), *LayerWeights.tensors())`` (``members``: E, 0 for one model, or a
-    :class:`Members`; with E, every tensor has a leading members dim) returns the carry after every step
-    (``[T, (E,) N, S]`` each), then, unless ``recompute``, the activations of
-    :meth:`~rnn_functional.cells.Cell.layer_step_saving` (not differentiable).
+    *reset ([T, N, S], if has_reset), *LayerWeights.tensors())`` (``members``: 0, E or a :class:`Members`) returns
+    the carry after every step (``[T, (E,) N, S]`` each), then, unless ``recompute``, the saved activations.
 
     The backward runs in reversed time, each step applying the cell's ``step_backward_saved`` (or ``step_backward``,
-    recomputing from ``inp`` and the saved carry); the weight and input gradients are whole-sequence GEMMs after the
-    loop, the ``extra`` weights' reduced after it too (summed in the scan's carry, Inductor gave wrong gradients).
-    Hand-written, not ``torch.func.vjp``, which refuses saved-tensor hooks.
+    recomputing); weight, ``extra`` weight (not summed in the scan's carry: Inductor gave wrong gradients) and input
+    gradients are whole-sequence GEMMs after the loop. Not ``torch.func.vjp``, which refuses saved-tensor hooks.
     """
 
     generate_vmap_rule = True  # eager torch.vmap over stacked params runs forward and backward batched
@@ -274,9 +215,8 @@ class HandWrittenLayer(torch.autograd.Function):
         # an ensemble projects step by step: the whole sequence's [T, E, N, G*H] would be allocated on every call
         project = bool(members.count)
         gi = members.time_major(inp if project else members.linear(inp, *weights[:2]), 1)  # [T, (e,) N, F or G*H]
-        mask, reset = members.time_major(mask, 0), reset and tuple(members.time_major(r, 0) for r in reset)
-        _, outs = scan_states(cell, weights, carry0, gi, mask, reset, "states" if recompute else "saved", members, project)
-        return tuple(outs)
+        mask, reset = members.time_major(mask, 0), reset and tuple([members.time_major(r, 0) for r in reset])
+        return scan_states(cell, weights, carry0, gi, mask, reset, "states" if recompute else "saved", members, project)[1]
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -285,14 +225,15 @@ class HandWrittenLayer(torch.autograd.Function):
         saved = output[n_carry:]
         ctx.mark_non_differentiable(*saved)
         ctx.cell, ctx.members, ctx.n_carry, ctx.n_weights, ctx.n_reset = cell, Members.of(members), n_carry, len(weights), len(reset or ())
-        ctx.amp = _amp_state(inp.device.type)
+        device = inp.device.type
+        ctx.amp = device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)
         ctx.save_for_backward(inp, mask, *carry0, *weights, *output, *(reset or ()))
 
     @staticmethod
     def backward(ctx, *grad_outputs):
         # in the forward's autocast state (as torch.amp.custom_bwd): another state mixes dtypes or rounds differently
         device, enabled, dtype = ctx.amp
-        if _amp_state(device) == ctx.amp:
+        if (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)) == (enabled, dtype):
             return HandWrittenLayer._backward(ctx, grad_outputs)
         with torch.autocast(device, dtype=dtype, enabled=enabled):
             return HandWrittenLayer._backward(ctx, grad_outputs)
@@ -307,7 +248,6 @@ class HandWrittenLayer(torch.autograd.Function):
         reset = tuple(members.time_major(r, 0) for r in rest[len(rest) - ctx.n_reset :])
         states, saved, grad_states = outputs[:n], tuple(outputs[n:]), grad_outputs[:n]
         w = LayerWeights.from_tensors(weights)
-        extra = any(t is not None for t in w.extra)
         mask_t = members.time_major(mask, 0)
         x = members.time_major(inp, 1)  # [T, (e,) N, F]
         # Eagerly, one model runs the reverse scan in spans (:func:`_spans`) whose buffers stay in cache; compiled,
@@ -316,53 +256,53 @@ class HandWrittenLayer(torch.autograd.Function):
         steps = states[0].shape[0]
         spans = _spans(steps, states[0][0]) if eager else ((0, steps),)
         # each step reads its factors (eager), what they are computed from (compiled), or its input (no saved)
-        key = "x" if len(saved) == 0 else "factors" if eager else "saved"  # len: Dynamo 2.11 cannot trace bool(tuple)
+        key = "x" if len(saved) == 0 else "factors" if eager else "saved"  # len: Dynamo cannot trace bool(tuple)
         # scan needs the carry in init's layout: vmap (and a block GRU with one-unit blocks) leaves it transposed
         own = contiguous_copy if members.count or torch.compiler.is_compiling() else (lambda t: t)
         recomputes_starts = key == "x" and mask_t is not None and cell.reads_starts
+        n_mask = int(mask_t is not None)
 
         def member_back(inputs, pre_t, wts, d_new, *start):
             wl = LayerWeights.from_tensors(wts)
             if key == "x":
-                grads = cell.step_backward(F.linear(inputs, wl.weight_ih, wl.bias_ih), pre_t, wl, d_new, *start)
+                grads = cell.step_backward(F.linear(inputs[0], wl.weight_ih, wl.bias_ih), pre_t, wl, d_new, *start)
             else:
                 factors = cell.backward_factors(inputs, pre_t, wl) if key == "saved" else inputs
                 grads = cell.step_backward_saved(factors, pre_t, wl, d_new)
             d_gh = () if grads.d_gh is None else (grads.d_gh,)  # None: equal to d_gi (vmap returns tensors only)
             return tuple(grads.d_carry), grads.d_gi, d_gh, tuple(d for d in grads.d_extra if d is not None)
 
-        def back_step(acc, xs_t):
-            d_new = tuple(a + b for a, b in zip(acc["d_carry"], xs_t["g"]))
+        def back_step(d_carry, xs_t):  # xs_t: (mask?, *pre, *g, *inputs) -> ((d_gi, d_gh?), d_reset, d_extra)
+            m = xs_t[0] if n_mask else None
+            pre_t, g_t = xs_t[n_mask : n_mask + n], xs_t[n_mask + n : n_mask + 2 * n]
+            d_new = tuple(a + b for a, b in zip(d_carry, g_t))
             # the start mask where the step is recomputed (else among the saved activations)
-            start = (xs_t["mask"],) if recomputes_starts else ()
-            d_pre, d_gi, d_gh, d_extra = members.map(member_back, xs_t[key], xs_t["pre"], weights, d_new, *start)
-            out = {"d_gi": members.rows_by_member(d_gi), **{"d_gh": members.rows_by_member(d) for d in d_gh}}
-            m = xs_t.get("mask")
+            start = (m,) if recomputes_starts else ()
+            d_pre, d_gi, d_gh, d_extra = members.map(member_back, xs_t[n_mask + 2 * n :], pre_t, weights, d_new, *start)
+            d_reset = ()
             if m is not None:  # where the carry was reset, its cotangent goes to reset_state (or nowhere)
-                if reset:
-                    out["d_reset"] = tuple(torch.where(broadcast_mask(m, d), d, 0.0) for d in d_pre)
+                d_reset = tuple(torch.where(broadcast_mask(m, d), d, 0.0) for d in d_pre[: len(reset)])
                 d_pre = tuple(torch.where(broadcast_mask(m, d), 0.0, d) for d in d_pre)
-            if extra:  # compiled, fresh: a cell's per-row factors may be views of the step's inputs
-                out["d_extra"] = tuple(map(contiguous_copy, d_extra)) if torch.compiler.is_compiling() else d_extra
-            return {"d_carry": tuple(own(d) for d in d_pre)}, out
+            if torch.compiler.is_compiling():  # fresh: a cell's per-row factors may be views of the step's inputs
+                d_extra = tuple(map(contiguous_copy, d_extra))
+            return tuple(map(own, d_pre)), (tuple(map(members.rows_by_member, (d_gi, *d_gh))), d_reset, d_extra)
 
-        acc = {"d_carry": tuple(torch.zeros_like(s[0]) for s in states)}
+        acc = tuple(torch.zeros_like(s[0]) for s in states)
         totals, parts = None, []
         for start, end in reversed(spans):
             pre = _carries_before(carry0, states, start, end, members)
             pre = apply_reset(pre, None if mask_t is None else mask_t[start:end], tuple(r[start:end] for r in reset) or None)
-            xs = {"pre": pre, "g": tuple(g[start:end] for g in grad_states)}
             if key == "x":
-                xs["x"] = x[start:end]
+                inputs = (x[start:end],)
             else:
-                span_saved = tuple(s[start:end] for s in saved)
-                xs[key] = cell.backward_factors(span_saved, pre, w) if key == "factors" else span_saved
-            if mask_t is not None:
-                xs["mask"] = broadcast_mask(mask_t[start:end], x)  # [C, N, 1]
+                inputs = tuple(s[start:end] for s in saved)
+                inputs = cell.backward_factors(inputs, pre, w) if key == "factors" else inputs
+            masks = () if mask_t is None else (broadcast_mask(mask_t[start:end], x),)  # [C, N, 1]
+            xs = (*masks, *pre, *(g[start:end] for g in grad_states), *inputs)
             reads = (inp, mask, *pre, *grad_states, *reset, *saved, *(wt for wt in weights if wt is not None))
             # reversed time: index 0 = step end - 1 (compiled, no ``reverse`` flips of the gate cotangents)
             acc, outs = time_loop(back_step, acc, xs, reads, reverse=True, members=members)
-            weight_grads, part = _span_grads(cell, w, members, outs, x[start:end], pre[0])
+            weight_grads, part = _span_grads(cell, w, members, *outs, x[start:end], pre[0])
             totals = weight_grads if totals is None else [None if a is None else a + b for a, b in zip(totals, weight_grads)]
             parts.append(part)
         time_dim = int(bool(members.count))  # of reset_state per member (x: after N)
@@ -370,7 +310,7 @@ class HandWrittenLayer(torch.autograd.Function):
         d_reset = tuple(members.like(_in_time_order([p[i] for p in parts], time_dim), r)
                         for i, r in enumerate(rest[len(rest) - ctx.n_reset :], start=1))
         d_weights = tuple(None if d is None else members.like(d, t) for d, t in zip(totals, weights))
-        d_carry0 = tuple(members.like(d, c) for d, c in zip(acc["d_carry"], carry0))
+        d_carry0 = tuple(members.like(d, c) for d, c in zip(acc, carry0))
         return (None, None, None, None, None, members.like(d_x, inp), None, *d_carry0, *d_reset, *d_weights)
 
 
@@ -379,29 +319,29 @@ SPAN_ROWS = 512
 
 
 def _spans(steps: int, state_step: torch.Tensor) -> tuple[tuple[int, int], ...]:
-    """``(start, end)`` spans of ``steps`` in time order. Each keeps a state-wide tensor (one step: ``state_step
-    [N, S]``) within ``CHUNK_BYTES``, so its elementwise ops work in cache, and holds at least ``SPAN_ROWS`` rows for
-    the weight-gradient GEMMs; longer spans' buffers are mapped and page-faulted in afresh on every call."""
+    """``(start, end)`` spans of ``steps`` in time order, each keeping a state-wide tensor (one step: ``state_step``)
+    within ``CHUNK_BYTES`` (in cache) with at least ``SPAN_ROWS`` rows for the weight-gradient GEMMs."""
     row_bytes = state_step.numel() * state_step.element_size()
     size = max(1, CHUNK_BYTES // max(1, row_bytes), -(-SPAN_ROWS // max(1, state_step.shape[0])))
     return tuple((start, min(start + size, steps)) for start in range(0, steps, size))
 
 
 def _carries_before(carry0: Carry, states: Carry, start: int, end: int, members: Members) -> Carry:
-    """The carry each step of ``start:end`` starts from, before its reset (``carry0`` at step 0);
-    ``[end - start, (E,) N, S]`` each."""
+    """The carry each step of ``start:end`` starts from, before its reset: ``[end - start, (E,) N, S]`` each."""
     if start:
         return tuple(s[start - 1 : end - 1] for s in states)
     # one step more, then cut: a traced ``s[: end - 1]`` guards ``T - 1 != 1`` (a compiled T = 2 call recompiled)
     return tuple(torch.cat([members.expand(c0).unsqueeze(0), s[:end]])[:end] for c0, s in zip(carry0, states))
 
 
-def _span_grads(cell: Cell, w: LayerWeights, members: Members, outs: dict, x: torch.Tensor, pre_h: torch.Tensor):
-    """One span's gradients from its reversed-time ``outs``, input ``x [C, (e,) N, F]`` and first carry tensor
-    before each step ``pre_h``: ``(weight gradients, summed by the caller over spans, (d_x, *d_reset))``."""
-    d_gi = members.from_rows_by_member(outs["d_gi"])  # [C, (E,) N, G*H], reversed time
-    d_gh = members.from_rows_by_member(outs["d_gh"]) if "d_gh" in outs else d_gi
-    d_extra = iter(members.map_time_major(cell.reduce_extra_grads, *outs["d_extra"]) if "d_extra" in outs else ())
+def _span_grads(cell: Cell, w: LayerWeights, members: Members, d_gates: tuple, d_reset: tuple, d_extra: tuple,
+                x: torch.Tensor, pre_h: torch.Tensor):
+    """One span's gradients from its reversed-time ``(d_gi, d_gh?)``, ``d_reset``, ``d_extra``, input
+    ``x [C, (e,) N, F]`` and first carry tensor before each step ``pre_h``: ``(weight gradients, summed by the caller
+    over spans, (d_x, *d_reset))``."""
+    d_gi = members.from_rows_by_member(d_gates[0])  # [C, (E,) N, G*H], reversed time
+    d_gh = members.from_rows_by_member(d_gates[-1])
+    d_extra = iter(members.map_time_major(cell.reduce_extra_grads, *d_extra) if d_extra else ())
     seq = members.map_time_major
     weight_grads = [
         seq(_outer_sum, d_gi, x.flip(0)),
@@ -412,7 +352,7 @@ def _span_grads(cell: Cell, w: LayerWeights, members: Members, outs: dict, x: to
     ]
     d_x = members.map(torch.matmul, members.members_first(d_gi), w.weight_ih)  # [(E,) C, N, F], reversed time
     d_x = members.from_time_major(members.members_first(d_x).flip(0), 1)
-    return weight_grads, (d_x, *(members.from_time_major(d.flip(0), 0) for d in outs.get("d_reset", ())))
+    return weight_grads, (d_x, *(members.from_time_major(d.flip(0), 0) for d in d_reset))
 
 
 def _in_time_order(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
@@ -422,8 +362,7 @@ def _in_time_order(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
 
 def _replayed_backward(ctx, grad_states: tuple) -> tuple:
     """The backward when autograd records it (``create_graph=True``, ``torch.func``): :func:`~.base.replayed_vjp`
-    of the plain steps, as the hand-written scan treats saved activations as constants. Not a ``jvp`` method:
-    Dynamo refuses to trace a Function that defines one."""
+    of the plain steps (the hand-written scan treats saved activations as constants)."""
     if ctx.members.count:
         raise RuntimeError(
             "backend 'scan' under a compiled torch.vmap ensemble has no higher-order gradients (create_graph=True): "

@@ -1,33 +1,14 @@
 """``triton``: fused LSTM/GRU layer kernels with in-kernel resets.
 
-Per layer, one op (:mod:`.ops`): one batched GEMM computes the input projection
-``x @ W_ih^T + b_ih`` for all steps, then one kernel launch runs the whole time loop (recurrent
-matmul, bias, gates, state update, and the resets from ``is_init`` / ``reset_state``). Layers
-compose in Python, with inter-layer dropout from the core's ``between_layers``. Backward: one
-reverse-loop kernel computes the per-step gate gradients and the carry gradients; the weight
-and input gradients are GEMMs over all ``N * T`` rows. ``recompute="full"`` saves no per-step
-gates and replays the forward in backward.
+Per layer, one op (:mod:`.ops`): one GEMM projects the input for all steps, then one kernel launch runs the whole
+time loop (recurrent matmul, gates, state update, the resets of ``is_init`` / ``reset_state``); its backward is one
+reverse-loop kernel plus whole-sequence GEMMs for the weight and input gradients. Layers compose in Python.
+``recompute="full"`` saves no per-step gates and replays the forward in the backward. The two kernel variants
+(persistent, streamed) are described in :mod:`.kernels`, picked by :func:`variant_for` (forced by
+:func:`kernel_variant`); their compiled resources are in ``benchmarks/results/`` (docs/backends.md).
 
-Two kernel variants (:mod:`.kernels`), picked per call by :func:`variant_for` (or forced by :func:`kernel_variant`):
-
-* persistent (CUDA, by default where it serves: H a power of two in [16, 1024], one program's slice of the
-  weights within 128 KiB, the grid within the SM count; fp32 and bf16): the hidden units split in slices over
-  all SMs, each slice of ``W_hh`` in shared memory for the whole sequence, 64-row tensor-core products, one
-  release/acquire flag per step. The interpreter runs it one step per launch (``kernel_variant("persistent")``).
-* streamed: anywhere else (and in the interpreter under ``auto``): ``BLOCK_N`` rows per program, the state in
-  the output buffers (L1/L2), ``32 x 32`` weight tiles (``kernels.TILE``) streamed per step; any H.
-
-fp32 products run in TF32 by default, as cuDNN's (:mod:`rnn_functional.precision`). What the compiled time
-loops do (tensor-core ops, weight loads, spills, barriers, co-residency) for sm_90 and sm_80 is in
-``benchmarks/results/triton_sass_report.json`` (``benchmarks/triton_aot.py --sass-report``).
-Registers, spills and shared memory of every launchable configuration, compiled ahead of time
-for sm_90 and sm_80, are in ``benchmarks/results/triton_aot_resources.json`` (docs/backends.md).
-
-Serves cells with :class:`~rnn_functional.cells.TritonKernels` (LSTM, GRU; ``is_lstm`` picks the
-kernels' gate and state update). ``triton`` itself is imported only when a kernel runs (:mod:`.ops`).
-
-Limits: no ``proj_size``; params dtypes fp32, bf16 (fp32 accumulation and state) and fp64;
-``E * N * (T + 1) * 4 * H < 2**31`` (32-bit indexing).
+Limits: no ``proj_size``; params fp32, bf16 (fp32 accumulation and state) or fp64;
+``E * N * (T + 1) * 4 * H < 2**31`` (32-bit indexing). ``triton`` is imported only when a kernel runs.
 """
 
 from __future__ import annotations
@@ -44,8 +25,8 @@ from .variant import kernel_variant, variant_for
 
 __all__ = ["is_available", "check_supported", "kernel_variant", "serves", "variant_for", "sequence", "step"]
 
-# Read once, at import (triton reads TRITON_INTERPRET at its own import): Dynamo cannot trace importlib's find_spec,
-# and torch 2.11 failed every fullgraph compile of a CUDA call on it (seen on an H200, docs/gpu.md).
+# Read once, at import (triton reads TRITON_INTERPRET at its own import): Dynamo cannot trace importlib's find_spec
+# (a fullgraph compile of a CUDA call failed on it, docs/gpu.md).
 _INSTALLED = importlib.util.find_spec("triton") is not None
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 _DTYPES = (torch.float32, torch.bfloat16, torch.float64)
@@ -78,21 +59,16 @@ def check_supported(layout: Layout, opts: SequenceOptions) -> None:
     kernel_family(layout)
     others = ", ".join(name for name in backends_for(layout.cell) if name != "triton")
     if layout.proj_size:
-        raise ValueError(
-            f"backend 'triton' does not support proj_size (got proj_size={layout.proj_size}); "
-            f"use one of {others}."
-        )
+        raise ValueError(f"backend 'triton' does not support proj_size (got proj_size={layout.proj_size}); "
+                         f"use one of {others}.")
     if layout.dtype not in _DTYPES:
-        raise ValueError(
-            f"backend 'triton' does not support params of dtype {layout.dtype} (supported: fp32, bf16, fp64); "
-            f"use one of {others}, or convert the params."
-        )
+        raise ValueError(f"backend 'triton' does not support params of dtype {layout.dtype} (supported: fp32, bf16, "
+                         f"fp64); use one of {others}, or convert the params.")
     cdt = _compute_dtype(layout, opts)
     allowed = (torch.float64,) if layout.dtype == torch.float64 else (torch.float32, torch.bfloat16)
     if cdt not in allowed:
-        raise ValueError(
-            f"compute_dtype: backend 'triton' with {layout.dtype} params accepts {list(allowed)}, got {cdt}."
-        )
+        raise ValueError(f"compute_dtype: backend 'triton' with {layout.dtype} params accepts {list(allowed)}, "
+                         f"got {cdt}.")
     if opts.matmul_precision is not None:
         check_mode(opts.matmul_precision)
 
@@ -130,17 +106,14 @@ def _layer_call(layout: Layout, params, k: int, inp: torch.Tensor, carry: Carry,
 def sequence(layout: Layout, params, x: torch.Tensor, carry: Carry, is_init, reset, opts: SequenceOptions):
     """``x [N, T, F]`` -> ``(y [N, T, H], carry, per-step carries or None)``; see :mod:`..base`."""
     lstm = kernel_family(layout).is_lstm
-    save = opts.recompute == "none"
-    inp = x
-    per_layer = []  # (hs, cs) of every layer
+    inp, per_layer = x, []  # (hs, cs) of every layer
     for k in range(layout.num_layers):
-        hs, cs = _layer_call(layout, params, k, inp, carry, is_init, reset, opts, save)
+        hs, cs = _layer_call(layout, params, k, inp, carry, is_init, reset, opts, opts.recompute == "none")
         per_layer.append((hs, cs) if lstm else (hs,))
         inp = between_layers(hs[:, 1:], k, layout, opts.dropout, opts.training)
     new_carry = tuple(torch.stack([states[i][:, -1] for states in per_layer], dim=1) for i in range(len(carry)))
-    per_step = None
-    if opts.segment_states:
-        per_step = tuple(torch.stack([states[i][:, 1:] for states in per_layer], dim=2) for i in range(len(carry)))
+    per_step = tuple(torch.stack([states[i][:, 1:] for states in per_layer], dim=2)
+                     for i in range(len(carry))) if opts.segment_states else None
     # y as every backend returns it, contiguous: the last layer's hs[:, 1:] is a strided view of the buffer the
     # kernel's backward saves (an in-place op on it failed the backward; y.view(-1, H) raised)
     return inp.contiguous(), new_carry, per_step

@@ -1,19 +1,12 @@
-"""Triton kernels of one LSTM/GRU layer over a whole sequence (forward and backward).
+"""Triton kernels of one LSTM/GRU layer over a whole sequence (forward and backward), one launch for all ``T``
+steps. Persistent kernels (all SMs, the recurrent weights on chip for the whole sequence, one flag per step) and
+streamed ones (``BLOCK_N`` rows per program, weight tiles streamed per step) where those cannot serve
+(:func:`.variant.variant_for`); both share each cell's gate math (``_lstm_fwd_gates``, ...). The state is kept in
+the accumulation dtype (fp32, or fp64 for fp64 params); ``gx = x @ W_ih^T + b_ih`` comes precomputed.
 
-Two variants, both one launch for all ``T`` steps (:func:`.variant.variant_for` says which runs): the
-persistent kernels (all SMs, the recurrent weights on chip for the whole sequence, one flag per step:
-``_rnn_fwd_persistent_kernel``, ``_rnn_bwd_persistent_kernel``) and the streamed ones (``BLOCK_N`` rows per
-program, weight tiles streamed per step: ``_rnn_fwd_tiled_kernel``, ``_rnn_bwd_tiled_kernel``) where the
-persistent ones cannot serve. The state is kept in the accumulation dtype (fp32, or fp64 for fp64 params).
-The input projection ``gx = x @ W_ih^T + b_ih`` comes precomputed for all steps (one GEMM).
-
-Each cell's gate math is written once (``_lstm_fwd_gates``, ``_gru_fwd_gates``, ``_lstm_bwd_gates``,
-``_gru_bwd_gates``) and shared by both variants, which are the time loops with the loads and stores around it.
-
-Layouts (every tensor has a leading ensemble dim ``E``, stride 0 where shared):
-``gx [E, N, T, G*H]``, ``w [E, G*H, H]``, ``b [E, G*H]``, ``h0/c0 [E, N, H]``,
-``is_init [E, N, T]`` (int8, any strides), ``rh/rc [E, N, T, H]`` (reset states),
-``hs/cs [E, N, T+1, H]`` (state before step 0 and after every step, in the accumulation dtype),
+Layouts (a leading ensemble dim ``E``, stride 0 where shared): ``gx [E, N, T, G*H]``, ``w [E, G*H, H]``,
+``b [E, G*H]``, ``h0/c0 [E, N, H]``, ``is_init [E, N, T]`` (int8), ``rh/rc [E, N, T, H]`` (reset states),
+``hs/cs [E, N, T+1, H]`` (state before step 0 and after every step),
 ``gates [E, N, T, 4*H]`` (saved activations: LSTM ``i, f, g, o``; GRU ``r, z, n, W_hn h + b_hn``).
 """
 
@@ -79,12 +72,9 @@ def _reset_grad(d, dr_ptr, mask, init2, HAS_RESET: tl.constexpr):
     return tl.where(init2, 0.0, d)
 
 
-# ----------------------------------------------------------------------------- gate math
-#
-# One step of each cell on a tile, written once for the persistent and the streamed kernels, which
-# do the loads and stores around it (in the order ptxas allocates fewest registers for). ``a_k``
-# are the recurrent pre-activations ``h W_k^T + b_k``, ``x_k`` the input projection's and ``q_k``
-# the saved activations (LSTM ``i, f, g, o``; GRU ``r, z, n, W_hn h + b_hn``).
+# Gate math of one step on a tile, shared by both variants (their loads and stores around it are ordered for the
+# fewest registers). ``a_k``: recurrent pre-activations ``h W_k^T + b_k``; ``x_k``: the input projection's;
+# ``q_k``: the saved activations.
 
 
 @triton.jit
@@ -148,14 +138,11 @@ def _gru_bwd_gates(dh, h_prev, q0, q1, q2, q3):
     return da2 * q3 * q0 * (1.0 - q0), da1, da2, dhn, dh * q1
 
 
-# ----------------------------------------------------------------------------- streamed (any H)
-#
-# Where the persistent kernels cannot serve, the tiled kernels below keep the state in the output
-# buffers (global memory, L1/L2-resident) and stream ``TILE x TILE`` weight tiles per step, one
-# program per ``BLOCK_N`` rows, still one launch for all T steps. Every step ends with a barrier
-# so that the next step's tiles read the state written by the other threads.
+# Streamed (any H): the state lives in the output buffers (L1/L2-resident), ``TILE x TILE`` weight tiles are
+# streamed per step, one program per ``BLOCK_N`` rows; each step ends with a barrier so the next step's tiles read
+# the state the other threads wrote.
 
-TILE = 32  # tile width of the streamed kernels (64 spills: see benchmarks/triton_aot.py)
+TILE = 32  # tile width of the streamed kernels (wider spills: benchmarks/triton_aot.py)
 
 
 @triton.jit
@@ -278,13 +265,10 @@ def _rnn_bwd_tiled_kernel(
     CDT: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    """Reverse time loop: gate pre-activation grads per step and the carry grads.
-
-    Writes ``dgx [E, N, T, G*H]`` (grad of the input projection), for GRU ``dgh [E, N, T, H]``
-    (grad of ``W_hn h + b_hn``), ``dh0/dc0 [E, N, H]`` and, with reset states, ``drh/drc``.
-    The carry grads live in ``dh0``/``dc0`` during the loop; ``tmp [E, N, H]`` holds GRU's direct
-    term ``dh * z``. Per step, phase A computes the gate grads tile by tile, phase B the recurrent
-    product ``dh_prev = sum_g da_g @ W_g``."""
+    """Reverse time loop: writes ``dgx [E, N, T, G*H]``, for GRU ``dgh [E, N, T, H]`` (grad of
+    ``W_hn h + b_hn``), ``dh0/dc0 [E, N, H]`` (the carry grads during the loop) and, with reset states, ``drh/drc``;
+    ``tmp [E, N, H]`` holds GRU's direct term ``dh * z``. Per step: phase A the gate grads tile by tile, phase B
+    ``dh_prev = sum_g da_g @ W_g``."""
     pid_n = tl.program_id(0)
     e = tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -390,26 +374,22 @@ def _rnn_bwd_tiled_kernel(
             tl.store(dc_row + cj[None, :], dc, mask=m)
 
 
-# ----------------------------------------------------------------------------- persistent (all SMs)
-#
-# Grid ``(S, P, E)``: program ``(s, p, e)`` owns the ``HS = H / S`` hidden units ``[s*HS, (s+1)*HS)`` of every
-# gate and the 64-row groups ``p, p + P, ...`` of member ``e``. Its slice of ``W_hh`` is loaded once, in ``KC``
-# chunks of ``BK`` rows (a tuple the loop indexes statically), and stays in shared memory for all steps; each
-# step multiplies ``[64, H] x [H, HS]`` per gate, which is the shape wgmma (sm_90) and mma (sm_80) take. The
-# carry entering a step lives in a ping-pong buffer ``carry [E, 2, N, H]`` (reset applied by its owner in
-# registers); the ``S`` programs of a row group meet once per step at a release/acquire flag in global memory,
-# so the grid must be co-resident (the launcher sizes it to the SM count). ``SYNC=False`` runs without the
-# flag: the launcher then runs one step per launch (the interpreter, which cannot spin between programs).
+# Persistent (all SMs). Grid ``(S, P, E)``: program ``(s, p, e)`` owns the ``HS = H / S`` hidden units
+# ``[s*HS, (s+1)*HS)`` of every gate and the 64-row groups ``p, p + P, ...`` of member ``e``. Its slice of ``W_hh``
+# is loaded once, in ``KC`` chunks of ``BK`` rows (a tuple indexed statically), and stays in shared memory for all
+# steps; each step multiplies ``[64, H] x [H, HS]`` per gate, the shape wgmma (sm_90) and mma (sm_80) take. The
+# carry entering a step lives in a ping-pong buffer ``carry [E, 2, N, H]`` (reset by its owner in registers); the
+# ``S`` programs of a row group meet once per step at a release/acquire flag, so the grid must be co-resident (sized
+# to the SM count). ``SYNC=False`` runs without the flag, one step per launch (the interpreter cannot spin).
 
 PERSISTENT_ROWS = 64  # batch rows per group: the M of one wgmma
 PERSISTENT_BYTES = 128 * 1024  # budget for one program's slice of the recurrent weights
 
 
 def persistent_plan(hidden: int, gates: int, itemsize: int, batch: int, ensemble: int, sms: int) -> tuple | None:
-    """``(HS, P)``: the slice width and row-group programs of the persistent kernels for this call, or ``None`` where
-    they cannot serve (width not a power of two in [16, 1024], slice over budget, grid beyond ``sms`` programs).
-    Slices are as narrow as the SMs allow (down to 16 units) so that every SM works, and never wider than the
-    shared-memory budget."""
+    """``(HS, P)``: the slice width (as narrow as the SMs allow, down to 16 units, within the shared-memory budget)
+    and row-group programs of the persistent kernels, or ``None`` where they cannot serve (width not a power of two
+    in [16, 1024], slice over budget, grid beyond ``sms`` programs)."""
     if hidden < 16 or hidden > 1024 or hidden & (hidden - 1):
         return None
     groups = max(1, -(-batch // PERSISTENT_ROWS))
@@ -441,8 +421,8 @@ def _grid_barrier(flag, target):
 def _fused_weights(w_base, sw, H, s, HS: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr, G: tl.constexpr,
                    CDT: tl.constexpr, ACC: tl.constexpr, UPCAST: tl.constexpr):
     """This program's forward weights, gate-fused: ``KC`` chunks ``[BK, 4*HS]``, ``[k, g*HS + j] = w[g*H + s*HS + j,
-    kc*BK + k]`` (GRU's fourth block zero). One ``[64, BK] x [BK, 4*HS]`` product per chunk: ptxas keeps one wgmma
-    descriptor per chunk and k-step, not one per gate (separate gates spilled them at H >= 256)."""
+    kc*BK + k]`` (GRU's fourth block zero). One product per chunk: ptxas keeps one wgmma descriptor per chunk and
+    k-step, not one per gate (separate gates spilled them)."""
     rk = tl.arange(0, BK)[:, None]
     col = tl.arange(0, 4 * HS)[None, :]
     g = col // HS
@@ -576,12 +556,11 @@ def _rnn_bwd_persistent_kernel(
 ):
     """Reverse steps ``T-1-t_begin`` down to ``T-t_end`` of ``_rnn_bwd_tiled_kernel``'s contract, on the forward's slices.
 
-    Phase A: this slice's gate grads from its carry grads (``dh``, ``dc [E, N, H]``, zero at first), stored in
-    ``dgx`` (GRU: ``dgh``; its direct term ``dh * z`` in ``dh``), and their product with this slice's gate rows of
-    ``W_hh``, ``[64, 4*HS] x [4*HS, BK]`` per chunk of ``H``: this slice's part of every column of ``dh_prev``, into
-    ``part [E, 2, S, N, H]`` (by step parity: a fast program's next phase A cannot overwrite what a slow one still
-    reads). Flag. Phase B: this slice's columns of ``dh_prev``, the ``S`` parts summed in one fixed order
-    (deterministic), reset, into ``dh``. The launcher adds ``dhs/dcs[:, :, 0]`` to ``dh/dc`` after the last step.
+    Phase A: this slice's gate grads from its carry grads (``dh``, ``dc``, zero at first) into ``dgx`` (GRU: ``dgh``,
+    the direct term ``dh * z`` in ``dh``), times this slice's gate rows of ``W_hh``: its part of every column of
+    ``dh_prev``, into ``part [E, 2, S, N, H]`` (by step parity, so a fast program cannot overwrite what a slow one
+    reads). Flag. Phase B: this slice's columns of ``dh_prev``, the ``S`` parts summed in a fixed order
+    (deterministic), reset, into ``dh``. The launcher adds ``dhs/dcs[:, :, 0]`` after the last step.
     """
     s = tl.program_id(0)
     pg = tl.program_id(1)

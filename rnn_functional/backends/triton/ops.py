@@ -1,28 +1,18 @@
 """``torch.library`` registration of the fused layer kernels: forward, backward, autograd, vmap.
 
-Two ops per device family, built from the same Python bodies:
-
-* ``rnn_functional::triton_layer_fwd`` / ``triton_layer_bwd`` are ``triton_op``s launching
-  through ``wrap_triton``: ``torch.compile`` traces into them and sees the kernels (CUDA).
-* ``rnn_functional::triton_layer_fwd_opaque`` / ``..._bwd_opaque`` are opaque ``custom_op``s
-  with fake implementations, used on CPU under ``TRITON_INTERPRET=1``: the interpreter reads
-  tensor data, which fake tensors lack, so the compiler must not trace into the launch.
-
-:func:`layer_ops` picks the pair for a device. Every tensor carries a leading ensemble dim
-``E`` (see :mod:`.kernels`); the vmap rule folds vmapped dims into ``E``, so a whole
-ensemble is one launch.
-
-Autograd is registered with ``register_autograd``: ``.backward()`` / ``torch.autograd.grad``
-work eagerly, under ``torch.compile`` and over ``torch.vmap`` outputs. ``torch.func.grad`` /
-``vjp`` do not: torch's generated wrapper for ``register_autograd`` lacks the
-``setup_context`` functorch requires (pytorch/pytorch#170834, still open in torch 2.13).
+Two op pairs from the same bodies (:func:`layer_ops` picks one per device): ``rnn_functional::triton_layer_fwd`` /
+``_bwd`` are ``triton_op``s launching through ``wrap_triton``, so ``torch.compile`` sees the kernels (CUDA);
+``..._opaque`` are ``custom_op``s with fake implementations for the interpreter (``TRITON_INTERPRET=1``), which
+reads tensor data that fake tensors lack. Every tensor has a leading ensemble dim ``E``; the vmap rule folds
+vmapped dims into it (one launch per ensemble). Autograd via ``register_autograd`` serves ``.backward()`` and
+``torch.autograd.grad``, not ``torch.func.grad``/``vjp``: its generated wrapper lacks the ``setup_context``
+functorch requires (pytorch/pytorch#170834).
 """
 
 import contextlib
 import os
 import threading
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 import triton
@@ -38,9 +28,8 @@ MAX_ELEMENTS = 2**31  # the kernels index their buffers with 32-bit integers
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float64": 8}
 _TL = {"float32": tl.float32, "bfloat16": tl.bfloat16, "float64": tl.float64}
 BLOCK_N = 16  # batch rows per program: tl.dot's minimum, and the most programs for the SMs
-# Triton's interpreter patches ``triton.language`` globally for the duration of a launch, so two
-# threads launching at once break each other ("Did you forget to add @triton.jit ?"): launches
-# are serialised in interpreter mode. Compiled CUDA launches need no lock.
+# The interpreter patches ``triton.language`` globally during a launch, so concurrent launches break each other
+# ("Did you forget to add @triton.jit ?"): serialised there. Compiled CUDA launches need no lock.
 _LAUNCH_LOCK = threading.Lock() if INTERPRET else contextlib.nullcontext()
 
 
@@ -61,16 +50,14 @@ def _kernel_dtypes(gx: Tensor, compute_dtype: str, precision: str) -> dict:
         ACC=tl.float64 if gx.dtype == torch.float64 else tl.float32,
         CDT=_TL[compute_dtype],
         PREC=precision if compute_dtype == "float32" else "ieee",  # TF32 modes only apply to fp32 operands
-        # the interpreter's bf16 tl.dot is wrong: multiply the bf16-rounded operands in fp32
-        # instead (the same products, exactly, with fp32 accumulation)
+        # the interpreter's bf16 tl.dot is wrong: the bf16-rounded operands multiplied in fp32 (the same products)
         UPCAST=INTERPRET and compute_dtype == "bfloat16",
     )
 
 
-# (num_warps, num_stages) of the streamed kernels where Triton's default stages with 8 warps spill, keyed
-# by (cell, direction, operands: "bfloat16" or the fp32 matmul precision). ptxas picks the register
-# count itself; these are the settings the ahead-of-time compilation measured spill-free on sm_90
-# and sm_80 for every H and reset flag (benchmarks/results/triton_aot_resources.json).
+# (num_warps, num_stages) of the streamed kernels where the default (8, 3) spills, keyed by (cell, direction,
+# operands: "bfloat16" or the fp32 matmul precision); found spill-free by the ahead-of-time build
+# (benchmarks/triton_aot.py, results in benchmarks/results/).
 _STREAMED_LAUNCH = {
     ("gru", "bwd", "bfloat16"): (4, 2), ("gru", "bwd", "ieee"): (4, 2), ("gru", "bwd", "tf32"): (4, 2),
     ("gru", "fwd", "bfloat16"): (8, 1), ("lstm", "fwd", "ieee"): (8, 2),
@@ -84,24 +71,17 @@ def _sms(device: torch.device) -> Optional[int]:
 
 def _blocks(H: int, lstm: bool, compute_dtype: str, precision: str, direction: str, N: int = 0, E: int = 1,
             sms: Optional[int] = None) -> tuple[str, dict]:
-    """The variant that serves this call (:func:`.variant.variant_for`) and its block-size and launch constexprs.
-
-    Chosen by compiling every configuration ahead of time (``benchmarks/triton_aot.py``) for sm_90 and
-    sm_80: shared memory within sm_80's 163 KiB per block and no spills for every H <= 512.
-    ``direction`` is ``"fwd"`` or ``"bwd"``.
-    ``num_stages`` bounds the loads prefetched into shared memory across loop iterations (Triton's
-    default, 3, overflows it where the recurrent weights already sit there).
-
-    The streamed variant takes ``BLOCK_T``, the persistent ``HS``, ``BK``, ``KC`` and its grid's row-group programs
-    ``P`` (forward: one warpgroup, backward: two; no prefetch across steps).
-    """
+    """The variant that serves this call (:func:`.variant.variant_for`) and its block-size and launch constexprs
+    (``direction``: ``"fwd"`` or ``"bwd"``), checked by the ahead-of-time build (``benchmarks/triton_aot.py``) to fit
+    shared memory without spills. Streamed: ``BLOCK_N``, ``BLOCK_T``; persistent: ``HS``, ``BK``, ``KC`` and the
+    grid's row-group programs ``P``, without prefetch across steps (``num_stages=1``)."""
     G, itemsize = 4 if lstm else 3, _ITEMSIZE[compute_dtype]
     variant = variant_for(H, G, itemsize, batch=N, ensemble=E, sms=sms)
     if variant == "persistent":
         from .variant import PLAN_SMS
 
         hs, programs = kernels.persistent_plan(H, G, itemsize, N, E, sms or PLAN_SMS)
-        # forward: [64, 64] carry chunks, one warpgroup; backward: [64, 128] output chunks, two (one spills at H=512)
+        # forward: [64, 64] carry chunks, one warpgroup; backward: [64, 128] output chunks, two (one spills)
         bk, warps = (min(H, 64), 4) if direction == "fwd" else (min(H, 128), 8)
         return variant, dict(HS=hs, BK=bk, KC=H // bk, ROWS=kernels.PERSISTENT_ROWS, P=programs, num_warps=warps,
                              num_stages=1)
@@ -131,43 +111,33 @@ def fwd_launch(
     rh: Optional[Tensor], rc: Optional[Tensor], hs: Tensor, cs: Tensor, gates: Tensor,
     lstm: bool, save: bool, compute_dtype: str, precision: str, sms: Optional[int] = None,
 ) -> tuple[Callable, tuple, tuple, dict]:
-    """The forward kernel the launcher picks, its grid, positional arguments and constexprs.
-
-    Every tensor is passed with its real strides, except the last dim, made unit-stride here
-    (``gx`` and the outputs are fresh and contiguous). Also used by ``benchmarks/triton_aot.py``
-    to compile exactly what would launch (``sms``: the SMs of the GPU planned for, else this device's).
-    For the persistent kernels it writes the state before step 0 (``hs``, ``cs``, the reset carry) and
-    returns the launch of all steps (``SYNC``); the last two arguments are the steps' range.
+    """The forward kernel the launcher picks, its grid, positional arguments and constexprs (also used by
+    ``benchmarks/triton_aot.py`` to compile exactly what would launch; ``sms``: the GPU planned for, else this
+    device's). Tensors keep their strides, the last dim made unit-stride. For the persistent kernels it writes the
+    state before step 0 (``hs``, ``cs``, the reset carry) and returns the launch of all steps (``SYNC``); the last two
+    arguments are the steps' range.
     """
     E, N, T = gx.shape[:3]
     H = w.shape[-1]
     w, b, h0, c0, rh, rc = map(_last_contiguous, (w, b, h0, c0, rh, rc))
     init = None if is_init is None else is_init.to(torch.int8)
     variant, blocks = _blocks(H, lstm, compute_dtype, precision, "fwd", N, E, sms if sms else _sms(gx.device))
+    constexprs = dict(IS_LSTM=lstm, HAS_BIAS=b is not None, HAS_INIT=init is not None, HAS_RESET=rh is not None,
+                      SAVE=save, **_kernel_dtypes(gx, compute_dtype, precision), **blocks)
+    weights = (gx, *gx.stride()[:3], w, *w.stride()[:2], *_opt(b, 1, gx))
+    resets = (*_opt(init, 3, gx), *_opt(rh, 3, gx), *_opt(rc, 3, gx))
+    outs = (hs, cs if lstm else hs, gates if save else hs)
     if variant == "persistent":
-        programs = blocks.pop("P")
+        programs = constexprs.pop("P")
         hs[:, :, 0] = h0
         if lstm:
             cs[:, :, 0] = c0
         carry = hs.new_empty((E, 2, N, H))
         carry[:, 0] = h0 if is_init is None else torch.where(is_init[:, :, :1], 0.0 if rh is None else rh[:, :, 0], h0)
-        args = (
-            gx, *gx.stride()[:3], w, *w.stride()[:2], *_opt(b, 1, gx), *_opt(init, 3, gx), *_opt(rh, 3, gx),
-            *_opt(rc, 3, gx), hs, cs if lstm else hs, gates if save else hs, carry,
-            torch.zeros(E * programs, dtype=torch.int32, device=gx.device), N, T, H, 0, T,
-        )
-        constexprs = dict(IS_LSTM=lstm, HAS_BIAS=b is not None, HAS_INIT=init is not None, HAS_RESET=rh is not None,
-                          SAVE=save, **_kernel_dtypes(gx, compute_dtype, precision), SYNC=True, **blocks)
-        return kernels._rnn_fwd_persistent_kernel, (H // blocks["HS"], programs, E), args, constexprs
-    args = (
-        gx, *gx.stride()[:3], w, *w.stride()[:2], *_opt(b, 1, gx), h0, *h0.stride()[:2],
-        *_opt(c0, 2, gx), *_opt(init, 3, gx), *_opt(rh, 3, gx), *_opt(rc, 3, gx),
-        hs, cs if lstm else hs, gates if save else hs, N, T, H,
-    )
-    constexprs = dict(
-        IS_LSTM=lstm, HAS_BIAS=b is not None, HAS_INIT=init is not None, HAS_RESET=rh is not None,
-        SAVE=save, **_kernel_dtypes(gx, compute_dtype, precision), **blocks,
-    )
+        flags = torch.zeros(E * programs, dtype=torch.int32, device=gx.device)
+        args = (*weights, *resets, *outs, carry, flags, N, T, H, 0, T)
+        return kernels._rnn_fwd_persistent_kernel, (H // blocks["HS"], programs, E), args, {**constexprs, "SYNC": True}
+    args = (*weights, h0, *h0.stride()[:2], *_opt(c0, 2, gx), *resets, *outs, N, T, H)
     return kernels._rnn_fwd_tiled_kernel, (triton.cdiv(N, BLOCK_N), E), args, constexprs
 
 
@@ -176,40 +146,33 @@ def bwd_launch(
     rc: Optional[Tensor], dhs: Tensor, dcs: Tensor, outs: tuple, lstm: bool, compute_dtype: str, precision: str,
     sms: Optional[int] = None,
 ) -> tuple[Callable, tuple, tuple, dict]:
-    """The backward kernel, grid, arguments and constexprs (``gates``, ``hs``, ``cs``, ``dhs``, ``dcs``
-    and ``outs`` from :func:`_bwd_outputs` are contiguous). The persistent kernels leave ``dh0``/``dc0``
-    without ``dhs/dcs[:, :, 0]``, which :func:`_make_bwd` adds."""
+    """The backward kernel, grid, arguments and constexprs (``gates``, ``hs``, ``cs``, ``dhs``, ``dcs`` and ``outs``
+    from :func:`_bwd_outputs` contiguous). The persistent kernels leave ``dh0``/``dc0`` without
+    ``dhs/dcs[:, :, 0]``, which :func:`_make_bwd` adds."""
     w, rh, rc = map(_last_contiguous, (w, rh, rc))
     dgx, dgh, dh0, dc0, drh, drc = outs
     E, N, T1, H = hs.shape
     init = None if is_init is None else is_init.to(torch.int8)
     variant, blocks = _blocks(H, lstm, compute_dtype, precision, "bwd", N, E, sms if sms else _sms(hs.device))
-    if variant == "persistent":
-        programs = blocks.pop("P")
-        dh0.zero_()
-        dc0.zero_()
-        args = (
-            gates, hs, cs, w, *w.stride()[:2], *_opt(init, 3, gates), *_opt(rh, 3, gates), *_opt(rc, 3, gates),
-            dhs, dcs, dgx, dgh if not lstm else dgx, dh0, dc0 if lstm else dh0,
-            drh if rh is not None else dgx, drc if (rc is not None and lstm) else dgx,
-            hs.new_empty((E, 2, H // blocks["HS"], N, H)),  # every slice's part of dh_prev, by step parity
-            torch.zeros(E * programs, dtype=torch.int32, device=hs.device), N, T1 - 1, H, 0, T1 - 1,
-        )
-        constexprs = dict(IS_LSTM=lstm, HAS_INIT=init is not None, HAS_RESET=rh is not None,
-                          **_kernel_dtypes(hs, compute_dtype, precision), SYNC=True, PHASE_A=True, PHASE_B=True,
-                          **blocks)
-        return kernels._rnn_bwd_persistent_kernel, (H // blocks["HS"], programs, E), args, constexprs
-    # the streamed kernel keeps GRU's direct term dh * z in a scratch row per batch entry
-    scratch = dh0.new_empty((E, N, H)) if not lstm else dgx
+    constexprs = dict(IS_LSTM=lstm, HAS_INIT=init is not None, HAS_RESET=rh is not None,
+                      **_kernel_dtypes(hs, compute_dtype, precision), **blocks)
     args = (
         gates, hs, cs, w, *w.stride()[:2], *_opt(init, 3, gates), *_opt(rh, 3, gates), *_opt(rc, 3, gates),
         dhs, dcs, dgx, dgh if not lstm else dgx, dh0, dc0 if lstm else dh0,
-        drh if rh is not None else dgx, drc if (rc is not None and lstm) else dgx, scratch, N, T1 - 1, H,
+        drh if rh is not None else dgx, drc if (rc is not None and lstm) else dgx,
     )
-    constexprs = dict(
-        IS_LSTM=lstm, HAS_INIT=init is not None, HAS_RESET=rh is not None,
-        **_kernel_dtypes(hs, compute_dtype, precision), **blocks,
-    )
+    if variant == "persistent":
+        programs = constexprs.pop("P")
+        dh0.zero_()
+        dc0.zero_()
+        args += (
+            hs.new_empty((E, 2, H // blocks["HS"], N, H)),  # every slice's part of dh_prev, by step parity
+            torch.zeros(E * programs, dtype=torch.int32, device=hs.device), N, T1 - 1, H, 0, T1 - 1,
+        )
+        constexprs.update(SYNC=True, PHASE_A=True, PHASE_B=True)
+        return kernels._rnn_bwd_persistent_kernel, (H // blocks["HS"], programs, E), args, constexprs
+    # the streamed kernel keeps GRU's direct term dh * z in a scratch row per batch entry
+    args += (dh0.new_empty((E, N, H)) if not lstm else dgx, N, T1 - 1, H)
     return kernels._rnn_bwd_tiled_kernel, (triton.cdiv(N, BLOCK_N), E), args, constexprs
 
 
@@ -237,16 +200,13 @@ def _make_fwd(run: Callable) -> Callable:
         E, N, T, _ = x.shape
         H = w.shape[-1]
         if E * N * (T + 1) * 4 * H >= MAX_ELEMENTS:
-            raise ValueError(
-                f"backend 'triton': E*N*(T+1)*4*H = {E * N * (T + 1) * 4 * H} exceeds the kernels' 32-bit "
-                f"indexing ({MAX_ELEMENTS}); split the batch or the sequence, or use one of reference, scan, pad."
-            )
+            raise ValueError(f"backend 'triton': E*N*(T+1)*4*H = {E * N * (T + 1) * 4 * H} exceeds the kernels' "
+                             f"32-bit indexing ({MAX_ELEMENTS}); split the batch or the sequence, or use one of "
+                             "reference, scan, pad.")
         gx = _input_projection(x, w_ih, b_ih)
         hs, cs, gates = _fwd_outputs(gx, H, lstm, save)
-        kernel, grid, args, constexprs = fwd_launch(
-            gx, w, b, h0, c0, is_init, rh, rc, hs, cs, gates, lstm, save, compute_dtype, precision
-        )
-        _launch(run, kernel, grid, args, constexprs)
+        _launch(run, *fwd_launch(gx, w, b, h0, c0, is_init, rh, rc, hs, cs, gates, lstm, save, compute_dtype,
+                                 precision))
         return hs, cs, gates
 
     return layer_fwd
@@ -294,8 +254,7 @@ def _bwd_fake(gates, hs, cs, w, is_init, rh, rc, dhs, dcs, lstm, compute_dtype, 
     return _bwd_outputs(gates, hs, lstm, rh is not None)
 
 
-@dataclass(frozen=True)
-class LayerOps:
+class LayerOps(NamedTuple):
     """The forward and backward op of one registration flavour."""
 
     fwd: Callable
@@ -314,13 +273,9 @@ def _register(opaque: bool) -> LayerOps:
             op = torch.library.triton_op(qualname, mutates_args=())(make(torch.library.wrap_triton))
         torch.library.register_vmap(op, _fold_ensemble(op))
         ops.append(op)
-    fwd, bwd = ops
-    layer = LayerOps(fwd, bwd)
-    torch.library.register_autograd(fwd, _make_backward(layer), setup_context=_setup_context)
+    layer = LayerOps(*ops)
+    torch.library.register_autograd(layer.fwd, _make_backward(layer), setup_context=_setup_context)
     return layer
-
-
-# ----------------------------------------------------------------------------- autograd
 
 
 def _reset_prev(states: Tensor, is_init: Optional[Tensor], reset: Optional[Tensor]) -> Tensor:
@@ -374,12 +329,9 @@ def _make_backward(layer: LayerOps) -> Callable:
         db_ih, db = (dgx.sum(dim=(1, 2)), d_rec.sum(dim=(1, 2))) if ctx.has_bias else (None, None)
         x_t, h0_t, c0_t, rh_t, rc_t = ctx.dtypes
         cast = lambda t: None if t is None else t.to(x_t)  # noqa: E731 - params share x's dtype
-        return (
-            cast(dx), cast(dw_ih), cast(db_ih), cast(dw), cast(db), dh0.to(h0_t),
-            dc0.to(c0_t) if lstm else None, None,
-            drh.to(rh_t) if rh_t is not None else None, drc.to(rc_t) if (rc_t is not None and lstm) else None,
-            None, None, None, None,
-        )
+        return (cast(dx), cast(dw_ih), cast(db_ih), cast(dw), cast(db), dh0.to(h0_t), dc0.to(c0_t) if lstm else None,
+                None, drh.to(rh_t) if rh_t is not None else None,
+                drc.to(rc_t) if (rc_t is not None and lstm) else None, None, None, None, None)
 
     return backward
 
@@ -387,10 +339,8 @@ def _make_backward(layer: LayerOps) -> Callable:
 def layer_ref(x: Tensor, w_ih: Tensor, b_ih: Optional[Tensor], w: Tensor, b: Optional[Tensor], h0: Tensor,
               c0: Optional[Tensor], is_init: Optional[Tensor], rh: Optional[Tensor], rc: Optional[Tensor],
               lstm: bool) -> tuple[Tensor, Tensor]:
-    """The fused layer's math in plain torch ops: ``triton_layer_fwd``'s arguments (``[E, ...]`` each) and states
-    ``(hs, cs)`` ``[E, N, T + 1, H]`` (the state before step 0, then after every step; ``cs`` ``[E, 0]`` for a
-    GRU), in the kernels' accumulation dtype. The carry entering step ``t`` is ``rh``/``rc`` (or 0) where
-    ``is_init``. Differentiable to every order: a ``create_graph`` backward replays it."""
+    """The fused layer's math in plain torch ops, differentiable to every order (a ``create_graph`` backward replays
+    it): ``triton_layer_fwd``'s arguments -> ``(hs, cs)`` as it returns them, in the accumulation dtype."""
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     x, w_ih, b_ih, w, b, h, c, rh, rc = (None if t is None else t.to(acc) for t in (x, w_ih, b_ih, w, b, h0, c0, rh, rc))
     gx = _input_projection(x, w_ih, b_ih)  # [E, N, T, G*H]
@@ -430,9 +380,6 @@ def _replayed_backward(ctx, dhs: Optional[Tensor], dcs: Optional[Tensor]) -> tup
     grads = replayed_vjp(states, (x, w_ih, b_ih, w, b, h0, c0, rh, rc), (dhs, dcs)[: 2 if ctx.lstm else 1])
     dx, dw_ih, db_ih, dw, db, dh0, dc0, drh, drc = grads
     return dx, dw_ih, db_ih, dw, db, dh0, dc0, None, drh, drc, None, None, None, None
-
-
-# ----------------------------------------------------------------------------- vmap
 
 
 def _fold_ensemble(op: Callable) -> Callable:

@@ -1,7 +1,5 @@
-"""Which Triton kernel variant a call runs (persistent or streamed), and the public switch that forces one.
-
-Its own module, free of ``triton``: the package and the launcher (:mod:`.ops`) both read it.
-"""
+"""Which Triton kernel variant a call runs (persistent or streamed) and the switch that forces one; free of
+``triton``, so the package can import it."""
 
 from __future__ import annotations
 
@@ -17,11 +15,9 @@ _variant = ["auto"]  # the variant kernel_variant set; read by the launcher on e
 @contextlib.contextmanager
 def kernel_variant(variant: str) -> Iterator[None]:
     """Within the block, every ``triton`` call runs the ``variant`` kernels: ``"auto"`` (on CUDA the persistent
-    kernels where they serve, else streamed), ``"streamed"``
-    (the tiled kernels at any width) or ``"persistent"`` (wherever they serve, also in the interpreter, which runs them
-    one step per launch), for tests and benchmarks of a variant where ``auto`` picks another; all give the same
-    results. Read when an eager call launches its kernels; a graph compiled on CUDA keeps the variant it was traced
-    with."""
+    kernels where they serve, else streamed), ``"streamed"`` (the tiled kernels, any width) or ``"persistent"``
+    (wherever they serve, also in the interpreter, one step per launch); all give the same results. Read when an
+    eager call launches; a graph compiled on CUDA keeps the variant it was traced with."""
     if variant not in KERNEL_VARIANTS:
         raise ValueError(f"variant: expected one of {list(KERNEL_VARIANTS)}, got {variant!r}.")
     before, _variant[0] = _variant[0], variant
