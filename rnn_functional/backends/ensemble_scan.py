@@ -25,9 +25,9 @@ def _vmapped(t: torch.Tensor | None) -> bool:
 
 
 def serves(recompute: bool, *tensors: torch.Tensor | None) -> bool:
-    """Compiled, with a vmapped input, and autograd on or ``recompute`` (a vmapped tensor reports
-    ``requires_grad=False`` whatever its base)."""
-    return torch.compiler.is_compiling() and (recompute or torch.is_grad_enabled()) and any(_vmapped(t) for t in tensors)
+    """For a compiled call (the caller checks): a vmapped input, and autograd on or ``recompute`` (a vmapped tensor
+    reports ``requires_grad=False`` whatever its base)."""
+    return (recompute or torch.is_grad_enabled()) and any(_vmapped(t) for t in tensors)
 
 
 def layer_states(cell: Cell, recompute: bool, n_carry: int, has_reset: bool, inp, mask, *rest) -> Carry:

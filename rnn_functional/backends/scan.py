@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ..cells import Carry, Layout, between_layers
 from . import ensemble_scan
-from .base import SequenceOptions, forward_mode
+from .base import SequenceOptions
 from .scan_parts import HandWrittenLayer, scan_states, traced_under_grad
 
 
@@ -33,20 +33,20 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
     """``x [N, T, F]`` -> ``(y [N, T, P], carry, per-step carries)``; see :mod:`.base`."""
     cell, inp, finals, per_step = layout.cell, x, [], []
     mask_t = None if is_init is None else is_init.transpose(0, 1)  # [T, N]
-    recompute = opts.recompute == "full"
+    recompute, ctx = opts.recompute == "full", opts.context
     for k in range(layout.num_layers):
         w = cell.layer_weights(params, layout, k)
         layer_carry = tuple([s[:, k] for s in carry])
         reset_k = () if reset is None else tuple([r[:, :, k].transpose(0, 1) for r in reset])  # [T, N, S]
         tensors = (inp, mask_t, *layer_carry, *reset_k, *w.tensors())
-        if ensemble_scan.serves(recompute, *tensors):
+        if ctx.compiling and ensemble_scan.serves(recompute, *tensors):
             # compiled torch.vmap with autograd: the ensemble op (torch cannot vmap the layer below there)
             states = ensemble_scan.layer_states(cell, recompute, len(layer_carry), bool(reset_k), *tensors)
             final, ys = tuple([s[-1] for s in states]), states
         elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors) \
-                and not forward_mode() and not traced_under_grad():  # autograd records this layer
+                and not ctx.forward and not (ctx.compiling and traced_under_grad()):  # autograd records the layer
             layer_inputs = (len(layer_carry), bool(reset_k), *tensors)
-            if torch.compiler.is_compiling():
+            if ctx.compiling:
                 layer_inputs = _distinct(layer_inputs)
             states = HandWrittenLayer.apply(cell, recompute, 0, *layer_inputs)[: len(layer_carry)]
             final, ys = tuple([s[-1] for s in states]), states
