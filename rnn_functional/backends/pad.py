@@ -33,8 +33,8 @@ def kernel(layout: Layout, params, x: torch.Tensor, carry: Carry, opts: Sequence
     """
     train = bool(opts.training) or (x.is_cuda and torch.is_grad_enabled())
     hx = tuple([s.transpose(0, 1).contiguous() for s in carry])  # the kernels' layer-major carries
-    y, hx = aten_kernels(layout).sequence(layout, params, x, hx, float(opts.dropout) if opts.training else 0.0, train,
-                                          batch_sizes)
+    run = layout.cell.aten.sequence  # the route checked that the cell has it
+    y, hx = run(layout, params, x, hx, float(opts.dropout) if opts.training else 0.0, train, batch_sizes)
     return y, tuple([s.transpose(0, 1) for s in hx])
 
 

@@ -60,8 +60,8 @@ class SegmentPlan:
     """Where the segments of an ``[N, T]`` call lie: ``count`` segments, the longest ``max_len`` steps.
 
     On the call's device: ``first [S]`` (each segment's first step, row-major over ``N * T``), ``lengths [S]`` and
-    ``last [N]`` (the segment that ends each row). From the call's one host read: ``lengths_host`` and ``order`` (the
-    segments by decreasing length, stable), NumPy arrays. ``slice_len``: ``L`` when every row is whole slices of
+    ``last [N]`` (the segment that ends each row). From the call's one host read, NumPy arrays: ``lengths_host``,
+    ``order`` (the segments by decreasing length, stable) and ``rank`` (each segment's place in that order). ``slice_len``: ``L`` when every row is whole slices of
     ``L < T`` steps from ``t = 0`` (the last one ``T mod L`` steps where ``L`` does not divide ``T``), else ``None``.
     :attr:`seg_of` and :attr:`pos` (``[N, T]``: each step's segment and its index within it) are derived on first use.
     ``static``: a :func:`static_plan`, without host values.
@@ -76,6 +76,7 @@ class SegmentPlan:
     count: int
     slice_len: int | None = None
     order: np.ndarray | None = None
+    rank: np.ndarray | None = None
     index: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
     static: bool = False
 
@@ -122,9 +123,11 @@ def plan(is_init: np.ndarray, device: torch.device) -> SegmentPlan | None:
         pattern[-1] = tail or length
         regular = bool((lengths.reshape(n, per_row) == pattern).all())
     last = np.searchsorted(first, np.arange(1, n + 1) * t_len) - 1
+    order = np.argsort(-lengths, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
     return SegmentPlan(is_init.shape, _to(first, device), _to(lengths, device), _to(last, device), lengths,
-                       int(lengths.max()), len(first), length if regular else None,
-                       np.argsort(-lengths, kind="stable"))
+                       int(lengths.max()), len(first), length if regular else None, order, rank)
 
 
 def _to(a: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -191,11 +194,6 @@ def _dest(p: SegmentPlan, base: torch.Tensor) -> torch.Tensor:
     return steps + torch.repeat_interleave(base - p.first, p.lengths, output_size=n * t_len)
 
 
-def _gather_in(x: torch.Tensor, dest: torch.Tensor, rows: int) -> torch.Tensor:
-    """``x [N, T, F]`` as ``[rows, F]``: step ``i`` at row ``dest[i]``, zeros elsewhere."""
-    return x.new_zeros(rows, x.shape[-1]).index_copy(0, dest, x.reshape(-1, x.shape[-1]))
-
-
 def _scatter(p: SegmentPlan, y_rows: torch.Tensor, dest: torch.Tensor, seg_final: Carry, opts: SequenceOptions,
              order: tuple[torch.Tensor, torch.Tensor] | None = None) -> Result:
     """Block results back to the call's rows: ``y_rows [rows, P]`` (step ``i`` at row ``dest[i]``) and each
@@ -217,13 +215,6 @@ def _scatter(p: SegmentPlan, y_rows: torch.Tensor, dest: torch.Tensor, seg_final
     return Result(y, final, per_step, segment_ends=True)
 
 
-def _sorted(p: SegmentPlan, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(order, rank)`` on ``device``: the segments by decreasing length, and each segment's place in that order."""
-    rank = np.empty_like(p.order)
-    rank[p.order] = np.arange(p.count)
-    return _to(p.order, device), _to(rank, device)
-
-
 def aligned(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, reset,
             opts: SequenceOptions) -> Result:
     """``impl`` (a backend's ``sequence``) run on the right-aligned segments of ``p``."""
@@ -233,7 +224,8 @@ def aligned(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: Ca
     first = torch.zeros(p.count, p.max_len, dtype=torch.bool, device=x.device)
     first[torch.arange(p.count, device=x.device), offset] = True
     to_h0 = tuple([s.unsqueeze(1).expand(s.shape[0], p.max_len, *s.shape[1:]) for s in h0])
-    x_block = _gather_in(x, dest, p.count * p.max_len).view(p.count, p.max_len, -1)
+    x_block = x.new_zeros(p.count * p.max_len, x.shape[-1]).index_copy(0, dest, x.reshape(-1, x.shape[-1]))
+    x_block = x_block.view(p.count, p.max_len, -1)
     y_block, seg_final, _ = impl(layout, params, x_block, h0, first, to_h0, opts.without_segment_states())
     return _scatter(p, y_block.reshape(-1, y_block.shape[-1]), dest, seg_final, opts)
 
@@ -242,7 +234,7 @@ def packed(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: Car
            opts: SequenceOptions) -> Result:
     """ATen's kernel (``pad``) on the segments of ``p`` as one packed sequence (time-major over the segments by
     decreasing length): one ``index_copy`` in, one ``index_select`` out, no padding."""
-    order, rank = _sorted(p, x.device)
+    order, rank = _to(p.order, x.device), _to(p.rank, x.device)
     batch_sizes = alive_per_step(p)
     step_rows = _to(np.cumsum(batch_sizes) - batch_sizes, x.device)  # the first packed row of each step
     dest = step_rows[p.pos.reshape(-1)] + rank[p.seg_of.reshape(-1)]  # a permutation of the steps
@@ -288,13 +280,14 @@ def bucketed(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: C
     steps_sorted = np.repeat(steps, rows)
     base = np.empty_like(steps_sorted)
     base[p.order] = np.cumsum(steps_sorted) - steps_sorted  # each segment's first row in the buffer
-    order, rank = _sorted(p, x.device)
+    order, rank = _to(p.order, x.device), _to(p.rank, x.device)
     lengths_d = _to(lengths_sorted, x.device)
     dest = _dest(p, _to(base, x.device))
     h0 = _initial_carries(p, carry, is_init, reset, order)
     # The buckets' inputs by one split each, not a slice per bucket: a slice's backward zero-fills a gradient of the
     # whole buffer, once per bucket.
-    x_b = _gather_in(x, dest, int(steps_sorted.sum())).split((rows * steps).tolist())
+    x_rows = x.new_zeros(int(steps_sorted.sum()), x.shape[-1]).index_copy(0, dest, x.reshape(-1, x.shape[-1]))
+    x_b = x_rows.split((rows * steps).tolist())
     h0_b = list(zip(*[s.split(rows.tolist()) for s in h0]))
     ys, finals = [], []
     for (first, end, length, full), x_flat, hb in zip(cut, x_b, h0_b):
