@@ -34,6 +34,7 @@ def test_walk_within_target(cases, name) -> None:
 
 
 def test_auto_adds_at_most_five_functions_over_the_backend_it_picks(cases) -> None:
-    """``LSTMModule`` on ``auto`` picks ``pad`` for this call; ``auto``'s rule is a few functions over it."""
+    """``LSTMModule`` on ``auto`` picks ``pad`` for this call; ``auto``'s rule is a few functions over it (a named
+    ``pad`` checks the cell's kernels, which ``auto``'s rule reads itself)."""
     auto, pad = (set(walk.count(*cases[f"LSTMModule recurrent {b}"])[1]) for b in ("auto", "pad"))
-    assert pad <= auto and len(auto - pad) <= 5, sorted(auto - pad)
+    assert len(auto - pad) <= 5, sorted(auto - pad)
