@@ -1,8 +1,8 @@
 """The functional layer's one entry: a call is checked once, its context read once, its route chosen once and run.
 
-The public ``{cell}_step`` / ``{cell}_sequence`` functions (:func:`public_functions`, over :func:`run_step` and
-:func:`run_sequence`) validate a call (:func:`_canonicalize`; the modules, which check their own inputs, pass
-``layout``), flatten its batch dims ``*B`` into ``N`` and hand one backend the canonical call of
+The step and sequence functions of a cell (:func:`entries`; :func:`public_functions` names and documents them as
+``{cell}_step`` / ``{cell}_sequence``) validate a call (:func:`_canonicalize`; the modules, which check their own
+inputs, pass ``layout``), flatten its batch dims ``*B`` into ``N`` and hand one backend the canonical call of
 :mod:`rnn_functional.backends.base`. Which backend, and how a call with interior resets lays out its segments, is
 :func:`choose`'s rule (``auto``, ``docs/backends.md``); a backend that cannot serve the cell or an option raises a
 ``ValueError`` naming itself and those that can. Empty calls and the segment-end states are handled here, once.
@@ -779,21 +779,3 @@ def entries(cell: Cell) -> tuple[Callable, Callable]:
         return y, final, seg[0] if len(seg) == 1 else tuple(seg)
 
     return step, sequence
-
-
-def run_step(cell: Cell, x, state, params, is_init, backend: str, dropout: float = 0.0, training: bool = False,
-             layout: Layout | None = None):
-    """``cell``'s step function called positionally (cells without public functions of their own)."""
-    return entries(cell)[0](x, state, params, is_init=is_init, backend=backend, dropout=dropout, training=training,
-                            layout=layout)
-
-
-def run_sequence(cell: Cell, x, state, params, is_init, reset_state, backend: str, opts: SequenceOptions,
-                 slice_len: int | None = None, num_slices: int | None = None, segment_layout: str = "auto",
-                 layout: Layout | None = None):
-    """``cell``'s sequence function called positionally, with its options as ``opts``."""
-    return entries(cell)[1](x, state, params, is_init=is_init, reset_state=reset_state, backend=backend,
-                            dropout=opts.dropout, training=opts.training, recompute=opts.recompute,
-                            compute_dtype=opts.compute_dtype, matmul_precision=opts.matmul_precision,
-                            return_segment_states=opts.segment_states, slice_len=slice_len, num_slices=num_slices,
-                            segment_layout=segment_layout, layout=layout)

@@ -11,10 +11,9 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from ..backends import SequenceOptions
 from ..cells.block_gru import ACTIVATIONS, BlockGRUCell, block_gru_cell
 from ..cells.rssm import RSSMCoreCell
-from ._core import run_sequence, run_step
+from ._core import entries
 
 __all__ = ["block_gru_sequence", "block_gru_step", "configured_cell", "rssm_core_sequence", "rssm_core_step"]
 
@@ -59,7 +58,8 @@ def block_gru_step(
     Returns:
         ``(y [*B, H], h [*B, 1, H])``.
     """
-    return run_step(configured_cell(activation, norm_eps, update_bias), x, state, params, is_init, backend)
+    step = entries(configured_cell(activation, norm_eps, update_bias))[0]
+    return step(x, state, params, is_init=is_init, backend=backend)
 
 
 def block_gru_sequence(
@@ -97,9 +97,10 @@ def block_gru_sequence(
     Returns:
         ``(y [*B, T, H], h_T [*B, 1, H])`` (and the segment states last, with ``return_segment_states``).
     """
-    opts = SequenceOptions(recompute=recompute, segment_states=return_segment_states)
-    return run_sequence(configured_cell(activation, norm_eps, update_bias), x, state, params, is_init, reset_state,
-                        backend, opts, slice_len, num_slices, segment_layout)
+    sequence = entries(configured_cell(activation, norm_eps, update_bias))[1]
+    return sequence(x, state, params, is_init=is_init, reset_state=reset_state, backend=backend, recompute=recompute,
+                    return_segment_states=return_segment_states, slice_len=slice_len, num_slices=num_slices,
+                    segment_layout=segment_layout)
 
 
 def rssm_core_step(
@@ -123,7 +124,8 @@ def rssm_core_step(
     Returns:
         ``(belief [*B, H], belief [*B, 1, H])``.
     """
-    return run_step(configured_cell(activation, norm_eps, kind=RSSMCoreCell), x, state, params, is_init, backend)
+    step = entries(configured_cell(activation, norm_eps, kind=RSSMCoreCell))[0]
+    return step(x, state, params, is_init=is_init, backend=backend)
 
 
 def rssm_core_sequence(
@@ -141,6 +143,6 @@ def rssm_core_sequence(
 ):
     """The RSSM core over a sequence of known stochastic states and actions ``x = [s, a] [*B, T, S + A]``, with
     resets; every other argument and the result as :func:`block_gru_sequence` (the belief is its ``h``)."""
-    opts = SequenceOptions(recompute=recompute, segment_states=return_segment_states)
-    return run_sequence(configured_cell(activation, norm_eps, kind=RSSMCoreCell), x, state, params, is_init,
-                        reset_state, backend, opts)
+    sequence = entries(configured_cell(activation, norm_eps, kind=RSSMCoreCell))[1]
+    return sequence(x, state, params, is_init=is_init, reset_state=reset_state, backend=backend, recompute=recompute,
+                    return_segment_states=return_segment_states)

@@ -8,10 +8,9 @@ from dataclasses import replace
 
 import torch
 
-from ..backends import SequenceOptions
 from ..cells import Layout
 from ..cells.rglru import RGLRU, RGLRUCell, rglru_cell
-from ._core import _SEQUENCE_DOC, _STEP_DOC, run_sequence, run_step
+from ._core import _SEQUENCE_DOC, _STEP_DOC, entries
 
 __all__ = ["rglru_sequence", "rglru_step"]
 
@@ -34,7 +33,8 @@ def rglru_step(x: torch.Tensor, state, params: Mapping[str, torch.Tensor], *, is
                backend: str = "auto", dropout: float = 0.0, training: bool = False, layout: Layout | None = None,
                segment_start: str = "scaled"):
     cell, layout = _configured(segment_start, layout)
-    return run_step(cell, x, state, params, is_init, backend, dropout, training, layout)
+    return entries(cell)[0](x, state, params, is_init=is_init, backend=backend, dropout=dropout, training=training,
+                            layout=layout)
 
 
 def rglru_sequence(x: torch.Tensor, state, params: Mapping[str, torch.Tensor], *, is_init: torch.Tensor | None = None,
@@ -43,9 +43,10 @@ def rglru_sequence(x: torch.Tensor, state, params: Mapping[str, torch.Tensor], *
                    return_segment_states: bool = False, slice_len: int | None = None, num_slices: int | None = None,
                    segment_layout: str = "auto", layout: Layout | None = None, segment_start: str = "scaled"):
     cell, layout = _configured(segment_start, layout)
-    opts = SequenceOptions(dropout, training, recompute, compute_dtype, matmul_precision, return_segment_states)
-    return run_sequence(cell, x, state, params, is_init, reset_state, backend, opts, slice_len, num_slices,
-                        segment_layout, layout)
+    return entries(cell)[1](x, state, params, is_init=is_init, reset_state=reset_state, backend=backend,
+                            dropout=dropout, training=training, recompute=recompute, compute_dtype=compute_dtype,
+                            matmul_precision=matmul_precision, return_segment_states=return_segment_states,
+                            slice_len=slice_len, num_slices=num_slices, segment_layout=segment_layout, layout=layout)
 
 
 for _fn, _doc in ((rglru_step, _STEP_DOC), (rglru_sequence, _SEQUENCE_DOC)):

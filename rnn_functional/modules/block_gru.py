@@ -16,9 +16,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..backends import SequenceOptions
 from ..cells.block_gru import init_weight_
-from ..functional._core import run_sequence, run_step
+from ..functional._core import entries
 from ..functional.block_gru import configured_cell
 from ._options import checked_option, options_state
 
@@ -141,7 +140,7 @@ class DreamerV3BlockGRUCell(nn.Module):
         params = self.params(dtype)
         cell = self.functional_cell()
         h = input.new_zeros((*batch, 1, self.hidden_size), dtype=dtype) if hidden is None else hidden.to(dtype).unsqueeze(-2)
-        _, h = run_step(cell, input.to(dtype), h, params, None, "auto", layout=cell.read_layout(params))
+        _, h = entries(cell)[0](input.to(dtype), h, params, layout=cell.read_layout(params))
         return h.squeeze(-2)
 
 
@@ -205,6 +204,6 @@ class DreamerV3BlockGRU(nn.Module):
         params = cell.params(dtype)
         core = cell.functional_cell()
         first = None if hidden is None else hidden.to(dtype).unsqueeze(1)
-        y, h = run_sequence(core, input.to(dtype), first, params, is_init, None, self.recurrent_backend,
-                            SequenceOptions(), layout=core.read_layout(params))
+        y, h = entries(core)[1](input.to(dtype), first, params, is_init=is_init, backend=self.recurrent_backend,
+                                layout=core.read_layout(params))
         return y, h.squeeze(1)
