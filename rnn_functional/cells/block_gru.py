@@ -407,3 +407,6 @@ def _make_cell(kind: type[BlockGRUCell], activation, *floats: float) -> None:
 
 
 BLOCK_GRU = block_gru_cell()
+for _name in ACTIVATIONS:  # the defaults of every activation, made and registered here, before any compile
+    block_gru_cell(_name)
+del _name

@@ -18,7 +18,7 @@ import torch
 from tensordict import TensorDict
 
 from .base import Layout, check_keys, check_shapes
-from .block_gru import BlockGRUCell, init_weight_
+from .block_gru import ACTIVATIONS, BlockGRUCell, block_gru_cell, init_weight_
 
 __all__ = ["RSSMCoreCell", "init_rssm_core_params"]
 
@@ -113,3 +113,8 @@ def init_rssm_core_params(
         tensors.update({w: weight((nb, fan_in // nb, H // nb), fan_in), b: zeros(H), n: ones(H)})
     tensors.update({"gates.weight": weight((nb, H // nb, 3 * H // nb), H), "gates.bias": zeros(3 * H)})
     return TensorDict(tensors, batch_size=[], device=device)
+
+
+for _name in ACTIVATIONS:  # the defaults of every activation, made and registered here, before any compile
+    block_gru_cell(_name, kind=RSSMCoreCell)
+del _name

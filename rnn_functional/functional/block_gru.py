@@ -11,23 +11,14 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from ..cells.block_gru import ACTIVATIONS, BlockGRUCell, block_gru_cell
+from ..cells.block_gru import block_gru_cell
 from ..cells.rssm import RSSMCoreCell
 from ._core import entries
 
 __all__ = ["block_gru_sequence", "block_gru_step", "configured_cell", "rssm_core_sequence", "rssm_core_step"]
 
-for _activation in ACTIVATIONS:  # the defaults of every activation, made (and registered) before any compile
-    block_gru_cell(_activation), block_gru_cell(_activation, kind=RSSMCoreCell)
-
 Activation = str | Callable[[torch.Tensor], torch.Tensor]
-
-
-def configured_cell(activation: Activation, norm_eps: float, update_bias: float = -1.0,
-                    kind: type[BlockGRUCell] = BlockGRUCell) -> BlockGRUCell:
-    """The cell for these hyperparameters (``ValueError`` naming ``activation`` if unknown), made and registered by
-    :func:`~rnn_functional.cells.block_gru.block_gru_cell` on its first use."""
-    return block_gru_cell(activation, norm_eps, update_bias, kind)
+configured_cell = block_gru_cell  # the cell for these hyperparameters, made and registered on its first use
 
 
 def block_gru_step(
