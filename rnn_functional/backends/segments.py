@@ -170,8 +170,7 @@ class Route:
             impl = checkpointed(impl)
         if self.segments == "rows":
             return Result(*impl(layout, params, x, carry, is_init, reset, opts))
-        run = {"aligned": aligned, "packed": packed, "buckets": bucketed, "slices": whole_slices}[self.segments]
-        return run(impl, self.plan, layout, params, x, carry, is_init, reset, opts)
+        return _LAYOUTS[self.segments](impl, self.plan, layout, params, x, carry, is_init, reset, opts)
 
 
 def _initial_carries(p: SegmentPlan, carry: Carry, is_init: torch.Tensor, reset: Carry | None,
@@ -379,3 +378,6 @@ def whole_slices(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carr
             states[:, -1] = tail_finals[i]
         per_step.append(states)
     return Result(y, final, tuple(per_step), segment_ends=True)
+
+
+_LAYOUTS = {"aligned": aligned, "packed": packed, "buckets": bucketed, "slices": whole_slices}  # Route.run's, by name
