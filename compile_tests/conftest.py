@@ -10,6 +10,10 @@
   test or into its graph and recompile counts.
 * ``fail_on_recompile_limit_hit``: a function that exceeds the recompile limit raises instead
   of silently running eagerly (which would let a contract pass without compiling).
+* cuDNN's TF32 is off: the ``triton`` kernels follow it by default (``rnn_functional.precision``), and on a GPU a
+  compiled ``triton`` call compared at ``FP32_TOL`` with an eager cuDNN or cuBLAS call needs IEEE products on both
+  sides (TF32 keeps 10 mantissa bits: differences of ~1e-4 on an H200, benchmarks/results/gpu_h200_2026-12-04).
+  The TF32 default itself is tested in ``tests/backends/test_triton_precision.py``.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ def pytest_report_header(config) -> str:
 
 
 @pytest.fixture(autouse=True)
-def _compile_config():
+def _compile_config(monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     torch._dynamo.reset()
     with torch._dynamo.config.patch(capture_scalar_outputs=False, fail_on_recompile_limit_hit=True):
         yield
