@@ -12,8 +12,10 @@ User-facing modes:
 Resolution order: the call's ``matmul_precision`` argument, then the process-wide setting of
 :func:`set_recurrent_matmul_precision`, then the environment variable
 ``RNN_FUNCTIONAL_PRECISION``, then ``torch.get_float32_matmul_precision()`` when it was changed from
-torch's default (``"high"`` -> ``"high-prec"``, ``"medium"`` -> ``"fast"``), and last cuDNN's RNN
-rule: ``"fast"`` (TF32) while ``torch.backends.cudnn.allow_tf32`` (default ``True``), else ``"ieee"``.
+torch's default (``"high"`` -> ``"high-prec"``, ``"medium"`` -> ``"fast"``; torch's per-backend
+``torch.backends.cuda.matmul.fp32_precision = "tf32"`` -> ``"fast"``), and last cuDNN's RNN rule: ``"fast"``
+(TF32) while ``torch.backends.cudnn.allow_tf32`` (or ``torch.backends.cudnn.rnn.fp32_precision``; TF32 by
+default), else ``"ieee"``.
 So by default fp32 recurrent products run as cuDNN's own RNN kernels do, in TF32 on compute capability
 >= 8; ``"ieee"`` (any source above, or ``torch.backends.cudnn.allow_tf32 = False``) gives IEEE fp32.
 The first source that is set and not ``"auto"`` wins. The environment variable accepts the modes above and
@@ -79,6 +81,20 @@ def _env_mode() -> str | None:
     return value
 
 
+def _from_torch() -> str:
+    """torch's own settings as a mode: its fp32 matmul precision where the user changed it, else cuDNN's RNN rule
+    (TF32 while cuDNN's RNNs may use it). ``cudnn.rnn.fp32_precision`` follows both of torch's TF32 APIs, but
+    ``get_float32_matmul_precision()`` raises once the user has set the per-backend API
+    (``torch.backends.cuda.matmul.fp32_precision``): that setting is then read instead, its ``"tf32"`` as ``"fast"``."""
+    try:
+        torch_mode = torch.get_float32_matmul_precision()
+    except RuntimeError:  # "mix of the legacy and new APIs"
+        torch_mode = "medium" if torch.backends.cuda.matmul.fp32_precision == "tf32" else "highest"
+    if torch_mode != "highest":  # the user asked torch for TF32 products
+        return _FROM_TORCH[torch_mode]
+    return "fast" if torch.backends.cudnn.rnn.fp32_precision == "tf32" else "ieee"
+
+
 def _has_tf32(device: torch.device | None) -> bool:
     if device is None or device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return False
@@ -110,11 +126,7 @@ def resolve_matmul_precision(mode: str | None = None, device: torch.device | Non
             chosen = source
             break
     if chosen is None:
-        torch_mode = torch.get_float32_matmul_precision()
-        if torch_mode != "highest":  # the user asked torch for TF32 products
-            chosen = _FROM_TORCH[torch_mode]
-        else:  # torch's default: as cuDNN's RNNs, TF32 while cudnn allows it
-            chosen = "fast" if torch.backends.cudnn.allow_tf32 else "ieee"
+        chosen = _from_torch()
     chosen = PRESETS.get(chosen, chosen)
     return chosen if _has_tf32(device) else "ieee"
 
