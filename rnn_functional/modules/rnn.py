@@ -580,8 +580,11 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
             raise ValueError(f"{owner}: key {in_keys[-1]!r} holds shape {list(is_init.shape)}; expected "
                              f"{list(lead) + [1]} or {list(lead)} ({dims}(, 1)], the input's leading dims). Store one "
                              f"flag per {'step' if recurrent else 'batch element'}.")
-        states = [td.get(key, None) for key in in_keys[1:1 + n]]
-        missing = [key for key, state in zip(in_keys[1:], states) if state is None]
+        states, missing = [], []
+        for key in in_keys[1:1 + n]:
+            states.append(td.get(key, None))
+            if states[-1] is None:
+                missing.append(key)
         if len(missing) == n:
             states = None  # zeros, as TorchRL
         elif missing:
