@@ -1,14 +1,5 @@
-"""Ensembles: E sets of parameters stacked along a leading dim, for ``torch.vmap``.
-
-A stacked params TensorDict has ``batch_size [E]`` and one member's keys, each tensor with a leading ensemble dim
-(``weight_ih_l0: [E, G*H, F]``, ...). Every step and sequence function runs an ensemble through ``torch.vmap``::
-
-    params = ensemble_init_gru_params(5, input_size=8, hidden_size=32)
-    run = torch.vmap(gru_sequence, in_dims=(None, None, 0))  # x and state shared by all members
-    y, h = run(x, None, params)  # y [E, *B, T, H], h [E, *B, L, H]
-
-``in_dims=(0, 0, 0)`` gives every member its own ``x`` and ``state``. See ``docs/ensembles.md``.
-"""
+"""Ensembles: E sets of parameters stacked along a leading dim (``batch_size [E]``), for ``torch.vmap`` over any step
+or sequence function (``docs/ensembles.md``)."""
 
 from __future__ import annotations
 
@@ -27,9 +18,8 @@ def _as_tensordict(params: Mapping[str, torch.Tensor], i: int) -> TensorDictBase
         return params
     if isinstance(params, Mapping):
         return TensorDict(dict(params), batch_size=[])
-    raise TypeError(
-        f"params_list[{i}]: expected a params TensorDict (or a mapping of tensors), got {type(params).__name__}."
-    )
+    raise TypeError(f"params_list[{i}]: expected a params TensorDict (or a mapping of tensors), got "
+                    f"{type(params).__name__}.")
 
 
 def stack_params(params_list: Sequence[Mapping[str, torch.Tensor]]) -> TensorDict:
@@ -58,10 +48,9 @@ def stack_params(params_list: Sequence[Mapping[str, torch.Tensor]]) -> TensorDic
         for key in sorted(keys):
             a, b = first[key], member[key]
             if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
-                raise ValueError(
-                    f"params_list[{i}][{key!r}]: expected shape {list(a.shape)}, dtype {a.dtype} on {a.device} "
-                    f"(as params_list[0]), got shape {list(b.shape)}, dtype {b.dtype} on {b.device}."
-                )
+                raise ValueError(f"params_list[{i}][{key!r}]: expected shape {list(a.shape)}, dtype {a.dtype} on "
+                                 f"{a.device} (as params_list[0]), got shape {list(b.shape)}, dtype {b.dtype} on "
+                                 f"{b.device}.")
     return torch.stack([m.select(*sorted(keys)) for m in members], dim=0)
 
 
@@ -74,10 +63,8 @@ def unstack_params(params: TensorDictBase) -> list[TensorDictBase]:
     if not isinstance(params, TensorDictBase):
         raise TypeError(f"params: expected a stacked params TensorDict, got {type(params).__name__}.")
     if params.batch_dims == 0:
-        raise ValueError(
-            "params: expected stacked params with a leading ensemble dim (batch_size [E]), got batch_size []. "
-            "Build them with stack_params([...]) or ensemble_init_*_params(E, ...)."
-        )
+        raise ValueError("params: expected stacked params with a leading ensemble dim (batch_size [E]), got batch_size "
+                         "[]. Build them with stack_params([...]) or ensemble_init_*_params(E, ...).")
     return list(params.unbind(0))
 
 
@@ -94,10 +81,8 @@ def ensemble_init_lstm_params(
 ) -> TensorDict:
     """E independently initialised LSTMs (each like :func:`init_lstm_params`), stacked: ``batch_size [E]``. Member
     ``i`` equals the ``i``-th of E successive ``init_lstm_params`` calls drawing from ``generator``."""
-    return _ensemble_init(
-        init_lstm_params, num_members, input_size, hidden_size, num_layers,
-        bias=bias, proj_size=proj_size, dtype=dtype, device=device, generator=generator,
-    )
+    return _ensemble_init(init_lstm_params, num_members, input_size, hidden_size, num_layers, bias=bias,
+                          proj_size=proj_size, dtype=dtype, device=device, generator=generator)
 
 
 def ensemble_init_gru_params(
@@ -107,7 +92,5 @@ def ensemble_init_gru_params(
 ) -> TensorDict:
     """E independently initialised GRUs (each like :func:`init_gru_params`), stacked: ``batch_size [E]``. Member
     ``i`` equals the ``i``-th of E successive ``init_gru_params`` calls drawing from ``generator``."""
-    return _ensemble_init(
-        init_gru_params, num_members, input_size, hidden_size, num_layers,
-        bias=bias, dtype=dtype, device=device, generator=generator,
-    )
+    return _ensemble_init(init_gru_params, num_members, input_size, hidden_size, num_layers, bias=bias, dtype=dtype,
+                          device=device, generator=generator)

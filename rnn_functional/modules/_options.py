@@ -4,10 +4,8 @@ from __future__ import annotations
 
 
 def checked_option(name: str) -> property:
-    """The module option ``name``, held as ``_name``; assigning it calls the owner's ``_check_option(name, value)``
-    first, which raises as the constructor does. A later ``module.recurrent_backend = "cudnn"`` then fails there,
-    naming the option and its choices, rather than as a ``KeyError`` deep in the next call or, for an option only
-    some backends read, not at all."""
+    """The option ``name``, held as ``_name``; assigning it calls the owner's ``_check_option(name, value)`` first, so
+    ``module.recurrent_backend = "cudnn"`` raises there, as the constructor would, not deep in the next call."""
     private = f"_{name}"
 
     def get(self):
@@ -21,8 +19,8 @@ def checked_option(name: str) -> property:
 
 
 def options_state(state: dict, names: tuple[str, ...]) -> dict:
-    """A pickled module's ``__dict__`` with the options ``names`` under their private names: a module pickled whole
-    before they were :func:`checked_option` properties holds them under their public names."""
+    """A pickled module's ``__dict__`` with the options ``names`` under their private names (a module pickled before
+    they were properties holds them under their public names)."""
     for name in names:
         if name in state:
             state[f"_{name}"] = state.pop(name)

@@ -1,11 +1,8 @@
-"""BenchMARL model configs running :class:`~rnn_functional.MultiAgentGRU` / ``MultiAgentLSTM``.
-
-Picked as BenchMARL's own ``GruConfig`` / ``LstmConfig`` are (same fields, plus ``recurrent_backend``): a recurrent
-layer over the concatenated inputs, then BenchMARL's ``MultiAgentMLP`` head. Where BenchMARL's models loop over
-time in Python, these run the functional core (one call over the whole sequence, compilable whole). BenchMARL's
-conventions are kept: in collection the model gets one step and the hidden state at
-``(group, "_hidden_<cell>_<model_index>")``; in training it gets ``[B, T]`` sequences without the state and starts
-from zeros, resetting where ``is_init``. Imported only from here: ``import rnn_functional`` never imports BenchMARL.
+"""BenchMARL model configs running :class:`~rnn_functional.MultiAgentGRU` / ``MultiAgentLSTM``: BenchMARL's
+``GruConfig`` / ``LstmConfig`` fields plus ``recurrent_backend``, and its conventions (one step with the state at
+``(group, "_hidden_<cell>_<model_index>")`` in collection; ``[B, T]`` sequences from zeros, resetting where
+``is_init``, in training), but one core call per sequence instead of BenchMARL's Python loop over time. Imported
+only from here: ``import rnn_functional`` never imports BenchMARL.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Drop-ins for TorchRL's ``DreamerV3BlockGRUCell`` and ``DreamerV3BlockGRU`` over the functional block GRU.
 
-Same constructor arguments, forward signatures, shapes (``hidden [B, H]``), exception classes and state-dict names
-(``input_linear.weight``, ..., ``gates.bias``; the sequence module nests them under ``cell.``), so checkpoints load
-both ways; the same submodule types where TorchRL's are public (``nn.Linear`` projections) and the same draws from
-the global generator, so a seed builds TorchRL's weights. Each forward checks its arguments once, as TorchRL does,
-reads the parameters as they are at that call (nothing derived from them is kept: ``torch.func.functional_call``,
-``load_state_dict`` and ``torch.export`` swap them freely) and makes one call of the functional core.
+Same constructor arguments, forward signatures, shapes, exception classes, state-dict names (checkpoints load both
+ways) and draws from the global generator (a seed builds TorchRL's weights). Each forward reads the parameters as
+they are at that call (``functional_call``, ``load_state_dict`` and ``torch.export`` swap them freely).
 """
 
 from __future__ import annotations
@@ -76,19 +73,9 @@ class DreamerV3BlockGRUCell(nn.Module):
     :func:`rnn_functional.block_gru_step`.
     """
 
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        *,
-        projection_size: int = 512,
-        num_blocks: int = 8,
-        num_layers: int = 1,
-        activation_class: type[nn.Module] | Callable = nn.SiLU,
-        norm_eps: float = 1e-4,
-        update_bias: float = -1.0,
-        device: torch.device | str | int | None = None,
-    ):
+    def __init__(self, input_size: int, hidden_size: int, *, projection_size: int = 512, num_blocks: int = 8,
+                 num_layers: int = 1, activation_class: type[nn.Module] | Callable = nn.SiLU, norm_eps: float = 1e-4,
+                 update_bias: float = -1.0, device: torch.device | str | int | None = None):
         super().__init__()
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}.")
@@ -105,9 +92,8 @@ class DreamerV3BlockGRUCell(nn.Module):
         self.hidden_linear = nn.Linear(hidden_size, projection_size, device=device)
         self.hidden_norm = _Scale(projection_size, norm_eps, device)
         first = hidden_size + 2 * projection_size * num_blocks
-        self.dynamic_linears = nn.ModuleList(
-            _BlockLinear(first if k == 0 else hidden_size, hidden_size, num_blocks, device) for k in range(num_layers)
-        )
+        self.dynamic_linears = nn.ModuleList(_BlockLinear(first if k == 0 else hidden_size, hidden_size, num_blocks,
+                                                          device) for k in range(num_layers))
         self.dynamic_norms = nn.ModuleList(_Scale(hidden_size, norm_eps, device) for _ in range(num_layers))
         self.gates = _BlockLinear(hidden_size, 3 * hidden_size, num_blocks, device)
         with torch.no_grad():
@@ -130,10 +116,8 @@ class DreamerV3BlockGRUCell(nn.Module):
             raise ValueError(f"Expected input.size(-1) == {self.input_size}, got {input.shape[-1]}.")
         batch = tuple(input.shape[:-1])
         if hidden is not None and tuple(hidden.shape) != (*batch, self.hidden_size):
-            raise ValueError(
-                f"hidden must match the input batch shape and hidden_size: expected {[*batch, self.hidden_size]}, "
-                f"got {list(hidden.shape)}."
-            )
+            raise ValueError(f"hidden must match the input batch shape and hidden_size: expected "
+                             f"{[*batch, self.hidden_size]}, got {list(hidden.shape)}.")
         if not batch:  # the core's validated step takes one batch dim at least
             return self(input.unsqueeze(0), None if hidden is None else hidden.unsqueeze(0)).squeeze(0)
         dtype = input.dtype if hidden is None else torch.promote_types(input.dtype, hidden.dtype)
@@ -176,14 +160,11 @@ class DreamerV3BlockGRU(nn.Module):
         if value not in RECURRENT_BACKENDS:
             raise ValueError(f"{name} must be one of {list(RECURRENT_BACKENDS)}, got {value!r}.")
         if value == "triton":
-            raise ValueError(
-                f"{name}='triton': rnn_functional has no Triton kernel for the block GRU. Use 'auto' (the "
-                "default), 'scan' or 'reference'."
-            )
+            raise ValueError(f"{name}='triton': rnn_functional has no Triton kernel for the block GRU. Use 'auto' (the "
+                             "default), 'scan' or 'reference'.")
 
-    def forward(
-        self, input: torch.Tensor, hidden: torch.Tensor | None = None, is_init: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, input: torch.Tensor, hidden: torch.Tensor | None = None,
+                is_init: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         cell = self.cell
         if input.ndim != 3 or input.shape[-1] != cell.input_size:
             raise ValueError(f"input must have shape [batch, time, input_size], got {list(input.shape)}.")
@@ -196,10 +177,8 @@ class DreamerV3BlockGRU(nn.Module):
             if is_init.ndim == 3 and is_init.shape[-1] == 1:
                 is_init = is_init.squeeze(-1)
             if tuple(is_init.shape) != (batch, time) or is_init.dtype is not torch.bool:
-                raise ValueError(
-                    f"is_init must be boolean with shape {[batch, time]} or {[batch, time, 1]}, got "
-                    f"{list(is_init.shape)} and {is_init.dtype}."
-                )
+                raise ValueError(f"is_init must be boolean with shape {[batch, time]} or {[batch, time, 1]}, got "
+                                 f"{list(is_init.shape)} and {is_init.dtype}.")
         dtype = input.dtype if hidden is None else torch.promote_types(input.dtype, hidden.dtype)
         params = cell.params(dtype)
         core = cell.functional_cell()

@@ -1,10 +1,5 @@
 """``EnsembleModule``: E independent copies of a recurrent module (``LSTMModule``, ``GRUModule``, ``MinGRUModule``,
-``RGLRUModule``) run by ``torch.vmap``.
-
-The members' parameters live stacked (leading dim ``E``) as plain parameters of the child ``members``; a call vmaps
-the wrapped module's forward over them. Outputs carry the ensemble dim first (``[E, *B, ...]``); keys, modes and every
-other shape are the wrapped module's. See ``docs/ensembles.md``.
-"""
+``RGLRUModule``), their parameters stacked, run by ``torch.vmap`` (``docs/ensembles.md``)."""
 
 from __future__ import annotations
 
@@ -45,10 +40,8 @@ class EnsembleModule(TensorDictModuleBase):
                  generator: torch.Generator | None = None) -> None:
         super().__init__()
         if not isinstance(module, Member):
-            raise TypeError(
-                f"module: expected an rnn_functional LSTMModule, GRUModule, MinGRUModule or RGLRUModule, got "
-                f"{type(module).__name__}."
-            )
+            raise TypeError(f"module: expected an rnn_functional LSTMModule, GRUModule, MinGRUModule or RGLRUModule, "
+                            f"got {type(module).__name__}.")
         if randomness not in _RANDOMNESS:
             raise ValueError(f"randomness: expected one of {list(_RANDOMNESS)}, got {randomness!r}.")
         cell = module._cell
@@ -85,10 +78,8 @@ class EnsembleModule(TensorDictModuleBase):
         current = self.params
         if not isinstance(value, TensorDictBase) or set(value.keys(True, True)) != set(current.keys(True, True)):
             got = sorted(value.keys(True, True)) if isinstance(value, TensorDictBase) else type(value).__name__
-            raise ValueError(
-                f"EnsembleModule.params: expected a TensorDict with keys {sorted(current.keys(True, True))} "
-                f"(another ensemble's params), got {got}."
-            )
+            raise ValueError(f"EnsembleModule.params: expected a TensorDict with keys "
+                             f"{sorted(current.keys(True, True))} (another ensemble's params), got {got}.")
         for key, tensor in value[self._name].items():
             if tensor.shape != current[self._name, key].shape:
                 raise ValueError(f"EnsembleModule.params[{self._name!r}, {key!r}]: expected shape "
@@ -103,11 +94,10 @@ class EnsembleModule(TensorDictModuleBase):
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         """Run every member on ``tensordict``; returns a new TensorDict ``[E, *B]``."""
         if not self.shared_input and tuple(tensordict.batch_size[:1]) != (self.num_members,):
-            raise ValueError(
-                f"EnsembleModule(shared_input=False): expected a TensorDict whose first batch dim is the "
-                f"ensemble dim E={self.num_members}, got batch_size {list(tensordict.batch_size)}. Expand a "
-                f"shared input with td.expand({self.num_members}, *td.batch_size) (a view) or use shared_input=True."
-            )
+            raise ValueError(f"EnsembleModule(shared_input=False): expected a TensorDict whose first batch dim is the "
+                             f"ensemble dim E={self.num_members}, got batch_size {list(tensordict.batch_size)}. Expand "
+                             f"a shared input with td.expand({self.num_members}, *td.batch_size) (a view) or use "
+                             f"shared_input=True.")
         module = self._template
         if module.training != self.training:  # train() walks the nn.LSTM child: only when it changes
             module.train(self.training)

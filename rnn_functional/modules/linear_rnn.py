@@ -1,10 +1,6 @@
-"""``MinGRUModule`` / ``RGLRUModule``: ``GRUModule``'s conventions over the cells linear in their state.
-
-Same constructor (without ``gru=``), keys (``recurrent_state`` / ``("next", "recurrent_state")``, ``is_init``),
-shapes, modes, primers and options as :class:`~rnn_functional.GRUModule`, so a TorchRL pipeline swaps one for the
-other. The weights live in a plain ``torch.nn.Module`` child (``self.min_gru`` / ``self.rglru``) whose parameters
-carry the functional API's names (``weight_l0``, ``bias_l0``, ``log_lambda_l0``, ...). Recurrent mode runs
-``recurrent_backend="auto"``: the ``parallel`` backend, in every context.
+"""``MinGRUModule`` / ``RGLRUModule``: ``GRUModule``'s constructor (without ``gru=``), keys, shapes, modes, primers
+and options over the cells linear in their state. The weights live in a plain ``torch.nn.Module`` child
+(``self.min_gru`` / ``self.rglru``) with the functional API's names; ``recurrent_backend="auto"`` runs ``parallel``.
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ from torch import nn
 from ..cells import min_gru, rglru
 from ..ensemble import _ensemble_init as stacked_init
 from ..functional import min_gru_sequence, min_gru_step, rglru_sequence, rglru_step
-from .rnn import HYPER, ModuleCell, RecurrentModule, gru_widths
+from .rnn import HYPER, ModuleCell, RecurrentModule
 
 __all__ = ["MinGRUModule", "RGLRUModule"]
 
@@ -74,9 +70,8 @@ def _ensemble_init(nn_class: type[_LinearRecurrence], num_members: int, input_si
 
 def _spec(module_name: str, nn_class: type[_LinearRecurrence], child_attr: str, core, step, sequence) -> ModuleCell:
     # a partial of a module-level function, not a closure: a module holding its own spec pickles
-    return ModuleCell(module_name, nn_class, child_attr, HYPER, ("h",), ("recurrent_state",),
-                      (("next", "recurrent_state"),), core, step, sequence, partial(_ensemble_init, nn_class),
-                      gru_widths)
+    return ModuleCell(module_name, nn_class, child_attr, HYPER, ("h",), ("recurrent_state",), core, step, sequence,
+                      partial(_ensemble_init, nn_class))
 
 
 class MinGRUModule(RecurrentModule):
@@ -87,7 +82,6 @@ class MinGRUModule(RecurrentModule):
     ``bias_l{k} [2H]``. State: ``recurrent_state [*B, L, H]``.
     """
 
-    _takes_child = False
     _cell = _spec("MinGRUModule", MinGRU, "min_gru", min_gru.MIN_GRU, min_gru_step, min_gru_sequence)
 
 
@@ -99,7 +93,6 @@ class RGLRUModule(RecurrentModule):
     [3H, F_k]``, ``bias_l{k} [3H]``, ``log_lambda_l{k} [H]``. State: ``recurrent_state [*B, L, H]``.
     """
 
-    _takes_child = False
     _cell = _spec("RGLRUModule", RGLRU, "rglru", rglru.RGLRU, rglru_step, rglru_sequence)
 
     def __init__(self, *args, segment_start: str = "scaled", **kwargs) -> None:

@@ -1,20 +1,5 @@
-"""``LSTMNet``: an MLP embedder followed by a multi-layer LSTM and a linear head.
-
-A drop-in for TorchRL's ``LSTMNet`` (same constructor and ``forward``) over the functional core: it compiles with
-``fullgraph=True`` and vmaps with any backend, exact with ``proj_size``. Shapes (``L`` layers, ``P = proj_size or H``):
-
-=====================  ==================  ===================  ======================
-                       1-D input ``[F]``   2-D input ``[B, F]``  3-D input ``[B, T, F]``
-=====================  ==================  ===================  ======================
-meaning                one step            one step per row     a sequence per row
-``y``                  ``[out]``           ``[B, out]``         ``[B, T, out]``
-``hidden0`` in / out   ``[L, P]``          ``[B, L, P]``        ``[B, T, L, P]``
-``hidden1`` in / out   ``[L, H]``          ``[B, L, H]``        ``[B, T, L, H]``
-=====================  ==================  ===================  ======================
-
-For a sequence only the input hiddens at ``t = 0`` are read; the output hiddens hold the final state at ``t = T - 1``
-and zeros elsewhere (so that they fit a ``[B, T]`` TensorDict).
-"""
+"""``LSTMNet``: TorchRL's ``LSTMNet`` (an MLP embedder, a multi-layer LSTM, a linear head) over the functional core:
+it compiles with ``fullgraph=True`` and vmaps with any backend, exact with ``proj_size``."""
 
 from __future__ import annotations
 
@@ -102,7 +87,17 @@ class LSTMNet(RNNChild, nn.Module):
             ``"auto"``. Every choice compiles and vmaps (``pad`` is routed to a backend that runs there).
 
     The weights live in ``self.mlp``, ``self.lstm`` (a ``torch.nn.LSTM`` the forward never calls) and
-    ``self.linear``: the state dict reads like TorchRL's.
+    ``self.linear``: the state dict reads like TorchRL's. Shapes (``L`` layers, ``P = proj_size or H``):
+
+    | | 1-D input ``[F]`` | 2-D input ``[B, F]`` | 3-D input ``[B, T, F]`` |
+    |---|---|---|---|
+    | meaning | one step | one step per row | a sequence per row |
+    | ``y`` | ``[out]`` | ``[B, out]`` | ``[B, T, out]`` |
+    | ``hidden0`` in / out | ``[L, P]`` | ``[B, L, P]`` | ``[B, T, L, P]`` |
+    | ``hidden1`` in / out | ``[L, H]`` | ``[B, L, H]`` | ``[B, T, L, H]`` |
+
+    For a sequence only the input hiddens at ``t = 0`` are read; the output hiddens hold the final state at
+    ``t = T - 1`` and zeros elsewhere (so that they fit a ``[B, T]`` TensorDict).
     """
 
     _cell = LSTM_CELL
@@ -135,7 +130,7 @@ class LSTMNet(RNNChild, nn.Module):
 
     def forward(self, input: Tensor, hidden0_in: Tensor | None = None,
                 hidden1_in: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """``(y, hidden0_in, hidden1_in, hidden0_out, hidden1_out)``, shapes in the module doc: ``hidden0``/``hidden1``
+        """``(y, hidden0_in, hidden1_in, hidden0_out, hidden1_out)``, shapes in the class doc: ``hidden0``/``hidden1``
         are the LSTM's ``h``/``c``, both or neither given (neither = zeros, returned as the input hiddens)."""
         if input.ndim not in (1, 2, 3):
             raise ValueError(f"LSTMNet: input must be [F] or [B, F] (one step) or [B, T, F] (a sequence), got shape "

@@ -1,23 +1,9 @@
 """``MultiAgentGRU`` / ``MultiAgentLSTM``: recurrent layers for TorchRL's multi-agent TensorDicts.
 
-TorchRL's ``MultiAgentMLP`` conventions (``n_agent_inputs``, ``n_agents``, ``centralized``,
-``share_params``) for a recurrent cell. The agent dim comes after time, as in TorchRL's and VMAS'
-rollouts (``*B`` batch dims, ``T`` time = the TensorDict's last batch dim in recurrent mode,
-``n`` agents, ``L`` layers, ``H`` hidden size):
-
-- ``in_key`` (default ``("agents", "observation")``): ``[*B, n, F]`` (step) / ``[*B, T, n, F]`` (recurrent);
-- ``("agents", "is_init")``: ``[*B(, T), n, 1]`` when present, else the root ``is_init`` ``[*B(, T), 1]`` for
-  every agent;
-- states ``("agents", "recurrent_state")`` (GRU) or ``("agents", "recurrent_state_h" | "recurrent_state_c")``
-  (LSTM): ``[*B(, T), n, L, H]``;
-- ``out_key`` (default ``("agents", "embed")``): ``[*B(, T), n, H]``; ``("next", "agents", <state>)``:
-  ``[*B(, T), n, L, H]`` (in recurrent mode each segment's final state at its last step, zeros elsewhere).
-
-Agents are batch rows of one call of the public functional core (moved in front of the batch dims),
-so every agent resets on its own ``is_init`` and no state crosses agents; with ``share_params=False``
-one ``torch.vmap`` runs the same call over agent-stacked weights. Recurrent mode keeps the
-semantics of :class:`~rnn_functional.GRUModule`: start from the stored state at ``t = 0``, restart
-from the stored state wherever ``is_init``, write each segment's final state at its last step.
+TorchRL's ``MultiAgentMLP`` conventions for a recurrent cell, the agent dim after time (keys and shapes:
+``docs/multi_agent.md``). Agents are batch rows of one call of the public functional core (moved in front of the
+batch dims), so every agent resets on its own ``is_init``; with ``share_params=False`` one ``torch.vmap`` runs the
+same call over agent-stacked weights.
 """
 
 from __future__ import annotations
@@ -124,7 +110,7 @@ class _MultiAgentRNN(TensorDictModuleBase):
 
     def _read(self, td: TensorDictBase, recurrent: bool) -> tuple[Tensor, tuple[Tensor, ...] | None, Tensor]:
         """``(x [*B, n, F], states [*B, n, L, H] or None, is_init [*B, n])`` (``T`` after ``*B`` in recurrent mode),
-        each checked; every error names the key, the expected and actual shape and the fix."""
+        each checked."""
         name, n, in_key = type(self).__name__, self.n_agents, self.in_keys[0]
         lead = list(td.batch_size)
         dims = "[*B, T" if recurrent else "[*B"

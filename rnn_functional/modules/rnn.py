@@ -1,32 +1,10 @@
-"""``LSTMModule`` / ``GRUModule`` (and the linear cells' modules): TensorDict modules over the functional core.
+"""``LSTMModule`` / ``GRUModule`` (and the linear cells' modules): drop-ins for TorchRL's, over the functional core.
 
-Drop-ins for ``torchrl.modules.LSTMModule`` / ``GRUModule``: same constructor, keys, shapes and modes. A call
-reads and checks its keys once, then calls the public function users call (``lstm_sequence`` / ``lstm_step``, ...)
-with ``layout=`` (the call is checked); all math lives in the core.
-
-TensorDict layout (``*B`` batch dims, ``T`` time = the last batch dim in recurrent mode, ``L`` layers, ``H``
-hidden size, ``P`` = proj_size or H):
-
-============================  =====================  =========================
-key                           sequential mode        recurrent mode
-============================  =====================  =========================
-``in_keys[0]`` (input)        ``[*B, F]``            ``[*B, T, F]``
-hidden ``h`` / ``c`` (in)     ``[*B, L, P|H]``       ``[*B, T, L, P|H]``
-``is_init``                   ``[*B, 1]`` or ``[*B]``  ``[*B, T, 1]`` or ``[*B, T]``
-``out_keys[0]`` (output)      ``[*B, P]``            ``[*B, T, P]``
-hidden (out, ``("next", .)``)  ``[*B, L, P|H]``       ``[*B, T, L, P|H]``
-============================  =====================  =========================
-
-Sequential mode resets the incoming hidden to zeros where ``is_init`` is True and runs one step. Recurrent mode
-starts from the stored hidden at ``t = 0`` and, at every ``t`` where ``is_init`` is True, restarts from the stored
-hidden at ``t`` (collected data holds the primer's zeros there); the output hidden holds each trajectory's final
-state at its last step and zeros elsewhere, as TorchRL writes it.
-
-The weights live in a real ``torch.nn.LSTM``/``GRU`` child (``module.lstm`` / ``module.gru``, TorchRL's names), so
-state dicts, ``named_parameters``, ``TensorDict.from_module`` and ``module.lstm(x)`` behave as in TorchRL. The
-forward never touches the child (``torch.compile`` graph-breaks on any access to an ``nn.LSTM``): it reads the
-child's ``_parameters`` dict, the object every parameter swap writes into (``to_module``, ``functional_call``,
-``.to()``, ``load_state_dict``), through a :class:`LiveParams` reference.
+A call reads and checks its keys once, then calls the public function users call (``lstm_sequence`` / ``lstm_step``,
+...) with ``layout=``. The weights live in a real ``torch.nn.LSTM``/``GRU`` child (``module.lstm`` / ``module.gru``),
+which the forward never touches (``torch.compile`` graph-breaks on any access to an ``nn.LSTM``): it reads the child's
+``_parameters`` dict, the object every parameter swap writes into, through a :class:`LiveParams` reference. Keys and
+shapes: ``docs/api/modules.md``.
 """
 
 from __future__ import annotations
@@ -60,14 +38,11 @@ from ..precision import mark_constant_result
 from ._options import checked_option, options_state
 
 # ----------------------------------------------------------------------------- the recurrent-mode switch
-# The recurrent-mode switch of the recurrent modules: recurrent (a ``[*B, T]`` batch per call) or sequential (one
-# step per call), set by the innermost :class:`set_recurrent_mode` (ours or TorchRL's; ours sets TorchRL's flag too, so
-# one context drives every module of a pipeline), else the module's ``default_recurrent_mode``.
-#
-# TorchRL is never imported here (its flag is read once ``torchrl`` is in ``sys.modules``). The flag is context-local
-# eagerly and, under ``torch.compile`` (which cannot trace ``ContextVar.get``), a per-thread mirror that Dynamo guards
-# per thread; TorchRL's flag is mirrored per thread too (:func:`_watch`), as its own compile-time copy is one per
-# process and leaks a context into other threads.
+# Recurrent (a ``[*B, T]`` batch per call) or sequential (one step per call): the innermost set_recurrent_mode (ours or
+# TorchRL's; ours sets TorchRL's flag too, so one context drives a whole pipeline), else ``default_recurrent_mode``.
+# TorchRL is never imported here. The flag is context-local eagerly and, under torch.compile (which cannot trace
+# ``ContextVar.get``), a per-thread mirror that Dynamo guards per thread; TorchRL's flag is mirrored per thread too
+# (_watch): its own compile-time copy is one per process and leaks a context into other threads.
 
 _TORCHRL_RNN = "torchrl.modules.tensordict_module.rnn"
 _torchrl_module = None  # TorchRL's rnn module, set by _torchrl_loaded()
@@ -75,9 +50,8 @@ _torchrl_module = None  # TorchRL's rnn module, set by _torchrl_loaded()
 
 @mark_constant_result
 def _torchrl_loaded() -> bool:
-    """Whether TorchRL's rnn module is imported (never imports it); caches it in ``_torchrl_module`` and, when new,
-    mirrors its flag (:func:`_watch`). A constant when compiled: a guard on ``sys.modules`` would recompile on every
-    import."""
+    """Whether TorchRL's rnn module is imported; caches it and, when new, mirrors its flag. A constant when compiled:
+    a guard on ``sys.modules`` would recompile on every import."""
     global _torchrl_module
     found = sys.modules.get(_TORCHRL_RNN)
     if found is not _torchrl_module:
@@ -88,13 +62,12 @@ def _torchrl_loaded() -> bool:
 
 
 def _torchrl_context(trl) -> bool | None:
-    """TorchRL's flag in the calling thread's context (``None`` without TorchRL)."""
     return None if trl is None else trl.recurrent_mode_state_manager._context_mode.get()
 
 
 class _Mirror(threading.local):
-    """Each thread's copy of the flags for compiled code, ours (``mode``) and TorchRL's (``torchrl``): Dynamo guards a
-    ``threading.local`` per calling thread."""
+    """Each thread's copy of our flag (``mode``) and TorchRL's for compiled code: Dynamo guards a ``threading.local``
+    per calling thread."""
 
     def __init__(self) -> None:
         self.traced: dict[str, bool | None] = {"mode": None, "torchrl": _torchrl_context(_torchrl_module)}
@@ -125,8 +98,8 @@ _ENTRIES: contextvars.ContextVar[tuple] = contextvars.ContextVar("rnn_functional
 
 
 def _watch(trl) -> None:
-    """Mirror TorchRL's flag in each thread's :class:`_Mirror` by wrapping its state manager's ``set_mode`` (every
-    entry and exit goes through it); the calling thread's mirror starts from TorchRL's flag now."""
+    """Mirror TorchRL's flag per thread by wrapping its state manager's ``set_mode`` (every entry and exit goes
+    through it)."""
     manager = trl.recurrent_mode_state_manager
     set_mode = manager.set_mode
     if not getattr(set_mode, "_mirrored", False):
@@ -141,8 +114,7 @@ def _watch(trl) -> None:
 
 def recurrent_mode(default: bool | None = None) -> bool | None:
     """The recurrent mode set by the innermost active context (ours or, when loaded, TorchRL's), or ``default``
-    outside any (a module passes its ``default_recurrent_mode``). Under ``torch.compile`` our flag is read first, then
-    the calling thread's mirror of TorchRL's."""
+    outside any (a module passes its ``default_recurrent_mode``)."""
     if torch.compiler.is_compiling():
         _torchrl_loaded()  # a constant of the graph: starts mirroring TorchRL's flag when it is newly loaded
         traced = _STATE._mirror.traced
@@ -171,16 +143,11 @@ class set_recurrent_mode(_DecoratorContextManager):
 
     def __init__(self, mode: bool | Literal["recurrent", "sequential"] | None = True) -> None:
         super().__init__()
-        if isinstance(mode, str):
-            named = {"recurrent": True, "sequential": False}
-            if mode.lower() not in named:
-                raise ValueError(
-                    f"set_recurrent_mode: mode must be a bool, None, 'recurrent' or 'sequential', got {mode!r}."
-                )
-            mode = named[mode.lower()]
+        if isinstance(mode, str) and mode.lower() in ("recurrent", "sequential"):
+            mode = mode.lower() == "recurrent"
         elif mode is not None and not isinstance(mode, bool):
-            raise TypeError(f"set_recurrent_mode: mode must be a bool, None, 'recurrent' or 'sequential', "
-                            f"got {type(mode).__name__}.")
+            raise (ValueError if isinstance(mode, str) else TypeError)(
+                f"set_recurrent_mode: mode must be a bool, None, 'recurrent' or 'sequential', got {mode!r}.")
         self.mode = mode
         self._prev: bool | None = None  # the traced entry's (Dynamo cannot trace a ContextVar)
 
@@ -224,8 +191,8 @@ is_tensorclass(torch.Tensor)
 @dataclass(frozen=True)
 class ModuleCell:
     """A cell kind as the modules see it: the module's name (error prefix), the ``torch.nn`` class holding the
-    weights and TorchRL's attribute for it, the hyper-parameters it exposes, the state names, TorchRL's default
-    hidden keys, the core's cell and public functions, the stacked init and ``rnn -> state widths``."""
+    weights and TorchRL's attribute for it, the hyper-parameters, the state names, TorchRL's default hidden keys,
+    the core's cell and public functions and the stacked init."""
 
     module_name: str
     nn_class: type[nn.Module]
@@ -233,38 +200,38 @@ class ModuleCell:
     hyper_names: tuple[str, ...]
     state_names: tuple[str, ...]
     default_in_keys: tuple[NestedKey, ...]
-    default_out_keys: tuple[NestedKey, ...]
     core: Cell
     step: Callable
     sequence: Callable
     ensemble_init: Callable
-    state_widths: Callable[[nn.Module], tuple[int, ...]]
+
+    @property
+    def default_out_keys(self) -> tuple[NestedKey, ...]:
+        return tuple(("next", key) for key in self.default_in_keys)
 
     def shape_hyper(self, rnn: nn.Module) -> dict:
         """``rnn``'s hyper-parameters that fix the weights' shapes (all but ``dropout``)."""
         return {name: getattr(rnn, name) for name in self.hyper_names if name != "dropout"}
 
-
-def gru_widths(rnn: nn.Module) -> tuple[int]:
-    return (rnn.hidden_size,)
+    def state_widths(self, rnn: nn.Module) -> tuple[int, ...]:
+        """The states' widths: ``(P, H)`` for the LSTM (``P`` = proj_size or H), ``(H,)`` otherwise."""
+        return ((getattr(rnn, "proj_size", 0) or rnn.hidden_size), rnn.hidden_size)[-len(self.state_names):]
 
 
 HYPER = ("input_size", "hidden_size", "num_layers", "bias", "dropout")
 LSTM_CELL = ModuleCell("LSTMModule", nn.LSTM, "lstm", (*HYPER, "proj_size"), ("h", "c"),
-                       ("recurrent_state_h", "recurrent_state_c"),
-                       (("next", "recurrent_state_h"), ("next", "recurrent_state_c")), LSTM, lstm_step, lstm_sequence,
-                       ensemble_init_lstm_params, lambda rnn: (rnn.proj_size or rnn.hidden_size, rnn.hidden_size))
-GRU_CELL = ModuleCell("GRUModule", nn.GRU, "gru", HYPER, ("h",), ("recurrent_state",), (("next", "recurrent_state"),),
-                      GRU, gru_step, gru_sequence, ensemble_init_gru_params, gru_widths)
+                       ("recurrent_state_h", "recurrent_state_c"), LSTM, lstm_step, lstm_sequence,
+                       ensemble_init_lstm_params)
+GRU_CELL = ModuleCell("GRUModule", nn.GRU, "gru", HYPER, ("h",), ("recurrent_state",), GRU, gru_step, gru_sequence,
+                      ensemble_init_gru_params)
 
 
 # ----------------------------------------------------------------------------- the weight child
 
 
 class LiveParams:
-    """A reference to a child module's attribute dict (the same object, never a copy) that pytree leaves alone:
-    ``torch.export`` snapshots plain module attributes with a pytree copy while the parameters are fake tensors and
-    writes the copy back, which replaced a bare dict reference by one holding the trace's fakes."""
+    """A reference to a child module's attribute dict that pytree leaves alone: ``torch.export`` pytree-copies plain
+    module attributes while the parameters are fake and writes the copy back (a bare dict would hold the fakes)."""
 
     __slots__ = ("attrs",)
 
@@ -292,10 +259,8 @@ def check_child(cell: ModuleCell, rnn) -> None:
 
 
 class RNNChild:
-    """Mixin for an ``nn.Module`` whose weights live in the child named ``_cell.child_attr``: assigning that child
-    (``__setattr__``, ``add_module``; a direct module-dict write is seen by the next eager call), unpickling and
-    ``.to()`` re-bind what the forward reads: the child's parameter dict, the sizes, and the params' layout, checked
-    once."""
+    """Mixin for an ``nn.Module`` whose weights live in the child ``_cell.child_attr``: assigning that child (a direct
+    module-dict write is seen by the next eager call), unpickling and ``.to()`` re-bind what the forward reads."""
 
     _cell: ModuleCell
 
@@ -357,9 +322,8 @@ class RNNChild:
         return getattr(self, self._cell.child_attr)
 
     def _checked(self, params, layout: Layout | None, x: torch.Tensor, states, in_keys) -> tuple[dict, Layout]:
-        """``(params, their layout)`` with ``x`` and ``states`` (checked against the module's sizes by the caller)
-        checked against the params' dtype, device and sizes. ``layout``: the own weights' layout, checked when
-        bound (``None`` for other params: an ensemble's members, ``functional_call``)."""
+        """``(params, their layout)``, ``x`` and ``states`` checked against the params' dtype, device and sizes.
+        ``layout``: the own weights' layout (``None`` for other params: an ensemble's members, ``functional_call``)."""
         owner, params = type(self).__name__, params if isinstance(params, dict) else dict(params.items())
         layout = self._cell.core.layout_of(params, layout)
         if layout.device.type == "meta":
@@ -394,10 +358,10 @@ _KEYWORDS = (("in_key", None), ("in_keys", None), ("out_key", None), ("out_keys"
 _OPTIONS = ("recurrent_backend", "recurrent_recompute", "recurrent_compute_dtype", "recurrent_matmul_precision")
 
 
-def _signature(cell: ModuleCell, takes_child: bool) -> inspect.Signature:
+def _signature(cell: ModuleCell) -> inspect.Signature:
     """TorchRL's constructor signature for ``cell`` (``proj_size`` for the LSTM alone, ``lstm=``/``gru=`` for the
     modules whose child is a ``torch.nn`` RNN)."""
-    kind = inspect.Parameter
+    kind, takes_child = inspect.Parameter, issubclass(cell.nn_class, nn.RNNBase)
     params = [kind(name, kind.POSITIONAL_OR_KEYWORD, default=default) for name, default in _SIGNATURE
               if name != "proj_size" or "proj_size" in cell.hyper_names]
     params += [kind(cell.child_attr if name == "CHILD" else name, kind.KEYWORD_ONLY, default=default)
@@ -437,8 +401,8 @@ def resolve_keys(cell: ModuleCell, in_key, in_keys, out_key, out_keys) -> tuple[
 
 
 def build_rnn(cell: ModuleCell, rnn, given: dict, *, batch_first: bool, bidirectional: bool, device) -> nn.Module:
-    """The child: ``rnn`` itself, checked, or a new ``cell.nn_class`` built from ``given`` (the constructor's
-    hyper-parameters); TorchRL's exception classes for the same mistakes."""
+    """The child: ``rnn`` itself, checked, or a new ``cell.nn_class`` built from ``given``; TorchRL's exception
+    classes."""
     owner, arg, kind = cell.module_name, cell.child_attr, cell.nn_class.__name__
     bidirectional_msg = (f"{owner}: bidirectional RNNs are not supported: a backward pass over time cannot honour "
                          f"is_init resets causally. Use bidirectional=False.")
@@ -501,16 +465,14 @@ def __getattr__(name: str):
 
 
 class RecurrentModule(RNNChild, TensorDictModuleBase):
-    """What every recurrent TensorDict module shares; each subclass sets ``_cell`` (and ``_takes_child``: the
-    constructor takes a built ``torch.nn`` child by the child's name)."""
+    """What every recurrent TensorDict module shares; each subclass sets ``_cell``."""
 
     _cell: ModuleCell
-    _takes_child = True
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
         if "_cell" in cls.__dict__:
-            cls.__signature__ = _signature(cls._cell, cls._takes_child)
+            cls.__signature__ = _signature(cls._cell)
             cls.DEFAULT_IN_KEYS = list(cls._cell.default_in_keys)
             cls.DEFAULT_OUT_KEYS = list(cls._cell.default_out_keys)
 
@@ -565,9 +527,8 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
     def forward(self, *args, **kwargs) -> TensorDictBase:
         """Read the input, hidden and ``is_init`` keys, run one step or a sequence, write the outputs.
 
-        ``module(tensordict)`` updates ``tensordict`` in place and returns it (not through ``dispatch``'s wrapper:
-        under ``torch.compile`` that frame adds guards to every policy step); ``module(input=..., is_init=...)``
-        (tensors named by the ``in_keys``) returns the output tensors.
+        ``module(tensordict)`` updates ``tensordict`` in place and returns it (not through ``dispatch``'s wrapper,
+        whose frame adds guards under ``torch.compile``); ``module(input=..., is_init=...)`` returns the outputs.
         """
         if args and isinstance(args[0], TensorDictBase):
             if len(args) == 1 and not kwargs:
@@ -761,27 +722,25 @@ class LSTMModule(RecurrentModule):
     Args (TorchRL's, same order and defaults):
         input_size, hidden_size, num_layers, bias, dropout, proj_size: as ``torch.nn.LSTM``.
         batch_first: must be True (TorchRL's rule).
-        bidirectional: must be False (resets are causal); raises otherwise.
+        bidirectional: must be False (resets are causal).
         python_based: eager recurrent mode runs the ``reference`` Python loop instead of ATen kernels for
-            ``recurrent_backend`` ``"pad"``/``"auto"``; when TorchRL is loaded, ``self.lstm`` is also TorchRL's
-            Python LSTM (see ``make_python_based``).
+            ``recurrent_backend`` ``"pad"``/``"auto"`` (see ``make_python_based``).
         recurrent_backend: core ``backend`` of recurrent mode: ``"auto"`` (default; TorchRL's default is ``"pad"``,
             which ``auto`` picks in plain eager mode), ``"pad"``, ``"scan"``, ``"triton"`` or ``"reference"``.
         recurrent_compute_dtype, recurrent_matmul_precision: the core's ``compute_dtype`` / ``matmul_precision``
-            (read by ``triton``; other backends compute at the params' precision).
+            (read by ``triton``).
         recurrent_recompute: ``"none"`` or ``"full"`` (checkpointed backward); ``"full"`` with ``"pad"`` raises.
 
     Keyword Args:
         in_key / in_keys: the input key (hidden keys default to ``recurrent_state_h``, ``recurrent_state_c``) or
             the triplet ``[input, h, c]`` (``"is_init"`` is appended).
-        out_key / out_keys: the output key (hidden outputs default to ``("next", "recurrent_state_h")``,
-            ``("next", "recurrent_state_c")``) or the triplet.
+        out_key / out_keys: the output key (hidden outputs default to ``("next", <hidden key>)``) or the triplet.
         device: device of new parameters.
         lstm: an ``nn.LSTM`` (``batch_first=True``) kept as ``self.lstm``: its parameters are the module's.
         default_recurrent_mode: mode when no ``set_recurrent_mode`` context is active (False).
-        recurrent_slice_len: ``L`` when recurrent-mode batches are whole slices of exactly ``L`` steps along time
-            (``SliceSampler(slice_len=L, strict_length=True)``): they run side by side with static shapes (fast flat
-            ``[N]`` batches under ``torch.compile``, ``docs/compile.md``); the core's ``slice_len``. Not TorchRL's.
+        recurrent_slice_len: ``L`` when recurrent-mode batches are whole slices of exactly ``L`` steps
+            (``SliceSampler(slice_len=L, strict_length=True)``): static shapes under ``torch.compile``
+            (``docs/compile.md``); the core's ``slice_len``. Not TorchRL's.
         recurrent_num_slices: ``K`` with ``recurrent_slice_len=L`` when batches hold at most ``K`` slices of at most
             ``L`` steps (``strict_length=False``): compiled, they run in a padded ``[K, L]`` block.
 

@@ -31,20 +31,9 @@ class RSSMCoreV3(nn.Module):
     elementwise activation) and ``backend`` (of :func:`rnn_functional.rssm_core_step`).
     """
 
-    def __init__(
-        self,
-        *,
-        state_dim: int,
-        action_dim: int,
-        hidden_dim: int,
-        belief_dim: int,
-        num_blocks: int,
-        num_layers: int,
-        norm_eps: float,
-        device: torch.device | str | int | None = None,
-        activation_class: type[nn.Module] | Callable = nn.SiLU,
-        backend: str = "auto",
-    ):
+    def __init__(self, *, state_dim: int, action_dim: int, hidden_dim: int, belief_dim: int, num_blocks: int,
+                 num_layers: int, norm_eps: float, device: torch.device | str | int | None = None,
+                 activation_class: type[nn.Module] | Callable = nn.SiLU, backend: str = "auto"):
         super().__init__()
         if belief_dim % num_blocks:
             raise ValueError(f"rnn_hidden_dim must be divisible by num_blocks, got {belief_dim} and {num_blocks}.")
