@@ -3,9 +3,9 @@ TensorDict in sequential mode (``is_init`` True for ~5% of rows) under ``no_grad
 
 Contenders, on one set of weights: our module eager and ``torch.compile(module, fullgraph=True)``; the same with
 an MLP head (``TensorDictSequential``), eager and compiled; TorchRL's module and policy (eager: its module does not
-compile whole); our ``lstm_step``/``gru_step`` on tensors, compiled (no TensorDict, no module); and the bare
-``nn.LSTMCell``/``GRUCell`` (+ head), no resets and no TensorDict (the floor). F=64, H=128 (F=H=256 on CUDA);
-each sample is 20 calls, reported per call.
+compile whole); our ``lstm_step``/``gru_step`` on tensors, compiled (no TensorDict, no module; on CUDA also
+forced to the ``reference`` step); and the bare ``nn.LSTMCell``/``GRUCell`` (+ head), no resets and no TensorDict
+(the floor). F=64, H=128 (F=H=256 on CUDA); each sample is 20 calls, reported per call.
 """
 
 from __future__ import annotations
@@ -56,6 +56,11 @@ def rows(args):
         step = torch.compile(STEP[cell], fullgraph=True)
         fns["ours step fn (compiled, tensors)"] = lambda: step(
             td["x"], stored if cell == "lstm" else stored[0], params, is_init=td["is_init"])[0]
+        if device.type == "cuda":  # auto gives a compiled CUDA step to triton (slower than eager on the 2026-12-04
+            # lease); the reference step is two GEMMs and pointwise ops that Inductor fuses
+            ref_step = torch.compile(lambda *a, **k: STEP[cell](*a, backend="reference", **k), fullgraph=True)
+            fns["ours step fn (compiled, reference)"] = lambda: ref_step(
+                td["x"], stored if cell == "lstm" else stored[0], params, is_init=td["is_init"])[0]
         state = tuple(s[:, 0] for s in stored) if cell == "lstm" else stored[0][:, 0]
         bare = TORCH_CELL[cell](f, h, device=device)
         bare.load_state_dict({k.removesuffix("_l0"): v for k, v in named["torch.nn"].state_dict().items()})
