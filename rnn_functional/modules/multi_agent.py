@@ -1,10 +1,6 @@
-"""``MultiAgentGRU`` / ``MultiAgentLSTM``: recurrent layers for TorchRL's multi-agent TensorDicts.
-
-TorchRL's ``MultiAgentMLP`` conventions for a recurrent cell, the agent dim after time (keys and shapes:
-``docs/multi_agent.md``). Agents are batch rows of one call of the public functional core (moved in front of the
-batch dims), so every agent resets on its own ``is_init``; with ``share_params=False`` one ``torch.vmap`` runs the
-same call over agent-stacked weights.
-"""
+"""``MultiAgentGRU`` / ``MultiAgentLSTM``: TorchRL's ``MultiAgentMLP`` conventions for a recurrent cell
+(``docs/multi_agent.md``). Agents are batch rows of one functional call, each resetting on its own ``is_init``; with
+``share_params=False`` one ``torch.vmap`` runs that call over agent-stacked weights."""
 
 from __future__ import annotations
 
@@ -109,8 +105,8 @@ class _MultiAgentRNN(TensorDictModuleBase):
         return TensorDictPrimer(spec, expand_specs=True)
 
     def _read(self, td: TensorDictBase, recurrent: bool) -> tuple[Tensor, tuple[Tensor, ...] | None, Tensor]:
-        """``(x [*B, n, F], states [*B, n, L, H] or None, is_init [*B, n])`` (``T`` after ``*B`` in recurrent mode),
-        each checked."""
+        """``(x [*B, n, F], states [*B, n, L, H] or None, is_init [*B, n])``, checked (``[*B, T, ...]`` if
+        recurrent)."""
         name, n, in_key = type(self).__name__, self.n_agents, self.in_keys[0]
         lead = list(td.batch_size)
         dims = "[*B, T" if recurrent else "[*B"
@@ -171,33 +167,29 @@ class _MultiAgentRNN(TensorDictModuleBase):
         x, is_init = x.movedim(-2, 0), is_init.movedim(-1, 0)
         states = tuple(s.movedim(-3, 0) for s in states)
         params = {k: getattr(self, k) for k in self._param_names}
-        run = self._run_sequence if recurrent else self._run_step
-        if not self.share_params:
-            run = torch.vmap(run, in_dims=(0, 0, 0, 0))
-        y, out = run(x, states, is_init, params)
+        run = self._run if self.share_params else torch.vmap(self._run, in_dims=(None, 0, 0, 0, 0))
+        y, out = run(recurrent, x, states, is_init, params)
         tensordict.set(self.out_keys[0], y.movedim(0, -2))
         for key, s in zip(self.out_keys[1:], out):
             tensordict.set(key, s.movedim(0, -3))
         return tensordict
 
-    def _pack(self, states: tuple[Tensor, ...]):
-        return states if len(states) > 1 else states[0]
-
-    def _run_step(self, x: Tensor, states: tuple[Tensor, ...], is_init: Tensor, params: dict):
-        y, new = type(self)._step(x, self._pack(states), params, is_init=is_init)
-        # the core's step returns the top layer's h as the output too: the output must not alias the state
-        return y.clone(), (new if isinstance(new, tuple) else (new,))
-
-    def _run_sequence(self, x: Tensor, states: tuple[Tensor, ...], is_init: Tensor, params: dict):
-        first = self._pack(tuple(s.select(-3, 0) for s in states))  # the stored state at t = 0
-        y, _, segment = type(self)._sequence(x, first, params, is_init=is_init, reset_state=self._pack(states),
-                                             backend=self.recurrent_backend, return_segment_states=True,
-                                             slice_len=self.recurrent_slice_len, num_slices=self._num_slices)
-        return y, (segment if isinstance(segment, tuple) else (segment,))
+    def _run(self, recurrent: bool, x: Tensor, states: tuple[Tensor, ...], is_init: Tensor, params: dict):
+        packed = states if len(states) > 1 else states[0]
+        if recurrent:
+            first = tuple(s.select(-3, 0) for s in states)  # the stored state at t = 0
+            y, _, new = type(self)._sequence(x, first if len(first) > 1 else first[0], params, is_init=is_init,
+                                             reset_state=packed, backend=self.recurrent_backend,
+                                             return_segment_states=True, slice_len=self.recurrent_slice_len,
+                                             num_slices=self._num_slices)
+        else:  # the core's step returns the top layer's h as the output too: the output must not alias the state
+            y, new = type(self)._step(x, packed, params, is_init=is_init)
+            y = y.clone()
+        return y, (new if isinstance(new, tuple) else (new,))
 
 
 class MultiAgentGRU(_MultiAgentRNN):
-    """A GRU per agent over TorchRL's multi-agent TensorDicts (see the module docstring for keys and shapes).
+    """A GRU per agent over TorchRL's multi-agent TensorDicts (keys and shapes: ``docs/multi_agent.md``).
 
     Args:
         n_agent_inputs: features per agent (``F``).
