@@ -4,17 +4,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 from torch import nn
 
-from ..functional import gru_sequence, gru_step, lstm_sequence, lstm_step
-from ..params import init_gru_params, init_lstm_params
-from . import recurrent_mode as _context_mode
+from .rnn import GRU_CELL, LSTM_CELL, ModuleCell
+from .rnn import recurrent_mode as _context_mode
 
 __all__ = ["MultiAgentGRU", "MultiAgentLSTM"]
 
@@ -29,9 +26,7 @@ class _MultiAgentRNN(TensorDictModuleBase):
     """What :class:`MultiAgentGRU` and :class:`MultiAgentLSTM` share; each sets the class attributes below."""
 
     _state_suffixes: tuple[str, ...]
-    _init: Callable
-    _step: Callable
-    _sequence: Callable
+    _cell: ModuleCell  # the functional step, sequence and stacked init
 
     def __init__(self, n_agent_inputs: int, hidden_size: int, n_agents: int, *, centralized: bool = False,
                  share_params: bool = True, num_layers: int = 1, bias: bool = True,
@@ -68,12 +63,11 @@ class _MultiAgentRNN(TensorDictModuleBase):
         self.out_keys = [out_key, *[("next", *k) for k in state_keys]]
         # nn.GRU / nn.LSTM state-dict names, a leading agent dim with per-agent weights
         width = n_agent_inputs * n_agents if centralized else n_agent_inputs
-        members = [type(self)._init(width, hidden_size, num_layers, bias=bias, dtype=dtype, device=device,
-                                    generator=generator) for _ in range(1 if share_params else n_agents)]
-        self._param_names = tuple(members[0].keys())
-        for k in self._param_names:
-            value = members[0][k] if share_params else torch.stack([m[k] for m in members])
-            self.register_parameter(k, nn.Parameter(value))
+        members = self._cell.ensemble_init(1 if share_params else n_agents, width, hidden_size, num_layers, bias=bias,
+                                           dtype=dtype, device=device, generator=generator)
+        self._param_names = tuple(members.keys())
+        for k, value in members.items():
+            self.register_parameter(k, nn.Parameter(value[0] if share_params else value))
 
     @property
     def recurrent_mode(self) -> bool:
@@ -178,12 +172,12 @@ class _MultiAgentRNN(TensorDictModuleBase):
         packed = states if len(states) > 1 else states[0]
         if recurrent:
             first = tuple(s.select(-3, 0) for s in states)  # the stored state at t = 0
-            y, _, new = type(self)._sequence(x, first if len(first) > 1 else first[0], params, is_init=is_init,
-                                             reset_state=packed, backend=self.recurrent_backend,
-                                             return_segment_states=True, slice_len=self.recurrent_slice_len,
-                                             num_slices=self._num_slices)
+            y, _, new = self._cell.sequence(x, first if len(first) > 1 else first[0], params, is_init=is_init,
+                                            reset_state=packed, backend=self.recurrent_backend,
+                                            return_segment_states=True, slice_len=self.recurrent_slice_len,
+                                            num_slices=self._num_slices)
         else:  # the core's step returns the top layer's h as the output too: the output must not alias the state
-            y, new = type(self)._step(x, packed, params, is_init=is_init)
+            y, new = self._cell.step(x, packed, params, is_init=is_init)
             y = y.clone()
         return y, (new if isinstance(new, tuple) else (new,))
 
@@ -216,13 +210,11 @@ class MultiAgentGRU(_MultiAgentRNN):
     ``share_params=False``; :meth:`agent_params` gives agent ``i``'s.
     """
 
-    _state_suffixes = ("",)
-    _init, _step, _sequence = staticmethod(init_gru_params), staticmethod(gru_step), staticmethod(gru_sequence)
+    _state_suffixes, _cell = ("",), GRU_CELL
 
 
 class MultiAgentLSTM(_MultiAgentRNN):
     """An LSTM per agent: :class:`MultiAgentGRU`'s arguments, with states ``(*group, "recurrent_state_h")`` and
     ``(*group, "recurrent_state_c")`` and ``nn.LSTM`` state-dict names."""
 
-    _state_suffixes = ("_h", "_c")
-    _init, _step, _sequence = staticmethod(init_lstm_params), staticmethod(lstm_step), staticmethod(lstm_sequence)
+    _state_suffixes, _cell = ("_h", "_c"), LSTM_CELL
