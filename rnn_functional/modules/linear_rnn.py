@@ -1,7 +1,6 @@
 """``MinGRUModule`` / ``RGLRUModule``: ``GRUModule``'s constructor (without ``gru=``), keys, shapes, modes, primers
 and options over the cells linear in their state. The weights live in a plain ``torch.nn.Module`` child
-(``self.min_gru`` / ``self.rglru``) with the functional API's names; ``recurrent_backend="auto"`` runs ``parallel``.
-"""
+(``self.min_gru`` / ``self.rglru``) with the functional API's names; ``recurrent_backend="auto"`` runs ``parallel``."""
 
 from __future__ import annotations
 

@@ -118,9 +118,8 @@ class set_recurrent_mode(_DecoratorContextManager):
         mode: ``True`` or ``"recurrent"``: modules process ``[*B, T]`` batches (time the last batch dim);
             ``False`` or ``"sequential"``: one step per call; ``None``: each module's ``default_recurrent_mode``.
 
-    Same signature and meaning as ``torchrl.modules.set_recurrent_mode``, usable without TorchRL. When TorchRL is
-    loaded it sets TorchRL's flag for the same scope too, except inside compiled code, where Dynamo would drop the
-    attribute write restoring it after a ``scan``: there our flag alone drives our modules.
+    As ``torchrl.modules.set_recurrent_mode``, usable without TorchRL; when TorchRL is loaded it sets TorchRL's flag
+    too, except in compiled code (Dynamo would drop the write restoring it after a ``scan``).
     """
 
     def __init__(self, mode: bool | Literal["recurrent", "sequential"] | None = True) -> None:
@@ -174,9 +173,8 @@ is_tensorclass(torch.Tensor)
 
 @dataclass(frozen=True)
 class ModuleCell:
-    """A cell kind as the modules see it: the module's name (error prefix), the ``torch.nn`` class holding the
-    weights and TorchRL's attribute for it, the hyper-parameters, the state names, TorchRL's default hidden keys,
-    the core's cell and public functions and the stacked init."""
+    """A cell kind as the modules see it: names (error prefix, child attribute, hyper-parameters, states, TorchRL's
+    default hidden keys), the ``torch.nn`` weight class, the core's cell, public functions and stacked init."""
 
     module_name: str
     nn_class: type[nn.Module]
@@ -712,15 +710,14 @@ class LSTMModule(RecurrentModule):
             the triplet ``[input, h, c]`` (``"is_init"`` is appended).
         out_key / out_keys: the output key (hidden outputs default to ``("next", <hidden key>)``) or the triplet.
         device: device of new parameters.
-        lstm: an ``nn.LSTM`` (``batch_first=True``) kept as ``self.lstm``: its parameters are the module's.
+        lstm: an ``nn.LSTM`` (``batch_first=True``) kept as ``self.lstm``, a real ``torch.nn.LSTM`` holding the
+            module's parameters (TorchRL's state-dict names).
         default_recurrent_mode: mode when no ``set_recurrent_mode`` context is active (False).
         recurrent_slice_len: ``L`` when recurrent-mode batches are whole slices of exactly ``L`` steps
             (``SliceSampler(slice_len=L, strict_length=True)``): static shapes under ``torch.compile``
             (``docs/compile.md``); the core's ``slice_len``. Not TorchRL's.
         recurrent_num_slices: ``K`` with ``recurrent_slice_len=L`` when batches hold at most ``K`` slices of at most
             ``L`` steps (``strict_length=False``): compiled, they run in a padded ``[K, L]`` block.
-
-    ``self.lstm`` is a real ``torch.nn.LSTM`` holding the module's parameters (TorchRL's state-dict names).
     """
 
     _cell = LSTM_CELL
