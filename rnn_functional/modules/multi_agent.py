@@ -115,8 +115,7 @@ class _MultiAgentRNN(TensorDictModuleBase):
             raise ValueError(
                 f"{name}: key {in_key!r} holds shape {list(x.shape)}; expected {[*lead, n, self.n_agent_inputs]} "
                 f"({dims}, n_agents, n_agent_inputs], the TensorDict's batch dims then the agent dim). The agent dim "
-                f"comes after time: move it with x.movedim(...) or build the TensorDict with batch_size {dims}]."
-            )
+                f"comes after time: move it with x.movedim(...) or build the TensorDict with batch_size {dims}].")
         dtype = getattr(self, self._param_names[0]).dtype
         if x.dtype != dtype:
             raise TypeError(f"{name}: key {in_key!r} holds dtype {x.dtype}; expected {dtype} (the weights'). Convert "
