@@ -1,5 +1,4 @@
-"""Ensembles: E sets of parameters stacked along a leading dim (``batch_size [E]``), for ``torch.vmap`` over any step
-or sequence function (``docs/ensembles.md``)."""
+"""Ensembles: E parameter sets stacked on a leading dim (``batch_size [E]``) for ``torch.vmap`` (docs/ensembles.md)."""
 
 from __future__ import annotations
 
@@ -11,15 +10,6 @@ from tensordict import TensorDict, TensorDictBase
 from .params import init_gru_params, init_lstm_params
 
 __all__ = ["stack_params", "unstack_params", "ensemble_init_lstm_params", "ensemble_init_gru_params"]
-
-
-def _as_tensordict(params: Mapping[str, torch.Tensor], i: int) -> TensorDictBase:
-    if isinstance(params, TensorDictBase):
-        return params
-    if isinstance(params, Mapping):
-        return TensorDict(dict(params), batch_size=[])
-    raise TypeError(f"params_list[{i}]: expected a params TensorDict (or a mapping of tensors), got "
-                    f"{type(params).__name__}.")
 
 
 def stack_params(params_list: Sequence[Mapping[str, torch.Tensor]]) -> TensorDict:
@@ -37,7 +27,12 @@ def stack_params(params_list: Sequence[Mapping[str, torch.Tensor]]) -> TensorDic
                         "Wrap a single member in a list: stack_params([params]).")
     if len(params_list) == 0:
         raise ValueError("params_list: expected at least one member, got an empty list.")
-    members = [_as_tensordict(p, i) for i, p in enumerate(params_list)]
+    members = []
+    for i, params in enumerate(params_list):
+        if not isinstance(params, Mapping):
+            raise TypeError(f"params_list[{i}]: expected a params TensorDict (or a mapping of tensors), got "
+                            f"{type(params).__name__}.")
+        members.append(params if isinstance(params, TensorDictBase) else TensorDict(dict(params), batch_size=[]))
     first = members[0]
     keys = set(first.keys())
     for i, member in enumerate(members[1:], start=1):

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 
 def checked_option(name: str) -> property:
-    """The option ``name``, held as ``_name``; assigning it calls the owner's ``_check_option(name, value)`` first, so
-    ``module.recurrent_backend = "cudnn"`` raises there, as the constructor would, not deep in the next call."""
+    """The option ``name``, held as ``_name``: assigning it calls the owner's ``_check_option(name, value)`` first."""
     private = f"_{name}"
 
     def get(self):
@@ -19,8 +18,7 @@ def checked_option(name: str) -> property:
 
 
 def options_state(state: dict, names: tuple[str, ...]) -> dict:
-    """A pickled module's ``__dict__`` with the options ``names`` under their private names (a module pickled before
-    they were properties holds them under their public names)."""
+    """A pickled module's ``__dict__`` with the options ``names`` moved to their private names (older pickles)."""
     for name in names:
         if name in state:
             state[f"_{name}"] = state.pop(name)

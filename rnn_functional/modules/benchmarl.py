@@ -1,9 +1,6 @@
-"""BenchMARL model configs running :class:`~rnn_functional.MultiAgentGRU` / ``MultiAgentLSTM``: BenchMARL's
-``GruConfig`` / ``LstmConfig`` fields plus ``recurrent_backend``, and its conventions (one step with the state at
-``(group, "_hidden_<cell>_<model_index>")`` in collection; ``[B, T]`` sequences from zeros, resetting where
-``is_init``, in training), but one core call per sequence instead of BenchMARL's Python loop over time. Imported
-only from here: ``import rnn_functional`` never imports BenchMARL.
-"""
+"""BenchMARL model configs running :class:`~rnn_functional.MultiAgentGRU` / ``MultiAgentLSTM`` with BenchMARL's
+``GruConfig`` / ``LstmConfig`` fields and conventions, plus ``recurrent_backend``: one core call per sequence instead
+of BenchMARL's Python loop over time. ``import rnn_functional`` never imports this module (nor BenchMARL)."""
 
 from __future__ import annotations
 

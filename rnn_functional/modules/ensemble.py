@@ -16,8 +16,6 @@ __all__ = ["EnsembleModule"]
 
 Member = LSTMModule | GRUModule | MinGRUModule | RGLRUModule
 
-_RANDOMNESS = ("error", "same", "different")
-
 
 class EnsembleModule(TensorDictModuleBase):
     """An ensemble of ``num_members`` independently initialised copies of ``module``.
@@ -42,8 +40,8 @@ class EnsembleModule(TensorDictModuleBase):
         if not isinstance(module, Member):
             raise TypeError(f"module: expected an rnn_functional LSTMModule, GRUModule, MinGRUModule or RGLRUModule, "
                             f"got {type(module).__name__}.")
-        if randomness not in _RANDOMNESS:
-            raise ValueError(f"randomness: expected one of {list(_RANDOMNESS)}, got {randomness!r}.")
+        if randomness not in ("error", "same", "different"):
+            raise ValueError(f"randomness: expected one of ['error', 'same', 'different'], got {randomness!r}.")
         cell = module._cell
         members = cell.ensemble_init(num_members, **cell.shape_hyper(module._rnn), generator=generator)
         name = cell.child_attr  # TorchRL's child name: "lstm" / "gru" (ours: "min_gru" / "rglru")

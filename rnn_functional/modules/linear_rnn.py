@@ -1,7 +1,6 @@
 """``MinGRUModule`` / ``RGLRUModule``: ``GRUModule``'s constructor (without ``gru=``), keys, shapes, modes, primers
 and options over the cells linear in their state. The weights live in a plain ``torch.nn.Module`` child
-(``self.min_gru`` / ``self.rglru``) with the functional API's names; ``recurrent_backend="auto"`` runs ``parallel``.
-"""
+(``self.min_gru`` / ``self.rglru``) with the functional API's names; ``recurrent_backend="auto"`` runs ``parallel``."""
 
 from __future__ import annotations
 
@@ -50,6 +49,11 @@ class _LinearRecurrence(nn.Module):
     def extra_repr(self) -> str:
         return f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}, dropout={self.dropout}"
 
+    @classmethod
+    def ensemble_init(cls, num_members: int, input_size: int, hidden_size: int, num_layers: int = 1,
+                      bias: bool = True, generator: torch.Generator | None = None) -> TensorDict:
+        return stacked_init(cls.init, num_members, input_size, hidden_size, num_layers, generator=generator)
+
 
 class MinGRU(_LinearRecurrence):
     """minGRU weights (:func:`~rnn_functional.init_min_gru_params`'s names and initialisation)."""
@@ -63,15 +67,9 @@ class RGLRU(_LinearRecurrence):
     init = staticmethod(rglru.init_rglru_params)
 
 
-def _ensemble_init(nn_class: type[_LinearRecurrence], num_members: int, input_size: int, hidden_size: int,
-                   num_layers: int = 1, bias: bool = True, generator: torch.Generator | None = None) -> TensorDict:
-    return stacked_init(nn_class.init, num_members, input_size, hidden_size, num_layers, generator=generator)
-
-
 def _spec(module_name: str, nn_class: type[_LinearRecurrence], child_attr: str, core, step, sequence) -> ModuleCell:
-    # a partial of a module-level function, not a closure: a module holding its own spec pickles
     return ModuleCell(module_name, nn_class, child_attr, HYPER, ("h",), ("recurrent_state",), core, step, sequence,
-                      partial(_ensemble_init, nn_class))
+                      nn_class.ensemble_init)
 
 
 class MinGRUModule(RecurrentModule):

@@ -106,10 +106,8 @@ class LSTMNet(RNNChild, nn.Module):
                  device: torch.device | str | None = None, *, lstm_backend: str | None = None) -> None:
         super().__init__()
         if lstm_backend not in _BACKEND_ALIASES and lstm_backend not in BACKEND_CHOICES:
-            raise ValueError(
-                f"LSTMNet: lstm_backend must be None, 'torch', 'torchrl' or one of {list(BACKEND_CHOICES)}, "
-                f"got {lstm_backend!r}."
-            )
+            raise ValueError(f"LSTMNet: lstm_backend must be None, 'torch', 'torchrl' or one of "
+                             f"{list(BACKEND_CHOICES)}, got {lstm_backend!r}.")
         self.lstm_backend = _BACKEND_ALIASES.get(lstm_backend, lstm_backend)
         for arg, kwargs, allowed in (("lstm_kwargs", lstm_kwargs, _LSTM_KWARGS), ("mlp_kwargs", mlp_kwargs, _MLP_KWARGS)):
             unknown = sorted(set(kwargs) - set(allowed))
@@ -145,7 +143,7 @@ class LSTMNet(RNNChild, nn.Module):
                 hidden0_in, hidden1_in = hidden0_in.unsqueeze(0), hidden1_in.unsqueeze(0)
         x = self.mlp(input)
         sequence = x.ndim == 3
-        lead = tuple(x.shape[:2]) if sequence else tuple(x.shape[:1])
+        lead = tuple(x.shape[:-1])
         (L, P), (_, H) = self._state_shapes
         if hidden0_in is None:
             hidden0_in, hidden1_in = x.new_zeros(*lead, L, P), x.new_zeros(*lead, L, H)
@@ -153,8 +151,7 @@ class LSTMNet(RNNChild, nn.Module):
             if tuple(h.shape) != (*lead, L, width):
                 raise ValueError(
                     f"LSTMNet: {name} must have shape {[*lead, L, width]} ([*batch{', T' if sequence else ''}, "
-                    f"num_layers, {'P' if name == 'hidden0_in' else 'H'}]), got {list(h.shape)}."
-                )
+                    f"num_layers, {'P' if name == 'hidden0_in' else 'H'}]), got {list(h.shape)}.")
         dropout = float(self._live.attrs["dropout"]) if self.training else 0.0
         state = (hidden0_in, hidden1_in)
         if sequence:  # the state entering step 0 ([B, 0, ...] when T = 0: zeros, no step reads them)

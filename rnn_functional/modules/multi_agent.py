@@ -1,14 +1,8 @@
-"""``MultiAgentGRU`` / ``MultiAgentLSTM``: recurrent layers for TorchRL's multi-agent TensorDicts.
-
-TorchRL's ``MultiAgentMLP`` conventions for a recurrent cell, the agent dim after time (keys and shapes:
-``docs/multi_agent.md``). Agents are batch rows of one call of the public functional core (moved in front of the
-batch dims), so every agent resets on its own ``is_init``; with ``share_params=False`` one ``torch.vmap`` runs the
-same call over agent-stacked weights.
-"""
+"""``MultiAgentGRU`` / ``MultiAgentLSTM``: TorchRL's ``MultiAgentMLP`` conventions for a recurrent cell
+(``docs/multi_agent.md``). Agents are batch rows of one functional call, each resetting on its own ``is_init``; with
+``share_params=False`` one ``torch.vmap`` runs that call over agent-stacked weights."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -16,9 +10,8 @@ from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 from torch import nn
 
-from ..functional import gru_sequence, gru_step, lstm_sequence, lstm_step
-from ..params import init_gru_params, init_lstm_params
-from . import recurrent_mode as _context_mode
+from .rnn import GRU_CELL, LSTM_CELL, ModuleCell
+from .rnn import recurrent_mode as _context_mode
 
 __all__ = ["MultiAgentGRU", "MultiAgentLSTM"]
 
@@ -33,9 +26,7 @@ class _MultiAgentRNN(TensorDictModuleBase):
     """What :class:`MultiAgentGRU` and :class:`MultiAgentLSTM` share; each sets the class attributes below."""
 
     _state_suffixes: tuple[str, ...]
-    _init: Callable
-    _step: Callable
-    _sequence: Callable
+    _cell: ModuleCell  # the functional step, sequence and stacked init
 
     def __init__(self, n_agent_inputs: int, hidden_size: int, n_agents: int, *, centralized: bool = False,
                  share_params: bool = True, num_layers: int = 1, bias: bool = True,
@@ -72,12 +63,11 @@ class _MultiAgentRNN(TensorDictModuleBase):
         self.out_keys = [out_key, *[("next", *k) for k in state_keys]]
         # nn.GRU / nn.LSTM state-dict names, a leading agent dim with per-agent weights
         width = n_agent_inputs * n_agents if centralized else n_agent_inputs
-        members = [type(self)._init(width, hidden_size, num_layers, bias=bias, dtype=dtype, device=device,
-                                    generator=generator) for _ in range(1 if share_params else n_agents)]
-        self._param_names = tuple(members[0].keys())
-        for k in self._param_names:
-            value = members[0][k] if share_params else torch.stack([m[k] for m in members])
-            self.register_parameter(k, nn.Parameter(value))
+        members = self._cell.ensemble_init(1 if share_params else n_agents, width, hidden_size, num_layers, bias=bias,
+                                           dtype=dtype, device=device, generator=generator)
+        self._param_names = tuple(members.keys())
+        for k, value in members.items():
+            self.register_parameter(k, nn.Parameter(value[0] if share_params else value))
 
     @property
     def recurrent_mode(self) -> bool:
@@ -109,8 +99,8 @@ class _MultiAgentRNN(TensorDictModuleBase):
         return TensorDictPrimer(spec, expand_specs=True)
 
     def _read(self, td: TensorDictBase, recurrent: bool) -> tuple[Tensor, tuple[Tensor, ...] | None, Tensor]:
-        """``(x [*B, n, F], states [*B, n, L, H] or None, is_init [*B, n])`` (``T`` after ``*B`` in recurrent mode),
-        each checked."""
+        """``(x [*B, n, F], states [*B, n, L, H] or None, is_init [*B, n])``, checked (``[*B, T, ...]`` if
+        recurrent)."""
         name, n, in_key = type(self).__name__, self.n_agents, self.in_keys[0]
         lead = list(td.batch_size)
         dims = "[*B, T" if recurrent else "[*B"
@@ -125,8 +115,7 @@ class _MultiAgentRNN(TensorDictModuleBase):
             raise ValueError(
                 f"{name}: key {in_key!r} holds shape {list(x.shape)}; expected {[*lead, n, self.n_agent_inputs]} "
                 f"({dims}, n_agents, n_agent_inputs], the TensorDict's batch dims then the agent dim). The agent dim "
-                f"comes after time: move it with x.movedim(...) or build the TensorDict with batch_size {dims}]."
-            )
+                f"comes after time: move it with x.movedim(...) or build the TensorDict with batch_size {dims}].")
         dtype = getattr(self, self._param_names[0]).dtype
         if x.dtype != dtype:
             raise TypeError(f"{name}: key {in_key!r} holds dtype {x.dtype}; expected {dtype} (the weights'). Convert "
@@ -171,33 +160,29 @@ class _MultiAgentRNN(TensorDictModuleBase):
         x, is_init = x.movedim(-2, 0), is_init.movedim(-1, 0)
         states = tuple(s.movedim(-3, 0) for s in states)
         params = {k: getattr(self, k) for k in self._param_names}
-        run = self._run_sequence if recurrent else self._run_step
-        if not self.share_params:
-            run = torch.vmap(run, in_dims=(0, 0, 0, 0))
-        y, out = run(x, states, is_init, params)
+        run = self._run if self.share_params else torch.vmap(self._run, in_dims=(None, 0, 0, 0, 0))
+        y, out = run(recurrent, x, states, is_init, params)
         tensordict.set(self.out_keys[0], y.movedim(0, -2))
         for key, s in zip(self.out_keys[1:], out):
             tensordict.set(key, s.movedim(0, -3))
         return tensordict
 
-    def _pack(self, states: tuple[Tensor, ...]):
-        return states if len(states) > 1 else states[0]
-
-    def _run_step(self, x: Tensor, states: tuple[Tensor, ...], is_init: Tensor, params: dict):
-        y, new = type(self)._step(x, self._pack(states), params, is_init=is_init)
-        # the core's step returns the top layer's h as the output too: the output must not alias the state
-        return y.clone(), (new if isinstance(new, tuple) else (new,))
-
-    def _run_sequence(self, x: Tensor, states: tuple[Tensor, ...], is_init: Tensor, params: dict):
-        first = self._pack(tuple(s.select(-3, 0) for s in states))  # the stored state at t = 0
-        y, _, segment = type(self)._sequence(x, first, params, is_init=is_init, reset_state=self._pack(states),
-                                             backend=self.recurrent_backend, return_segment_states=True,
-                                             slice_len=self.recurrent_slice_len, num_slices=self._num_slices)
-        return y, (segment if isinstance(segment, tuple) else (segment,))
+    def _run(self, recurrent: bool, x: Tensor, states: tuple[Tensor, ...], is_init: Tensor, params: dict):
+        packed = states if len(states) > 1 else states[0]
+        if recurrent:
+            first = tuple(s.select(-3, 0) for s in states)  # the stored state at t = 0
+            y, _, new = self._cell.sequence(x, first if len(first) > 1 else first[0], params, is_init=is_init,
+                                            reset_state=packed, backend=self.recurrent_backend,
+                                            return_segment_states=True, slice_len=self.recurrent_slice_len,
+                                            num_slices=self._num_slices)
+        else:  # the core's step returns the top layer's h as the output too: the output must not alias the state
+            y, new = self._cell.step(x, packed, params, is_init=is_init)
+            y = y.clone()
+        return y, (new if isinstance(new, tuple) else (new,))
 
 
 class MultiAgentGRU(_MultiAgentRNN):
-    """A GRU per agent over TorchRL's multi-agent TensorDicts (see the module docstring for keys and shapes).
+    """A GRU per agent over TorchRL's multi-agent TensorDicts (keys and shapes: ``docs/multi_agent.md``).
 
     Args:
         n_agent_inputs: features per agent (``F``).
@@ -224,13 +209,11 @@ class MultiAgentGRU(_MultiAgentRNN):
     ``share_params=False``; :meth:`agent_params` gives agent ``i``'s.
     """
 
-    _state_suffixes = ("",)
-    _init, _step, _sequence = staticmethod(init_gru_params), staticmethod(gru_step), staticmethod(gru_sequence)
+    _state_suffixes, _cell = ("",), GRU_CELL
 
 
 class MultiAgentLSTM(_MultiAgentRNN):
     """An LSTM per agent: :class:`MultiAgentGRU`'s arguments, with states ``(*group, "recurrent_state_h")`` and
     ``(*group, "recurrent_state_c")`` and ``nn.LSTM`` state-dict names."""
 
-    _state_suffixes = ("_h", "_c")
-    _init, _step, _sequence = staticmethod(init_lstm_params), staticmethod(lstm_step), staticmethod(lstm_sequence)
+    _state_suffixes, _cell = ("_h", "_c"), LSTM_CELL

@@ -1,10 +1,9 @@
 """``LSTMModule`` / ``GRUModule`` (and the linear cells' modules): drop-ins for TorchRL's, over the functional core.
 
-A call reads and checks its keys once, then calls the public function users call (``lstm_sequence`` / ``lstm_step``,
-...) with ``layout=``. The weights live in a real ``torch.nn.LSTM``/``GRU`` child (``module.lstm`` / ``module.gru``),
-which the forward never touches (``torch.compile`` graph-breaks on any access to an ``nn.LSTM``): it reads the child's
-``_parameters`` dict, the object every parameter swap writes into, through a :class:`LiveParams` reference. Keys and
-shapes: ``docs/api/modules.md``.
+A call checks its keys once and calls the public ``*_step`` / ``*_sequence`` function with ``layout=``. The weights
+live in a real ``torch.nn.LSTM``/``GRU`` child the forward never touches (``torch.compile`` graph-breaks on any access
+to an ``nn.LSTM``): it reads the child's ``_parameters`` through a :class:`LiveParams`. Keys and shapes:
+``docs/api/modules.md``.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from tensordict import TensorDictBase, is_tensorclass, unravel_key_list
+from tensordict import TensorDictBase, is_tensorclass, unravel_key, unravel_key_list
 from tensordict.nn import TensorDictModuleBase, dispatch
 from tensordict.utils import NestedKey
 from torch import nn
@@ -38,11 +37,10 @@ from ..precision import mark_constant_result
 from ._options import checked_option, options_state
 
 # ----------------------------------------------------------------------------- the recurrent-mode switch
-# Recurrent (a ``[*B, T]`` batch per call) or sequential (one step per call): the innermost set_recurrent_mode (ours or
-# TorchRL's; ours sets TorchRL's flag too, so one context drives a whole pipeline), else ``default_recurrent_mode``.
-# TorchRL is never imported here. The flag is context-local eagerly and, under torch.compile (which cannot trace
-# ``ContextVar.get``), a per-thread mirror that Dynamo guards per thread; TorchRL's flag is mirrored per thread too
-# (_watch): its own compile-time copy is one per process and leaks a context into other threads.
+# Recurrent ([*B, T] per call) or sequential (one step per call): the innermost set_recurrent_mode (ours or TorchRL's;
+# ours sets TorchRL's too), else ``default_recurrent_mode``. TorchRL is never imported here. The flag is context-local
+# eagerly and, compiled (Dynamo cannot trace ``ContextVar.get``), a per-thread mirror; TorchRL's flag is mirrored per
+# thread too (_watch): its own compile-time copy is one per process and leaks a context into other threads.
 
 _TORCHRL_RNN = "torchrl.modules.tensordict_module.rnn"
 _torchrl_module = None  # TorchRL's rnn module, set by _torchrl_loaded()
@@ -67,30 +65,15 @@ def _torchrl_context(trl) -> bool | None:
 
 class _Mirror(threading.local):
     """Each thread's copy of our flag (``mode``) and TorchRL's for compiled code: Dynamo guards a ``threading.local``
-    per calling thread."""
+    per thread, and keeps dict writes made after a higher-order op such as ``scan``, where it drops attribute writes
+    (pytorch/pytorch#195866)."""
 
     def __init__(self) -> None:
         self.traced: dict[str, bool | None] = {"mode": None, "torchrl": _torchrl_context(_torchrl_module)}
 
 
-class _ModeState:
-    """Context-local flag eagerly, mirrored in a per-thread dict entry for ``torch.compile``: Dynamo drops an
-    attribute write made after a higher-order op such as ``scan`` (pytorch/pytorch#195866); dict writes are kept."""
-
-    def __init__(self) -> None:
-        self._var = contextvars.ContextVar("rnn_functional_recurrent_mode", default=None)  # bool | None
-        self._mirror = _Mirror()
-
-    def get(self) -> bool | None:
-        return self._mirror.traced["mode"] if torch.compiler.is_compiling() else self._var.get()
-
-    def set(self, mode: bool | None) -> None:
-        self._mirror.traced["mode"] = mode
-        if not torch.compiler.is_compiling():
-            self._var.set(mode)
-
-
-_STATE = _ModeState()
+_MIRROR = _Mirror()
+_MODE: contextvars.ContextVar[bool | None] = contextvars.ContextVar("rnn_functional_recurrent_mode", default=None)
 # whether our innermost context also set TorchRL's flag: TorchRL's flag, None included, is then the innermost's
 _MIRRORED: contextvars.ContextVar[bool] = contextvars.ContextVar("rnn_functional_mode_mirrored", default=False)
 # what each eager entry restores on exit, innermost last: per context, as one object may be entered twice at once
@@ -98,18 +81,17 @@ _ENTRIES: contextvars.ContextVar[tuple] = contextvars.ContextVar("rnn_functional
 
 
 def _watch(trl) -> None:
-    """Mirror TorchRL's flag per thread by wrapping its state manager's ``set_mode`` (every entry and exit goes
-    through it)."""
+    """Mirror TorchRL's flag per thread: wrap its state manager's ``set_mode``, which every entry and exit calls."""
     manager = trl.recurrent_mode_state_manager
     set_mode = manager.set_mode
     if not getattr(set_mode, "_mirrored", False):
         def mirrored(mode: bool | None) -> None:
             set_mode(mode)
-            _STATE._mirror.traced["torchrl"] = mode
+            _MIRROR.traced["torchrl"] = mode
 
         mirrored._mirrored = True
         manager.set_mode = mirrored
-    _STATE._mirror.traced["torchrl"] = _torchrl_context(trl)
+    _MIRROR.traced["torchrl"] = _torchrl_context(trl)
 
 
 def recurrent_mode(default: bool | None = None) -> bool | None:
@@ -117,7 +99,7 @@ def recurrent_mode(default: bool | None = None) -> bool | None:
     outside any (a module passes its ``default_recurrent_mode``)."""
     if torch.compiler.is_compiling():
         _torchrl_loaded()  # a constant of the graph: starts mirroring TorchRL's flag when it is newly loaded
-        traced = _STATE._mirror.traced
+        traced = _MIRROR.traced
         mode = traced["torchrl"] if traced["mode"] is None else traced["mode"]
     else:
         trl = sys.modules.get(_TORCHRL_RNN)
@@ -125,7 +107,7 @@ def recurrent_mode(default: bool | None = None) -> bool | None:
             _torchrl_loaded()
         mode = None if trl is None else trl.recurrent_mode()
         if mode is None and (trl is None or not _MIRRORED.get()):
-            mode = _STATE._var.get()
+            mode = _MODE.get()
     return default if mode is None else mode
 
 
@@ -136,9 +118,8 @@ class set_recurrent_mode(_DecoratorContextManager):
         mode: ``True`` or ``"recurrent"``: modules process ``[*B, T]`` batches (time the last batch dim);
             ``False`` or ``"sequential"``: one step per call; ``None``: each module's ``default_recurrent_mode``.
 
-    Same signature and meaning as ``torchrl.modules.set_recurrent_mode``, usable without TorchRL. When TorchRL is
-    loaded it sets TorchRL's flag for the same scope too, except inside compiled code, where Dynamo would drop the
-    attribute write restoring it after a ``scan``: there our flag alone drives our modules.
+    As ``torchrl.modules.set_recurrent_mode``, usable without TorchRL; when TorchRL is loaded it sets TorchRL's flag
+    too, except in compiled code (Dynamo would drop the write restoring it after a ``scan``).
     """
 
     def __init__(self, mode: bool | Literal["recurrent", "sequential"] | None = True) -> None:
@@ -155,11 +136,12 @@ class set_recurrent_mode(_DecoratorContextManager):
         return type(self)(self.mode)
 
     def __enter__(self) -> None:
-        prev = _STATE.get()
-        _STATE.set(self.mode)
         if torch.compiler.is_compiling():
-            self._prev = prev
+            self._prev, _MIRROR.traced["mode"] = _MIRROR.traced["mode"], self.mode
             return
+        prev = _MODE.get()
+        _MIRROR.traced["mode"] = self.mode
+        _MODE.set(self.mode)
         trl = _torchrl_module if _torchrl_loaded() else None
         torchrl_ctx = None if trl is None else trl.set_recurrent_mode(self.mode)
         if torchrl_ctx is not None:
@@ -168,14 +150,15 @@ class set_recurrent_mode(_DecoratorContextManager):
 
     def __exit__(self, exc_type, exc_value, traceback) -> None:
         if torch.compiler.is_compiling():
-            _STATE.set(self._prev)
+            _MIRROR.traced["mode"] = self._prev
             return
         *outer, (prev, mirrored_token, torchrl_ctx) = _ENTRIES.get()
         _ENTRIES.set(tuple(outer))
         if torchrl_ctx is not None:
             torchrl_ctx.__exit__(exc_type, exc_value, traceback)
         _MIRRORED.reset(mirrored_token)
-        _STATE.set(prev)
+        _MIRROR.traced["mode"] = prev
+        _MODE.set(prev)
 
 
 _torchrl_loaded()  # TorchRL imported first: its flag is mirrored from here on, in every thread
@@ -190,9 +173,8 @@ is_tensorclass(torch.Tensor)
 
 @dataclass(frozen=True)
 class ModuleCell:
-    """A cell kind as the modules see it: the module's name (error prefix), the ``torch.nn`` class holding the
-    weights and TorchRL's attribute for it, the hyper-parameters, the state names, TorchRL's default hidden keys,
-    the core's cell and public functions and the stacked init."""
+    """A cell kind as the modules see it: names (error prefix, child attribute, hyper-parameters, states, TorchRL's
+    default hidden keys), the ``torch.nn`` weight class, the core's cell, public functions and stacked init."""
 
     module_name: str
     nn_class: type[nn.Module]
@@ -244,8 +226,8 @@ class LiveParams:
 
 
 def check_child(cell: ModuleCell, rnn) -> None:
-    """Raise unless ``rnn`` can hold ``cell``'s weights: an ``nn.RNNBase`` in the cell's mode for the ``torch.nn``
-    cells (``nn.LSTM``, or e.g. ``torchrl.modules.LSTM``), else a ``cell.nn_class``."""
+    """Raise unless ``rnn`` can hold ``cell``'s weights: an ``nn.RNNBase`` in its mode (e.g. ``torchrl.modules.LSTM``)
+    for the ``torch.nn`` cells, else a ``cell.nn_class``."""
     cls = cell.nn_class
     if issubclass(cls, nn.RNNBase):
         ok = isinstance(rnn, nn.RNNBase) and rnn.mode == cls.__name__
@@ -359,8 +341,7 @@ _OPTIONS = ("recurrent_backend", "recurrent_recompute", "recurrent_compute_dtype
 
 
 def _signature(cell: ModuleCell) -> inspect.Signature:
-    """TorchRL's constructor signature for ``cell`` (``proj_size`` for the LSTM alone, ``lstm=``/``gru=`` for the
-    modules whose child is a ``torch.nn`` RNN)."""
+    """TorchRL's constructor signature for ``cell`` (``proj_size`` for the LSTM alone, ``lstm=``/``gru=``)."""
     kind, takes_child = inspect.Parameter, issubclass(cell.nn_class, nn.RNNBase)
     params = [kind(name, kind.POSITIONAL_OR_KEYWORD, default=default) for name, default in _SIGNATURE
               if name != "proj_size" or "proj_size" in cell.hyper_names]
@@ -401,8 +382,7 @@ def resolve_keys(cell: ModuleCell, in_key, in_keys, out_key, out_keys) -> tuple[
 
 
 def build_rnn(cell: ModuleCell, rnn, given: dict, *, batch_first: bool, bidirectional: bool, device) -> nn.Module:
-    """The child: ``rnn`` itself, checked, or a new ``cell.nn_class`` built from ``given``; TorchRL's exception
-    classes."""
+    """The child: ``rnn`` itself, checked, or a new ``cell.nn_class`` built from ``given`` (TorchRL's exceptions)."""
     owner, arg, kind = cell.module_name, cell.child_attr, cell.nn_class.__name__
     bidirectional_msg = (f"{owner}: bidirectional RNNs are not supported: a backward pass over time cannot honour "
                          f"is_init resets causally. Use bidirectional=False.")
@@ -525,12 +505,10 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
     # ------------------------------------------------------------------ forward
 
     def forward(self, *args, **kwargs) -> TensorDictBase:
-        """Read the input, hidden and ``is_init`` keys, run one step or a sequence, write the outputs.
-
-        ``module(tensordict)`` updates ``tensordict`` in place and returns it (not through ``dispatch``'s wrapper,
-        whose frame adds guards under ``torch.compile``); ``module(input=..., is_init=...)`` returns the outputs.
-        """
-        if args and isinstance(args[0], TensorDictBase):
+        """Read the input, hidden and ``is_init`` keys, run one step or a sequence, write the outputs:
+        ``module(tensordict)`` updates ``tensordict`` in place and returns it; ``module(input=..., is_init=...)``
+        returns the outputs."""
+        if args and isinstance(args[0], TensorDictBase):  # not through dispatch: its frame adds guards when compiled
             if len(args) == 1 and not kwargs:
                 return self._forward(args[0], self._weights, self._layout)
             raise TypeError(
@@ -697,12 +675,8 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
         from torchrl.data import Unbounded
         from torchrl.envs.transforms import TensorDictPrimer
 
-        def as_tuple(key):
-            return key if isinstance(key, tuple) else (key,)
-
-        n = len(self._cell.state_names)
-        in_hidden = [as_tuple(k) for k in self.in_keys[1:1 + n]]
-        if any(as_tuple(o) != ("next", *i) for i, o in zip(in_hidden, self.out_keys[1:])):
+        in_hidden = self.in_keys[1:1 + len(self._cell.state_names)]
+        if any(unravel_key(("next", i)) != unravel_key(o) for i, o in zip(in_hidden, self.out_keys[1:])):
             raise RuntimeError(
                 "make_tensordict_primer is supposed to work with in_keys/out_keys that have compatible names, "
                 "ie. the out_keys should be named after ('next', <in_key>). Got "
@@ -736,15 +710,14 @@ class LSTMModule(RecurrentModule):
             the triplet ``[input, h, c]`` (``"is_init"`` is appended).
         out_key / out_keys: the output key (hidden outputs default to ``("next", <hidden key>)``) or the triplet.
         device: device of new parameters.
-        lstm: an ``nn.LSTM`` (``batch_first=True``) kept as ``self.lstm``: its parameters are the module's.
+        lstm: an ``nn.LSTM`` (``batch_first=True``) kept as ``self.lstm``, a real ``torch.nn.LSTM`` holding the
+            module's parameters (TorchRL's state-dict names).
         default_recurrent_mode: mode when no ``set_recurrent_mode`` context is active (False).
         recurrent_slice_len: ``L`` when recurrent-mode batches are whole slices of exactly ``L`` steps
             (``SliceSampler(slice_len=L, strict_length=True)``): static shapes under ``torch.compile``
             (``docs/compile.md``); the core's ``slice_len``. Not TorchRL's.
         recurrent_num_slices: ``K`` with ``recurrent_slice_len=L`` when batches hold at most ``K`` slices of at most
             ``L`` steps (``strict_length=False``): compiled, they run in a padded ``[K, L]`` block.
-
-    ``self.lstm`` is a real ``torch.nn.LSTM`` holding the module's parameters (TorchRL's state-dict names).
     """
 
     _cell = LSTM_CELL
