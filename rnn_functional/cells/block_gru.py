@@ -61,8 +61,7 @@ def init_weight_(weight: torch.Tensor, fan_in: int, generator: torch.Generator |
 
 
 def check_block_sizes(hidden: str, **sizes: int) -> None:
-    """Raise ``ValueError`` unless every size (argument name -> value) is positive and ``num_blocks`` divides
-    ``sizes[hidden]``."""
+    """Raise ``ValueError`` unless every size (argument: value) is positive and ``num_blocks`` divides ``hidden``'s."""
     for name, value in sizes.items():
         if value <= 0:
             raise ValueError(f"{name} must be positive, got {value}.")
@@ -70,17 +69,10 @@ def check_block_sizes(hidden: str, **sizes: int) -> None:
         raise ValueError(f"{hidden} must be divisible by num_blocks, got {sizes[hidden]} and {sizes['num_blocks']}.")
 
 
-def init_block_gru_params(
-    input_size: int,
-    hidden_size: int,
-    *,
-    projection_size: int = 512,
-    num_blocks: int = 8,
-    num_layers: int = 1,
-    dtype: torch.dtype | None = None,
-    device: torch.device | str | None = None,
-    generator: torch.Generator | None = None,
-) -> TensorDict:
+def init_block_gru_params(input_size: int, hidden_size: int, *, projection_size: int = 512, num_blocks: int = 8,
+                          num_layers: int = 1, dtype: torch.dtype | None = None,
+                          device: torch.device | str | None = None,
+                          generator: torch.Generator | None = None) -> TensorDict:
     """Block GRU parameters under TorchRL's ``DreamerV3BlockGRUCell`` state-dict names, initialised as it does:
     weights truncated normal (std ``1.1368 / sqrt(fan_in)``, cut at 2 std; a block weight's fan-in is its whole
     input width), biases zero, norm scales one. ``num_layers``: dynamics layers (one recurrent layer)."""
@@ -91,9 +83,8 @@ def init_block_gru_params(
 
 
 def _norm_backward(d_out, s, sh, qh, r, hr) -> tuple[torch.Tensor, torch.Tensor]:
-    """Through ``out = act(rms(pre) * scale)`` (factors from ``BlockGRUCell._norm_factors``): the cotangent of
-    ``pre``, ``r * d_hat - hr * sum(d_hat * hat)`` with ``d_hat = d_out * act' * scale``, and the rows of the
-    cotangent of ``scale``."""
+    """Through ``out = act(rms(pre) * scale)`` (factors: ``BlockGRUCell._norm_factors``): ``d_pre = r * d_hat - hr *
+    sum(d_hat * hat)`` with ``d_hat = d_out * act' * scale``, and the rows of ``d_scale``."""
     d_pre = torch.addcmul(r * (d_out * s), hr, (d_out * sh).sum(-1, keepdim=True), value=-1)
     return d_pre, d_out * qh
 
@@ -107,9 +98,8 @@ def _blocks(v: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def _shared_rows(weight0: torch.Tensor, start: int, width: int) -> torch.Tensor:
-    """Rows ``start:start + width`` of every block of ``dynamic_linears.0.weight [nb, I, Hb]`` as one ``[H, width]``
-    matrix (an input repeated in every block feeds them all: one GEMM); a fresh tensor (with one block the reshape
-    alone is a view of ``weight0``, and two views of it as inputs of ``scan`` fail to compile: "aliasing")."""
+    """Rows ``start:start + width`` of every block of ``dynamic_linears.0.weight [nb, I, Hb]`` as one fresh
+    ``[H, width]`` matrix (two views of one weight as inputs of ``scan`` fail to compile: "aliasing")."""
     part = weight0[..., start:start + width, :]  # [nb, width, Hb]
     return part.transpose(-1, -2).reshape(*weight0.shape[:-3], -1, width).contiguous()
 
@@ -139,9 +129,7 @@ class BlockGRUCell(Cell):
     # (weight, bias, norm scale) of each input's projection and of the hidden state's
     input_keys = (("input_linear.weight", "input_linear.bias", "input_norm.weight"),)
     hidden_keys = ("hidden_linear.weight", "hidden_linear.bias", "hidden_norm.weight")
-    # the hidden projection's place: in the state dict, and in the first dynamic layer's block j, [h_j, px, ph] (the
-    # RSSM core: [h_j, ph, px])
-    hidden_first = False
+    hidden_first = False  # in the state dict, and in block j of the first dynamic layer: [h_j, px, ph] (RSSM: ph first)
     sizes = "input_size={0}, hidden_size={H}, projection_size={P}, num_blocks={nb}"  # in messages; {0}: inputs' widths
 
     def __init__(self, activation: str | Callable, norm_eps: float, update_bias: float):
@@ -174,8 +162,7 @@ class BlockGRUCell(Cell):
     @classmethod
     def init_params(cls, widths: tuple[int, ...], H: int, P: int, nb: int, num_layers: int, dtype, device,
                     generator) -> TensorDict:
-        """Parameters for inputs of ``widths``, in TorchRL's order and draws: weights by :func:`init_weight_`, biases
-        zero, norm scales one."""
+        """Parameters for inputs of ``widths`` in TorchRL's order and draws (weights by :func:`init_weight_`)."""
         dtype = dtype if dtype is not None else torch.get_default_dtype()
 
         def weight(shape, fan_in):
@@ -271,9 +258,8 @@ class BlockGRUCell(Cell):
         return (h_new.reshape(n, -1),), (*saved, g)
 
     def backward_factors(self, saved: Saved, carry: Carry, w: LayerWeights) -> Saved:
-        """Everything elementwise the step backward reads, for one step or many at once: the gates' factor ``K``
-        (``d_g = dh' * K``, block-major as ``g``) and ``1 - u``; for the hidden projection and each dynamic layer
-        the factors of :func:`_norm_backward` and the output (:meth:`_norm_factors`)."""
+        """The gates' factor ``K`` (``d_g = dh' * K``, block-major as ``g``), ``1 - u``, then :meth:`_norm_factors` of
+        the hidden projection and of each dynamic layer; elementwise, so for one step or many at once."""
         (h,) = carry
         a, *pres, g = saved
         norm_h, w0h, _, norm_0, *rest = w.extra
@@ -352,10 +338,9 @@ _CELLS: dict[tuple, BlockGRUCell] = {}
 
 def block_gru_cell(activation: str | Callable = "silu", norm_eps: float = 1e-4, update_bias: float = -1.0,
                    kind: type[BlockGRUCell] = BlockGRUCell) -> BlockGRUCell:
-    """The cell of ``kind`` (the block GRU, or a subclass: the RSSM core) for these hyperparameters: one instance each,
-    made on first use (backends and compiled graphs key on it; a plain dict rather than ``functools.cache``, whose
-    wrapper Dynamo does not trace). ``activation``: a name of :data:`ACTIVATIONS` or any elementwise callable (a
-    parameter-free module or a function, held by identity; its derivative comes from ``torch.func.jvp``)."""
+    """The cell of ``kind`` (the block GRU, or the RSSM core) for these hyperparameters, made on first use (a plain
+    dict, not ``functools.cache``, whose wrapper Dynamo does not trace). ``activation``: a name of :data:`ACTIVATIONS`
+    or any elementwise callable (held by identity; its derivative by ``torch.func.jvp``)."""
     key = (kind, activation, float(norm_eps), float(update_bias))
     cell = _CELLS.get(key)  # first: under torch.compile(dynamic=True) the floats are symbolic, which _make_cell refuses
     if cell is None:

@@ -43,18 +43,10 @@ class RSSMCoreCell(BlockGRUCell):
         return torch.cat([self.project(v, *(params[key] for key in keys)) for v, keys in parts], -1)
 
 
-def init_rssm_core_params(
-    *,
-    state_dim: int,
-    action_dim: int,
-    hidden_dim: int,
-    belief_dim: int,
-    num_blocks: int = 8,
-    num_layers: int = 1,
-    dtype: torch.dtype | None = None,
-    device: torch.device | str | None = None,
-    generator: torch.Generator | None = None,
-) -> TensorDict:
+def init_rssm_core_params(*, state_dim: int, action_dim: int, hidden_dim: int, belief_dim: int, num_blocks: int = 8,
+                          num_layers: int = 1, dtype: torch.dtype | None = None,
+                          device: torch.device | str | None = None,
+                          generator: torch.Generator | None = None) -> TensorDict:
     """RSSM core parameters under TorchRL's private core's names, initialised as it does (weights truncated normal,
     std ``1.1368 / sqrt(fan_in)``, cut at 2 std; biases zero; norm scales one)."""
     check_block_sizes("belief_dim", state_dim=state_dim, action_dim=action_dim, hidden_dim=hidden_dim,
