@@ -318,8 +318,9 @@ class BlockGRUCell(Cell):
         (``[T, N, ·]`` each): every weight gradient is one GEMM over all ``T * N`` rows, not one per step."""
         d_norm_h, h, d_pre0, ph, d_norm0, *rest = per_step
         *deeper, z_last, d_g = rest
+        # reshape, not flatten: torch's legacy vmap (a batched backward) has no batching rule for flatten
         grads = [d_norm_h.sum((0, 1)), _block_outer(h, d_pre0.reshape(h.shape)),
-                 d_pre0.flatten(0, 1).T @ ph.flatten(0, 1), d_norm0.sum((0, 1))]
+                 d_pre0.reshape(-1, d_pre0.shape[-1]).T @ ph.reshape(-1, ph.shape[-1]), d_norm0.sum((0, 1))]
         for j in range(0, len(deeper), 3):
             z_in, d_pre, d_norm = deeper[j : j + 3]
             grads += [_block_outer(z_in, d_pre), d_pre.sum((0, 1)).reshape(-1), d_norm.sum((0, 1))]
