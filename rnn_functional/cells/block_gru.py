@@ -1,24 +1,13 @@
-"""DreamerV3's block-diagonal GRU (the RSSM core of TorchRL's ``DreamerV3BlockGRUCell``).
+"""DreamerV3's block-diagonal GRU (the RSSM core of TorchRL's ``DreamerV3BlockGRUCell``); its math is in
+``docs/model_based.md``, each RMS norm scaled by its learned ``*_norm.weight``. A ``block_linear`` has weight
+``[nb, in / nb, out / nb]`` (block ``j`` maps its slice of the input) and bias ``[out]``.
 
-Per step, input ``x [N, F]``, state ``h [N, H]``, ``nb`` blocks of ``Hb = H / nb``, activation ``act``,
-``rms(v) = v * rsqrt(mean(v^2) + eps)``::
-
-    px = act(rms(x @ Wi^T + bi) * ni)                 # input_linear, input_norm         [N, P]
-    ph = act(rms(h @ Wh^T + bh) * nh)                 # hidden_linear, hidden_norm       [N, P]
-    z  = concat over blocks j of [h_j, px, ph]        # dynamic_linears.0 reads [N, nb, Hb + 2P]
-    z  = act(rms(block_linear_k(z)) * n_k)            # each dynamic layer k             [N, H]
-    r, c, u = block_linear_gates(z)                   # per block j: [r_j, c_j, u_j], Hb each
-    h' = sigmoid(u + update_bias) * tanh(sigmoid(r) * c) + (1 - sigmoid(u + update_bias)) * h
-
-``block_linear``: weight ``[nb, in / nb, out / nb]`` (block ``j`` maps its slice of the input), bias ``[out]``.
-
-How it runs on the library's layer (:class:`~.base.LayerWeights`): ``px`` depends on ``x`` alone, and so does its
-share of the first dynamic layer, so both run over the whole sequence at once: :meth:`BlockGRUCell.prepare_input`
-computes ``px`` (one GEMM, under autograd), and the backends' input projection ``gi = px @ Wpx^T + b0`` is a
-second one, where ``Wpx [H, P]`` gathers the ``px`` rows of ``dynamic_linears.0.weight`` (the same for every
-block: ``px`` is repeated, not split). The step keeps the rest: ``hidden_linear`` is the recurrent projection
-``gh`` (``weight_hh``), and the block weights, norms and gates are the ``extra`` weights. Parameters are named as
-TorchRL's module's state dict, so checkpoints load both ways.
+On the library's layer (:class:`~.base.LayerWeights`): ``px = act(rms(x @ Wi^T + bi) * ni)`` and its share of the
+first dynamics layer depend on ``x`` alone, so both run over the whole sequence at once
+(:meth:`BlockGRUCell.prepare_input`, then the input projection ``gi = px @ Wpx^T + b0``, ``Wpx [H, P]`` the ``px``
+rows of every block of ``dynamic_linears.0.weight``). ``hidden_linear`` is the recurrent projection (``weight_hh``);
+the block weights, norms and gates are the ``extra`` weights. Parameters carry TorchRL's state-dict names, so
+checkpoints load both ways.
 """
 
 from __future__ import annotations
@@ -60,8 +49,7 @@ ACTIVATIONS: dict[str, tuple[Callable, Callable]] = {
 
 
 def _derivative(activation: Callable) -> Callable:
-    """The derivative of an elementwise ``activation`` at ``v``: one forward-mode product with a tangent of ones (the
-    hand-written backward of a callable it has no formula for)."""
+    """The derivative of an elementwise ``activation`` without a formula: one forward-mode product with ones."""
     return lambda v: torch.func.jvp(activation, (v,), (torch.ones_like(v),))[1]
 
 
@@ -72,82 +60,46 @@ def init_weight_(weight: torch.Tensor, fan_in: int, generator: torch.Generator |
     return torch.nn.init.trunc_normal_(weight, std=std, a=-2 * std, b=2 * std, generator=generator)
 
 
-def init_block_gru_params(
-    input_size: int,
-    hidden_size: int,
-    *,
-    projection_size: int = 512,
-    num_blocks: int = 8,
-    num_layers: int = 1,
-    dtype: torch.dtype | None = None,
-    device: torch.device | str | None = None,
-    generator: torch.Generator | None = None,
-) -> TensorDict:
+def check_block_sizes(hidden: str, **sizes: int) -> None:
+    """Raise ``ValueError`` unless every size (argument: value) is positive and ``num_blocks`` divides ``hidden``'s."""
+    for name, value in sizes.items():
+        if value <= 0:
+            raise ValueError(f"{name} must be positive, got {value}.")
+    if sizes[hidden] % sizes["num_blocks"]:
+        raise ValueError(f"{hidden} must be divisible by num_blocks, got {sizes[hidden]} and {sizes['num_blocks']}.")
+
+
+def init_block_gru_params(input_size: int, hidden_size: int, *, projection_size: int = 512, num_blocks: int = 8,
+                          num_layers: int = 1, dtype: torch.dtype | None = None,
+                          device: torch.device | str | None = None,
+                          generator: torch.Generator | None = None) -> TensorDict:
     """Block GRU parameters under TorchRL's ``DreamerV3BlockGRUCell`` state-dict names, initialised as it does:
     weights truncated normal (std ``1.1368 / sqrt(fan_in)``, cut at 2 std; a block weight's fan-in is its whole
     input width), biases zero, norm scales one. ``num_layers``: dynamics layers (one recurrent layer)."""
-    for name, value in (("input_size", input_size), ("hidden_size", hidden_size), ("projection_size", projection_size),
-                        ("num_blocks", num_blocks), ("num_layers", num_layers)):
-        if value <= 0:
-            raise ValueError(f"{name} must be positive, got {value}.")
-    if hidden_size % num_blocks:
-        raise ValueError(f"hidden_size must be divisible by num_blocks, got {hidden_size} and {num_blocks}.")
-    dtype = dtype if dtype is not None else torch.get_default_dtype()
-    H, P, nb = hidden_size, projection_size, num_blocks
-
-    def weight(shape, fan_in):
-        return init_weight_(torch.empty(shape, dtype=dtype, device=device), fan_in, generator)
-
-    zeros = functools.partial(torch.zeros, dtype=dtype, device=device)
-    ones = functools.partial(torch.ones, dtype=dtype, device=device)
-    tensors = {
-        "input_linear.weight": weight((P, input_size), input_size), "input_linear.bias": zeros(P),
-        "input_norm.weight": ones(P),
-        "hidden_linear.weight": weight((P, H), H), "hidden_linear.bias": zeros(P),
-        "hidden_norm.weight": ones(P),
-    }
-    for k in range(num_layers):
-        fan_in = H + 2 * P * nb if k == 0 else H
-        tensors[f"dynamic_linears.{k}.weight"] = weight((nb, fan_in // nb, H // nb), fan_in)
-        tensors[f"dynamic_linears.{k}.bias"] = zeros(H)
-        tensors[f"dynamic_norms.{k}.weight"] = ones(H)
-    tensors["gates.weight"] = weight((nb, H // nb, 3 * H // nb), H)
-    tensors["gates.bias"] = zeros(3 * H)
-    return TensorDict(tensors, batch_size=[], device=device)
-
-
-def _rms(v: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(v * r, r)`` with ``r = rsqrt(mean(v^2) + eps)`` over the last dim (``r [N, 1]``)."""
-    r = torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
-    return v * r, r
+    check_block_sizes("hidden_size", input_size=input_size, hidden_size=hidden_size, projection_size=projection_size,
+                      num_blocks=num_blocks, num_layers=num_layers)
+    return BlockGRUCell.init_params((input_size,), hidden_size, projection_size, num_blocks, num_layers, dtype, device,
+                                    generator)
 
 
 def _norm_backward(d_out, s, sh, qh, r, hr) -> tuple[torch.Tensor, torch.Tensor]:
-    """Through ``out = act(rms(pre) * scale)`` (factors from ``BlockGRUCell._norm_factors``): the cotangent of
-    ``pre``, ``r * d_hat - hr * sum(d_hat * hat)`` with ``d_hat = d_out * act' * scale``, and the rows of the
-    cotangent of ``scale``."""
+    """Through ``out = act(rms(pre) * scale)`` (factors: ``BlockGRUCell._norm_factors``): ``d_pre = r * d_hat - hr *
+    sum(d_hat * hat)`` with ``d_hat = d_out * act' * scale``, and the rows of ``d_scale``."""
     d_pre = torch.addcmul(r * (d_out * s), hr, (d_out * sh).sum(-1, keepdim=True), value=-1)
     return d_pre, d_out * qh
 
 
 def _blocks(v: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Block-diagonal ``v [N, nb * I] -> [N, nb * O]`` with ``weight [nb, I, O]`` (one batched GEMM)."""
+    """Block-diagonal ``v [N, nb * I] -> [N, nb * O]`` with ``weight [nb, I, O]`` (one batched GEMM); its transpose
+    (the cotangent of ``v``) is ``_blocks(d, weight.transpose(1, 2))``."""
     nb = weight.shape[0]
     out = torch.bmm(v.reshape(v.shape[0], nb, -1).transpose(0, 1), weight)  # [nb, N, O]
     return out.transpose(0, 1).reshape(v.shape[0], -1)
 
 
-def _blocks_t(d: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """The cotangent of :func:`_blocks`' input from ``d [N, nb * O]``."""
-    nb = weight.shape[0]
-    out = torch.bmm(d.reshape(d.shape[0], nb, -1).transpose(0, 1), weight.transpose(1, 2))
-    return out.transpose(0, 1).reshape(d.shape[0], -1)
-
-
 def _shared_rows(weight0: torch.Tensor, start: int, width: int) -> torch.Tensor:
-    """Rows ``start:start + width`` of every block of ``dynamic_linears.0.weight [nb, I, Hb]`` as one ``[H, width]``
-    matrix (an input repeated in every block feeds them all: one GEMM); a fresh tensor (with one block the reshape
-    alone is a view of ``weight0``, and two views of it as inputs of ``scan`` fail to compile: "aliasing")."""
+    """Rows ``start:start + width`` of every block of ``dynamic_linears.0.weight [nb, I, Hb]`` as one fresh
+    ``[H, width]`` matrix (two views of one weight as inputs of ``scan`` fail to compile: "aliasing")."""
     part = weight0[..., start:start + width, :]  # [nb, width, Hb]
     return part.transpose(-1, -2).reshape(*weight0.shape[:-3], -1, width).contiguous()
 
@@ -157,9 +109,8 @@ _FLOATS: dict[str, tuple[float, float]] = {}  # (norm_eps, update_bias) of each 
 
 @mark_constant_result
 def _floats(name: str) -> tuple[float, float]:
-    """A cell's ``(norm_eps, update_bias)``: constants of a compiled graph. Read as attributes, under
-    ``torch.compile(dynamic=True)`` they became ``SymFloat`` graph inputs, which torch's ``scan`` refuses as inputs of
-    its body (and ``F.rms_norm`` needs a Python ``eps``)."""
+    """A cell's ``(norm_eps, update_bias)`` as constants of a compiled graph: read as attributes under
+    ``torch.compile(dynamic=True)`` they become ``SymFloat`` inputs, which ``scan``'s body and ``F.rms_norm`` refuse."""
     return _FLOATS[name]
 
 
@@ -175,8 +126,11 @@ class BlockGRUCell(Cell):
     state_doc = "``h [*B, 1, H]``"
     params_doc = "DreamerV3BlockGRUCell state-dict keys (input_linear.weight, ..., gates.bias)"
     init_function = "init_block_gru_params"
+    # (weight, bias, norm scale) of each input's projection and of the hidden state's
+    input_keys = (("input_linear.weight", "input_linear.bias", "input_norm.weight"),)
     hidden_keys = ("hidden_linear.weight", "hidden_linear.bias", "hidden_norm.weight")
-    hidden_first = False  # the first dynamic layer's block j reads [h_j, px, ph] (the RSSM core: [h_j, ph, px])
+    hidden_first = False  # in the state dict, and in block j of the first dynamic layer: [h_j, px, ph] (RSSM: ph first)
+    sizes = "input_size={0}, hidden_size={H}, projection_size={P}, num_blocks={nb}"  # in messages; {0}: inputs' widths
 
     def __init__(self, activation: str | Callable, norm_eps: float, update_bias: float):
         self.activation, norm_eps, update_bias = activation, float(norm_eps), float(update_bias)
@@ -192,6 +146,40 @@ class BlockGRUCell(Cell):
         """Dynamics layer ``k``'s block weight, bias and norm scale."""
         return f"dynamic_linears.{k}.weight", f"dynamic_linears.{k}.bias", f"dynamic_norms.{k}.weight"
 
+    @classmethod
+    def ordered(cls, hidden, inputs: tuple) -> tuple:
+        """``hidden`` and ``inputs`` (one per input projection) in state-dict order."""
+        return (hidden, *inputs) if cls.hidden_first else (*inputs, hidden)
+
+    @classmethod
+    def num_dynamic(cls, keys) -> int:
+        """The number of dynamics layers in ``keys``."""
+        k = 0
+        while cls.dynamic_keys(k)[0] in keys:
+            k += 1
+        return k
+
+    @classmethod
+    def init_params(cls, widths: tuple[int, ...], H: int, P: int, nb: int, num_layers: int, dtype, device,
+                    generator) -> TensorDict:
+        """Parameters for inputs of ``widths`` in TorchRL's order and draws (weights by :func:`init_weight_`)."""
+        dtype = dtype if dtype is not None else torch.get_default_dtype()
+
+        def weight(shape, fan_in):
+            return init_weight_(torch.empty(shape, dtype=dtype, device=device), fan_in, generator)
+
+        zeros = functools.partial(torch.zeros, dtype=dtype, device=device)
+        ones = functools.partial(torch.ones, dtype=dtype, device=device)
+        tensors = {}
+        for (w, b, n), width in zip(cls.ordered(cls.hidden_keys, cls.input_keys), cls.ordered(H, widths)):
+            tensors.update({w: weight((P, width), width), b: zeros(P), n: ones(P)})
+        for k in range(num_layers):
+            fan_in = H + (1 + len(widths)) * P * nb if k == 0 else H
+            w, b, n = cls.dynamic_keys(k)
+            tensors.update({w: weight((nb, fan_in // nb, H // nb), fan_in), b: zeros(H), n: ones(H)})
+        tensors.update({"gates.weight": weight((nb, H // nb, 3 * H // nb), H), "gates.bias": zeros(3 * H)})
+        return TensorDict(tensors, batch_size=[], device=device)
+
     @property
     def norm_eps(self) -> float:
         return _floats(self.name)[0]
@@ -202,31 +190,27 @@ class BlockGRUCell(Cell):
 
     def read_layout(self, params: Mapping[str, torch.Tensor]) -> Layout:
         keys = set(params.keys())
-        num_layers = 0
-        while f"dynamic_linears.{num_layers}.weight" in keys:
-            num_layers += 1
-        fixed = {"input_linear.weight", "input_linear.bias", "input_norm.weight", "hidden_linear.weight",
-                 "hidden_linear.bias", "hidden_norm.weight", "gates.weight", "gates.bias"}
-        dynamic = {f"dynamic_{kind}.{k}.{t}" for k in range(max(num_layers, 1))
-                   for kind, t in (("linears", "weight"), ("linears", "bias"), ("norms", "weight"))}
-        check_keys(keys, fixed | dynamic, f"a {self.title} with {max(num_layers, 1)} dynamics layer(s)")
-        wi, gates = params["input_linear.weight"], params["gates.weight"]
-        if wi.ndim != 2 or gates.ndim != 3:
+        num_layers, projections = self.num_dynamic(keys), self.ordered(self.hidden_keys, self.input_keys)
+        groups = (*projections, *map(self.dynamic_keys, range(max(num_layers, 1))), ("gates.weight", "gates.bias"))
+        check_keys(keys, {key for group in groups for key in group},
+                   f"the {self.title} with {max(num_layers, 1)} dynamics layer(s)")
+        weights, gates = [params[w] for w, _, _ in projections], params["gates.weight"]
+        if gates.ndim != 3 or any(w.ndim != 2 for w in weights):
             raise ValueError(
-                f"params: expected input_linear.weight [P, F] and gates.weight [nb, H/nb, 3H/nb], got "
-                f"{list(wi.shape)} and {list(gates.shape)}. Are these params of another cell kind?"
+                f"params: expected {', '.join(f'{w} [P, ·]' for w, _, _ in projections)} and gates.weight "
+                f"[nb, H/nb, 3H/nb], got {', '.join(str(list(w.shape)) for w in weights)} and {list(gates.shape)}. "
+                f"Are these params of another cell kind?"
             )
-        (P, F_in), (nb, Hb) = wi.shape, gates.shape[:2]
-        H = nb * Hb
-        want = {"input_linear.weight": (P, F_in), "input_linear.bias": (P,), "input_norm.weight": (P,),
-                "hidden_linear.weight": (P, H), "hidden_linear.bias": (P,), "hidden_norm.weight": (P,),
-                "gates.weight": (nb, Hb, 3 * Hb), "gates.bias": (3 * H,)}
+        (nb, hb), P = gates.shape[:2], weights[0].shape[0]
+        H, widths = nb * hb, [params[w].shape[-1] for w, _, _ in self.input_keys]
+        want = {"gates.weight": (nb, hb, 3 * hb), "gates.bias": (3 * H,)}
+        for (w, b, n), width in zip((self.hidden_keys, *self.input_keys), (H, *widths)):
+            want.update({w: (P, width), b: (P,), n: (P,)})
         for k in range(num_layers):
-            want[f"dynamic_linears.{k}.weight"] = (nb, (Hb + 2 * P) if k == 0 else Hb, Hb)
-            want[f"dynamic_linears.{k}.bias"] = want[f"dynamic_norms.{k}.weight"] = (H,)
-        check_shapes(params, want, f"the {self.title} with input_size={F_in}, hidden_size={H}, projection_size={P}, "
-                     f"num_blocks={nb}", "input_linear.weight")
-        return Layout(self, 1, F_in, H, (H,), wi.dtype, wi.device, bias=True)
+            want.update(zip(self.dynamic_keys(k), ((nb, hb + (1 + len(widths)) * P if k == 0 else hb, hb), (H,), (H,))))
+        check_shapes(params, want, f"the {self.title} with {self.sizes.format(*widths, H=H, P=P, nb=nb)}",
+                     projections[0][0])
+        return Layout(self, 1, sum(widths), H, (H,), weights[0].dtype, weights[0].device, bias=True)
 
     def prepare_input(self, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """``px = act(rms(x @ Wi^T + bi) * ni)`` for every step at once: ``[..., F] -> [..., P]``."""
@@ -243,10 +227,7 @@ class BlockGRUCell(Cell):
         P, hb = nh.shape[-1], w0.shape[-1]
         px_width = w0.shape[-2] - hb - P
         px_at, ph_at = (hb + P, hb) if self.hidden_first else (hb, hb + px_width)
-        deeper, j = [], 1
-        while self.dynamic_keys(j)[0] in params:
-            deeper += [params[key] for key in self.dynamic_keys(j)]
-            j += 1
+        deeper = [params[key] for j in range(1, self.num_dynamic(params)) for key in self.dynamic_keys(j)]
         return LayerWeights(
             weight_ih=_shared_rows(w0, px_at, px_width), bias_ih=b0, weight_hh=wh, bias_hh=bh,
             extra=(nh, w0[..., :hb, :].contiguous(), _shared_rows(w0, ph_at, P), n0, *deeper,
@@ -270,38 +251,36 @@ class BlockGRUCell(Cell):
             saved.append(pre)
             z = act(F.rms_norm(pre, pre.shape[-1:], norm, eps))
         g = _blocks(z, gates_w) + gates_b
-        return (self._update(g, h, gates_w.shape[-3]),), (*saved, g)
-
-    def _update(self, g: torch.Tensor, h: torch.Tensor, nb: int) -> torch.Tensor:
-        """``h'`` from the gate pre-activations, on per-block views (no copies of ``r, c, u``)."""
-        n = h.shape[0]
-        per_block = g.reshape(n, nb, 3, -1)
-        r, c, u = per_block[:, :, 0], per_block[:, :, 1], per_block[:, :, 2]
+        n, nb = h.shape[0], gates_w.shape[-3]
+        r, c, u = g.reshape(n, nb, 3, -1).unbind(-2)  # per-block views (no copies): g is block-major
         u = torch.sigmoid(u + self.update_bias)
-        return (u * torch.tanh(torch.sigmoid(r) * c) + (1 - u) * h.reshape(n, nb, -1)).reshape(n, -1)
+        h_new = u * torch.tanh(torch.sigmoid(r) * c) + (1 - u) * h.reshape(n, nb, -1)
+        return (h_new.reshape(n, -1),), (*saved, g)
 
     def backward_factors(self, saved: Saved, carry: Carry, w: LayerWeights) -> Saved:
-        """Everything elementwise the step backward reads, for one step or many at once: the gates' factor ``K``
-        (``d_g = dh' * K``, block-major as ``g``) and ``1 - u``; for the hidden projection and each dynamic layer
-        the factors of :func:`_norm_backward` and the output (:meth:`_norm_factors`)."""
+        """The gates' factor ``K`` (``d_g = dh' * K``, block-major as ``g``), ``1 - u``, then :meth:`_norm_factors` of
+        the hidden projection and of each dynamic layer; elementwise, so for one step or many at once."""
         (h,) = carry
         a, *pres, g = saved
         norm_h, w0h, _, norm_0, *rest = w.extra
         *deeper, _, _ = rest
-        nb = w0h.shape[-3]
-        r_in, c_in, u_in = _split_gates(g, nb)
+        lead, nb = g.shape[:-1], w0h.shape[-3]
+        # [..., nb, Hb] each (g is block-major), contiguous: strided views take other (last-bit) elementwise kernels
+        r_in, c_in, u_in = g.reshape(*lead, nb, 3, -1).movedim(-2, 0).contiguous().unbind(0)
         r, u = torch.sigmoid(r_in), torch.sigmoid(u_in + self.update_bias)
         cand = torch.tanh(r * c_in)
         d_rc = u * (1 - cand * cand)
-        gate_factor = _join_gates(d_rc * c_in * r * (1 - r), d_rc * r, (cand - h) * u * (1 - u), nb)
-        out = [gate_factor, 1 - u]
+        d_u = (cand - h.reshape(*h.shape[:-1], nb, -1)) * u * (1 - u)
+        gate_factor = torch.stack([d_rc * c_in * r * (1 - r), d_rc * r, d_u], dim=-2).reshape(*lead, -1)
+        out = [gate_factor, (1 - u).reshape(*lead, -1)]
         for pre, n in zip((a, *pres), (norm_h, norm_0, *deeper[2::3])):
             out += self._norm_factors(pre, n)
         return tuple(out)
 
     def _norm_factors(self, pre: torch.Tensor, scale: torch.Tensor) -> list[torch.Tensor]:
         """What :func:`_norm_backward` reads for ``out = act(rms(pre) * scale)``, and ``out`` last."""
-        hat, r = _rms(pre, self.norm_eps)
+        r = torch.rsqrt(pre.pow(2).mean(-1, keepdim=True) + self.norm_eps)  # [..., 1]
+        hat = pre * r
         q = self._act_grad(hat * scale)
         s = q * scale
         return [s, s * hat, q * hat, r, hat * r / pre.shape[-1], self._act(hat * scale)]
@@ -316,17 +295,17 @@ class BlockGRUCell(Cell):
         n, nb = h.shape[0], w0h.shape[-3]
         hidden, layers = norms[:6], [norms[i : i + 6] for i in range(6, len(norms), 6)]
         d_g = (dh_new.reshape(n, nb, 1, -1) * gate_factor.reshape(n, nb, 3, -1)).reshape(n, -1)
-        d_z = _blocks_t(d_g, gates_w)
+        d_z = _blocks(d_g, gates_w.transpose(1, 2))
         per_layer = []  # (d_pre, d_norm rows) per dynamic layer, last to first
         for k in range(len(layers) - 1, -1, -1):
             per_layer.append(_norm_backward(d_z, *layers[k][:5]))
             if k:
-                d_z = _blocks_t(per_layer[-1][0], deeper[3 * (k - 1)])
+                d_z = _blocks(per_layer[-1][0], deeper[3 * (k - 1)].transpose(1, 2))
         per_layer.reverse()
         d_pre0 = per_layer[0][0]
         # the first dynamic layer's recurrent inputs: h's own block, and ph (shared by every block)
         d_a, d_norm_h = _norm_backward(d_pre0 @ wph, *hidden[:5])
-        d_h = torch.addcmul(_blocks_t(d_pre0, w0h), dh_new, keep) + d_a @ w.weight_hh
+        d_h = torch.addcmul(_blocks(d_pre0, w0h.transpose(1, 2)), dh_new, keep) + d_a @ w.weight_hh
         blocks = lambda t: t.reshape(n, nb, -1)  # noqa: E731  (the block weights' factors)
         factors_out = [d_norm_h, blocks(h), d_pre0, hidden[5], per_layer[0][1]]
         for k in range(1, len(layers)):
@@ -339,22 +318,13 @@ class BlockGRUCell(Cell):
         (``[T, N, ·]`` each): every weight gradient is one GEMM over all ``T * N`` rows, not one per step."""
         d_norm_h, h, d_pre0, ph, d_norm0, *rest = per_step
         *deeper, z_last, d_g = rest
-        d_pre0_blocks = d_pre0.reshape(h.shape)
-        grads = [_sum_rows(d_norm_h), _block_outer(h, d_pre0_blocks), _rows(d_pre0).T @ _rows(ph), _sum_rows(d_norm0)]
+        # reshape, not flatten: torch's legacy vmap (a batched backward) has no batching rule for flatten
+        grads = [d_norm_h.sum((0, 1)), _block_outer(h, d_pre0.reshape(h.shape)),
+                 d_pre0.reshape(-1, d_pre0.shape[-1]).T @ ph.reshape(-1, ph.shape[-1]), d_norm0.sum((0, 1))]
         for j in range(0, len(deeper), 3):
             z_in, d_pre, d_norm = deeper[j : j + 3]
-            grads += [_block_outer(z_in, d_pre), _sum_rows(d_pre).reshape(-1), _sum_rows(d_norm)]
-        return (*grads, _block_outer(z_last, d_g), _sum_rows(d_g).reshape(-1))
-
-
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    """``[T, N, K] -> [T * N, K]``."""
-    return t.reshape(-1, t.shape[-1])
-
-
-def _sum_rows(t: torch.Tensor) -> torch.Tensor:
-    """The sum over time and batch: ``[T, N, ...] -> [...]``."""
-    return t.sum(dim=(0, 1))
+            grads += [_block_outer(z_in, d_pre), d_pre.sum((0, 1)).reshape(-1), d_norm.sum((0, 1))]
+        return (*grads, _block_outer(z_last, d_g), d_g.sum((0, 1)).reshape(-1))
 
 
 def _block_outer(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -364,27 +334,14 @@ def _block_outer(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.bmm(a.reshape(-1, nb, a.shape[-1]).permute(1, 2, 0), b.reshape(-1, nb, b.shape[-1]).transpose(0, 1))
 
 
-def _split_gates(g: torch.Tensor, nb: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``g [..., 3H]`` (block-major: block ``j`` holds its ``r, c, u``, ``Hb`` each) -> ``r, c, u`` ``[..., H]`` each."""
-    per_block = g.reshape(*g.shape[:-1], nb, 3, -1)
-    return tuple(per_block[..., i, :].reshape(*g.shape[:-1], -1) for i in range(3))
-
-
-def _join_gates(d_r: torch.Tensor, d_c: torch.Tensor, d_u: torch.Tensor, nb: int) -> torch.Tensor:
-    """The inverse of :func:`_split_gates`."""
-    lead = d_r.shape[:-1]
-    return torch.stack([d.reshape(*lead, nb, -1) for d in (d_r, d_c, d_u)], dim=-2).reshape(*lead, -1)
-
-
 _CELLS: dict[tuple, BlockGRUCell] = {}
 
 
 def block_gru_cell(activation: str | Callable = "silu", norm_eps: float = 1e-4, update_bias: float = -1.0,
                    kind: type[BlockGRUCell] = BlockGRUCell) -> BlockGRUCell:
-    """The cell of ``kind`` (the block GRU, or a subclass: the RSSM core) for these hyperparameters: one instance each,
-    made on first use (backends and compiled graphs key on it; a plain dict rather than ``functools.cache``, whose
-    wrapper Dynamo does not trace). ``activation``: a name of :data:`ACTIVATIONS` or any elementwise callable (a
-    parameter-free module or a function, held by identity; its derivative comes from ``torch.func.jvp``)."""
+    """The cell of ``kind`` (the block GRU, or the RSSM core) for these hyperparameters, made on first use (a plain
+    dict, not ``functools.cache``, whose wrapper Dynamo does not trace). ``activation``: a name of :data:`ACTIVATIONS`
+    or any elementwise callable (held by identity; its derivative by ``torch.func.jvp``)."""
     key = (kind, activation, float(norm_eps), float(update_bias))
     cell = _CELLS.get(key)  # first: under torch.compile(dynamic=True) the floats are symbolic, which _make_cell refuses
     if cell is None:
@@ -395,9 +352,8 @@ def block_gru_cell(activation: str | Callable = "silu", norm_eps: float = 1e-4, 
 
 @mark_constant_result
 def _make_cell(kind: type[BlockGRUCell], activation, *floats: float) -> None:
-    """Make the cell of these hyperparameters unless it exists: for real even while Dynamo traces (a callable
-    activation's cell is made on its first use, compiled or not), since its constants (:func:`_floats`) are read at
-    trace time, before Dynamo would replay the writes."""
+    """Make the cell of these hyperparameters unless it exists, for real even while Dynamo traces: its constants
+    (:func:`_floats`) are read at trace time, before Dynamo would replay the writes."""
     if (kind, activation, *floats) in _CELLS:
         return
     if not (activation in ACTIVATIONS if isinstance(activation, str) else callable(activation)):

@@ -1,8 +1,6 @@
 """The public functions of DreamerV3's block GRU (:mod:`rnn_functional.cells.block_gru`) and of TorchRL's RSSM core
-(:mod:`rnn_functional.cells.rssm`, the block GRU with another input stage).
-
-Their hyperparameters (``activation``, ``norm_eps``, ``update_bias``) are keywords, not params: each combination is
-one cell (:func:`~rnn_functional.cells.block_gru.block_gru_cell`), made and registered on first use.
+(:mod:`rnn_functional.cells.rssm`). Their hyperparameters (``activation``, ``norm_eps``, ``update_bias``) are
+keywords: each combination is one cell (:func:`~rnn_functional.cells.block_gru.block_gru_cell`), made on first use.
 """
 
 from __future__ import annotations
@@ -21,17 +19,9 @@ Activation = str | Callable[[torch.Tensor], torch.Tensor]
 configured_cell = block_gru_cell  # the cell for these hyperparameters, made and registered on its first use
 
 
-def block_gru_step(
-    x: torch.Tensor,
-    state: torch.Tensor | None,
-    params: Mapping[str, torch.Tensor],
-    *,
-    is_init: torch.Tensor | None = None,
-    backend: str = "auto",
-    activation: Activation = "silu",
-    norm_eps: float = 1e-4,
-    update_bias: float = -1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def block_gru_step(x: torch.Tensor, state: torch.Tensor | None, params: Mapping[str, torch.Tensor], *,
+                   is_init: torch.Tensor | None = None, backend: str = "auto", activation: Activation = "silu",
+                   norm_eps: float = 1e-4, update_bias: float = -1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """One step of DreamerV3's block GRU.
 
     Args:
@@ -53,23 +43,11 @@ def block_gru_step(
     return step(x, state, params, is_init=is_init, backend=backend)
 
 
-def block_gru_sequence(
-    x: torch.Tensor,
-    state: torch.Tensor | None,
-    params: Mapping[str, torch.Tensor],
-    *,
-    is_init: torch.Tensor | None = None,
-    reset_state: torch.Tensor | None = None,
-    backend: str = "auto",
-    recompute: str = "none",
-    activation: Activation = "silu",
-    norm_eps: float = 1e-4,
-    update_bias: float = -1.0,
-    return_segment_states: bool = False,
-    slice_len: int | None = None,
-    num_slices: int | None = None,
-    segment_layout: str = "auto",
-):
+def block_gru_sequence(x: torch.Tensor, state: torch.Tensor | None, params: Mapping[str, torch.Tensor], *,
+                       is_init: torch.Tensor | None = None, reset_state: torch.Tensor | None = None,
+                       backend: str = "auto", recompute: str = "none", activation: Activation = "silu",
+                       norm_eps: float = 1e-4, update_bias: float = -1.0, return_segment_states: bool = False,
+                       slice_len: int | None = None, num_slices: int | None = None, segment_layout: str = "auto"):
     """DreamerV3's block GRU over a sequence, with resets.
 
     Args:
@@ -94,16 +72,9 @@ def block_gru_sequence(
                     segment_layout=segment_layout)
 
 
-def rssm_core_step(
-    x: torch.Tensor,
-    state: torch.Tensor | None,
-    params: Mapping[str, torch.Tensor],
-    *,
-    is_init: torch.Tensor | None = None,
-    backend: str = "auto",
-    activation: Activation = "silu",
-    norm_eps: float = 1e-4,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def rssm_core_step(x: torch.Tensor, state: torch.Tensor | None, params: Mapping[str, torch.Tensor], *,
+                   is_init: torch.Tensor | None = None, backend: str = "auto", activation: Activation = "silu",
+                   norm_eps: float = 1e-4) -> tuple[torch.Tensor, torch.Tensor]:
     """One step of TorchRL's DreamerV3 RSSM core (``RSSMPriorV3(recurrent_model="block_gru").rnn``).
 
     Args:
@@ -119,19 +90,10 @@ def rssm_core_step(
     return step(x, state, params, is_init=is_init, backend=backend)
 
 
-def rssm_core_sequence(
-    x: torch.Tensor,
-    state: torch.Tensor | None,
-    params: Mapping[str, torch.Tensor],
-    *,
-    is_init: torch.Tensor | None = None,
-    reset_state: torch.Tensor | None = None,
-    backend: str = "auto",
-    recompute: str = "none",
-    activation: Activation = "silu",
-    norm_eps: float = 1e-4,
-    return_segment_states: bool = False,
-):
+def rssm_core_sequence(x: torch.Tensor, state: torch.Tensor | None, params: Mapping[str, torch.Tensor], *,
+                       is_init: torch.Tensor | None = None, reset_state: torch.Tensor | None = None,
+                       backend: str = "auto", recompute: str = "none", activation: Activation = "silu",
+                       norm_eps: float = 1e-4, return_segment_states: bool = False):
     """The RSSM core over a sequence of known stochastic states and actions ``x = [s, a] [*B, T, S + A]``, with
     resets; every other argument and the result as :func:`block_gru_sequence` (the belief is its ``h``)."""
     sequence = entries(configured_cell(activation, norm_eps, kind=RSSMCoreCell))[1]

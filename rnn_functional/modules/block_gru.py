@@ -1,8 +1,7 @@
-"""Drop-ins for TorchRL's ``DreamerV3BlockGRUCell`` and ``DreamerV3BlockGRU`` over the functional block GRU.
-
-Same constructor arguments, forward signatures, shapes, exception classes, state-dict names (checkpoints load both
-ways) and draws from the global generator (a seed builds TorchRL's weights). Each forward reads the parameters as
-they are at that call (``functional_call``, ``load_state_dict`` and ``torch.export`` swap them freely).
+"""Drop-ins for TorchRL's ``DreamerV3BlockGRUCell`` and ``DreamerV3BlockGRU`` over the functional block GRU: same
+constructor arguments, forward signatures, shapes, exception classes, state-dict names and draws from the global
+generator. Each forward reads the parameters as they are at that call (``functional_call``, ``load_state_dict`` and
+``torch.export`` swap them freely).
 """
 
 from __future__ import annotations
@@ -34,8 +33,7 @@ class _Scale(nn.Module):
 
 
 class _BlockLinear(nn.Module):
-    """Holds a block-diagonal layer's ``weight [nb, in / nb, out / nb]`` and ``bias [out]`` (TorchRL's names and
-    attributes), initialised when built, as TorchRL's."""
+    """A block-diagonal layer's ``weight [nb, in / nb, out / nb]`` and ``bias [out]``, initialised as TorchRL's."""
 
     def __init__(self, in_features: int, out_features: int, num_blocks: int, device):
         super().__init__()
@@ -46,8 +44,7 @@ class _BlockLinear(nn.Module):
 
 
 def activation_of(activation_class) -> nn.Module | Callable:
-    """The activation TorchRL's constructors build from ``activation_class`` (a class is instantiated), refused as
-    they refuse it: ``TypeError`` unless callable, ``ValueError`` if it has parameters."""
+    """The activation TorchRL's constructors build from ``activation_class`` (a class is instantiated), or its error."""
     activation = activation_class() if isinstance(activation_class, type) else activation_class
     if not callable(activation):
         raise TypeError(f"activation_class: expected a parameter-free elementwise activation (a module class or "
@@ -59,8 +56,7 @@ def activation_of(activation_class) -> nn.Module | Callable:
 
 
 def functional_activation(activation: nn.Module | Callable) -> str | nn.Module | Callable:
-    """The functional core's ``activation``: the name of ``nn.SiLU``/``nn.Tanh``/``nn.ReLU`` (closed-form derivatives),
-    else the callable itself (its derivative by ``torch.func.jvp``)."""
+    """The functional core's ``activation``: the name of a module class with a closed-form derivative, else itself."""
     return _ACTIVATION_NAMES.get(type(activation), activation)
 
 

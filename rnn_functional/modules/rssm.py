@@ -1,11 +1,6 @@
 """``RSSMCoreV3``: a drop-in for the recurrent core TorchRL's ``RSSMPriorV3(recurrent_model="block_gru")`` builds (its
-private ``_DreamerV3BlockGRU``), over :func:`rnn_functional.rssm_core_step`.
-
-Same keyword constructor, ``forward(state, belief, action) -> belief``, submodule layout and state-dict names
-(``belief_projection.0.weight``, ..., ``hidden_layers.{3k}.weight``, ``gates.bias``), so checkpoints load both ways;
-the same draws from the global generator, so a seed builds TorchRL's weights. Into a prior::
-
-    prior.rnn = RSSMCoreV3.from_torchrl(prior.rnn)  # the same parameter objects: optimizers built before keep working
+private ``_DreamerV3BlockGRU``), over :func:`rnn_functional.rssm_core_step`: same keyword constructor, forward,
+submodules, state-dict names and draws from the global generator (``docs/model_based.md``).
 """
 
 from __future__ import annotations
