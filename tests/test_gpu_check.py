@@ -17,8 +17,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_dry_run_writes_what_a_lease_brings_back(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "PYTHON": sys.executable}
-    done = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run", "--out", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    # twice a lease's default budget: on a loaded 2-core machine the interpreter's steps overran their shares of 450 s
+    # (this test failed so on CI once, and in a fresh clone beside two other test runs); the shares are tested below
+    done = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run", "--budget-s", "900", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     files = sorted(p.name for p in out.iterdir())
     assert files == ["compile.json", "ensemble.json", "flat.json", "gpu_check.json", "policy.json", "profile.json",
