@@ -78,10 +78,8 @@ def replayed_vjp(fn, args: tuple, cotangents: tuple) -> list:
     present = [i for i, t in enumerate(args) if t is not None]
 
     def of_present(*tensors):
-        full = list(args)
-        for i, t in zip(present, tensors):
-            full[i] = t
-        return fn(*full)
+        given = iter(tensors)
+        return fn(*[None if t is None else next(given) for t in args])
 
     if transforms():  # under torch.func (grad of grad, hessian): its vjp, which composes with the transforms around it
         out, pullback = torch.func.vjp(of_present, *(args[i] for i in present))
@@ -94,10 +92,8 @@ def replayed_vjp(fn, args: tuple, cotangents: tuple) -> list:
             return torch.autograd.grad(out, inputs, cotangents, create_graph=True, allow_unused=True,
                                        materialize_grads=True)
     found = pullback(tuple(torch.zeros_like(o) if g is None else g for o, g in zip(out, cotangents)))
-    grads: list = [None] * len(args)
-    for i, g in zip(present, found):
-        grads[i] = g
-    return grads
+    found = iter(found)
+    return [None if t is None else next(found) for t in args]
 
 
 @dataclass(frozen=True)

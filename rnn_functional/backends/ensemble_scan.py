@@ -20,14 +20,11 @@ __all__ = ["layer_states", "serves"]
 _OP = "rnn_functional::scan_ensemble_layer"
 
 
-def _vmapped(t: torch.Tensor | None) -> bool:
-    return t is not None and torch._C._functorch.is_batchedtensor(t)
-
-
 def serves(recompute: bool, *tensors: torch.Tensor | None) -> bool:
     """For a compiled call (the caller checks): a vmapped input, and autograd on or ``recompute`` (a vmapped tensor
     reports ``requires_grad=False`` whatever its base)."""
-    return (recompute or torch.is_grad_enabled()) and any(_vmapped(t) for t in tensors)
+    return (recompute or torch.is_grad_enabled()) and any(
+        t is not None and torch._C._functorch.is_batchedtensor(t) for t in tensors)
 
 
 def layer_states(cell: Cell, recompute: bool, n_carry: int, has_reset: bool, inp, mask, *rest) -> Carry:
@@ -61,7 +58,12 @@ def _layer_impl(cell: str, recompute: bool, inp, mask, carry0, reset, weights):
 def _fold_vmapped_dim(info, in_dims, cell, recompute, inp, mask, carry0, reset, weights):
     """vmap rule: ``[B, e] -> [B * e]``; a tensor shared at one level only is expanded, at both stays ``e = 1``."""
     batch = info.batch_size
-    inner = max(t.shape[0] if d is None else t.movedim(d, 0).shape[1] for t, d in _pairs(in_dims, inp, mask, carry0, reset, weights))
+    _, _, in_inp, in_mask, in_carry, in_reset, in_w = (
+        _per_entry(v, d) for v, d in zip((cell, recompute, inp, mask, carry0, reset, weights), in_dims)
+    )
+    pairs = ((inp, in_inp), (mask, in_mask), *zip(carry0, in_carry), *zip(reset or (), in_reset or ()),
+             *zip(weights, in_w))
+    inner = max(t.shape[0] if d is None else t.movedim(d, 0).shape[1] for t, d in pairs if t is not None)
 
     def fold(t, d):
         if t is None:
@@ -76,9 +78,6 @@ def _fold_vmapped_dim(info, in_dims, cell, recompute, inp, mask, carry0, reset, 
             t = t.expand(batch, inner, *t.shape[2:])
         return t.reshape(batch * inner, *t.shape[2:])
 
-    _, _, in_inp, in_mask, in_carry, in_reset, in_w = (
-        _per_entry(v, d) for v, d in zip((cell, recompute, inp, mask, carry0, reset, weights), in_dims)
-    )
     states = torch.ops.rnn_functional.scan_ensemble_layer(
         cell, recompute, fold(inp, in_inp), fold(mask, in_mask), [fold(s, d) for s, d in zip(carry0, in_carry)],
         None if reset is None else [fold(r, d) for r, d in zip(reset, in_reset)],
@@ -91,14 +90,6 @@ def _per_entry(value, dim):  # a list argument's vmapped dims, one per entry (vm
     if isinstance(value, (list, tuple)) and not isinstance(dim, (list, tuple)):
         return [dim] * len(value)
     return dim
-
-
-def _pairs(in_dims, *values):  # (tensor, vmapped dim) for every tensor among values
-    for v, d in zip(values, in_dims[2:]):
-        if isinstance(v, (list, tuple)):
-            yield from ((t, e) for t, e in zip(v, _per_entry(v, d)) if t is not None)
-        elif v is not None:
-            yield v, d
 
 
 _LIB = torch.library.Library("rnn_functional", "FRAGMENT")

@@ -1,11 +1,8 @@
-"""``parallel``: cells linear in their state (``h_t = a_t * h_{t-1} + b_t``) solved in parallel over time.
-
-Each layer computes ``(a, b)`` for every step (:meth:`~rnn_functional.cells.base.Cell.coefficients`), folds the
-resets in and solves the recurrence with :func:`linear_scan`, a chunked scan (chunks of about ``sqrt(T)`` steps,
-three passes) that never divides by a product of ``a`` (it underflows), as stable as the sequential loop; nothing is
-read on the host. Eagerly the scan is :class:`LinearScan` (preallocated buffers, its backward the same scan in
-reverse); compiled and in forward mode the plain ops run under autograd (Dynamo cannot vmap the Function under a
-compiled ensemble, nor trace one with a ``jvp``).
+"""``parallel``: cells linear in their state (``h_t = a_t * h_{t-1} + b_t``) solved in parallel over time by
+:func:`linear_scan`, a chunked scan that never divides by a product of ``a`` (``docs/linear_recurrences.md``).
+Eagerly the scan is :class:`LinearScan` (preallocated buffers, its backward the same scan in reverse); compiled and
+in forward mode the plain ops run under autograd (Dynamo cannot vmap the Function under a compiled ensemble, nor
+trace one with a ``jvp``).
 """
 
 from __future__ import annotations
@@ -100,13 +97,6 @@ def _solve(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reverse:
     return torch.cat([tail, main] if reverse else [main, tail], dim=1)
 
 
-def _before(h: torch.Tensor, reverse: bool, init: torch.Tensor | None) -> torch.Tensor:
-    """The state each step starts from, ``[N, T, ...]``: ``h_{t-1}`` (``h_{t+1}`` in reverse), ``init`` (or zeros)
-    first."""
-    first = (torch.zeros_like(h[:, 0]) if init is None else init).unsqueeze(1)
-    return torch.cat([h[:, 1:], first] if reverse else [first, h[:, :-1]], dim=1)
-
-
 def _wrapped(*tensors: torch.Tensor | None) -> bool:
     """Any of ``tensors`` a ``torch.func`` wrapper or legacy batched tensor: ``out=`` has no batching rule there."""
     functorch = torch._C._functorch
@@ -144,7 +134,8 @@ class LinearScan(torch.autograd.Function):
                      if a.shape[1] > 1 else grad[:, rest])
             edge = grad[:, last].unsqueeze(1)
             g = torch.cat([edge, inner] if rev else [inner, edge], dim=1)
-            d_a = g * _before(h, rev, start)
+            before = (torch.zeros_like(h[:, 0]) if start is None else start).unsqueeze(1)  # the state each step reads
+            d_a = g * torch.cat([h[:, 1:], before] if rev else [before, h[:, :-1]], dim=1)
             d_a = d_a if cut is None else torch.where(cut, 0.0, d_a)
         else:  # written in place: no copies
             g = torch.empty_like(grad)

@@ -290,7 +290,12 @@ class HandWrittenLayer(torch.autograd.Function):
         acc = tuple(torch.zeros_like(s[0]) for s in states)
         totals, parts = None, []
         for start, end in reversed(spans):
-            pre = _carries_before(carry0, states, start, end, members)
+            # the carry each step starts from, before its reset: [end - start, (E,) N, S] each
+            if start:
+                pre = tuple(s[start - 1 : end - 1] for s in states)
+            else:  # one step more, then cut: a traced ``s[: end - 1]`` guards ``T - 1 != 1`` (T = 2 recompiled)
+                pre = tuple(torch.cat([members.expand(c0).unsqueeze(0), s[:end]])[:end]
+                            for c0, s in zip(carry0, states))
             pre = apply_reset(pre, None if mask_t is None else mask_t[start:end], tuple(r[start:end] for r in reset) or None)
             if key == "x":
                 inputs = (x[start:end],)
@@ -324,14 +329,6 @@ def _spans(steps: int, state_step: torch.Tensor) -> tuple[tuple[int, int], ...]:
     row_bytes = state_step.numel() * state_step.element_size()
     size = max(1, CHUNK_BYTES // max(1, row_bytes), -(-SPAN_ROWS // max(1, state_step.shape[0])))
     return tuple((start, min(start + size, steps)) for start in range(0, steps, size))
-
-
-def _carries_before(carry0: Carry, states: Carry, start: int, end: int, members: Members) -> Carry:
-    """The carry each step of ``start:end`` starts from, before its reset: ``[end - start, (E,) N, S]`` each."""
-    if start:
-        return tuple(s[start - 1 : end - 1] for s in states)
-    # one step more, then cut: a traced ``s[: end - 1]`` guards ``T - 1 != 1`` (a compiled T = 2 call recompiled)
-    return tuple(torch.cat([members.expand(c0).unsqueeze(0), s[:end]])[:end] for c0, s in zip(carry0, states))
 
 
 def _span_grads(cell: Cell, w: LayerWeights, members: Members, d_gates: tuple, d_reset: tuple, d_extra: tuple,

@@ -1,20 +1,12 @@
 """How a call runs: the :class:`Route` the functional layer picks (a backend, and how a call with interior resets
-lays out its segments), and those layouts.
+lays out its segments), and those layouts (``docs/backends.md``, "Segment layouts").
 
 A *segment* is a maximal run of steps of one row between resets: it starts at ``t = 0`` or where ``is_init`` is
 True. No state crosses a reset, so the segments are independent sequences, each from its own initial carry (the
 incoming carry, reset where ``is_init[:, 0]``, for a segment at ``t = 0``; ``reset_state`` at its first step, or
 zeros, for the others). Re-batched, ``N`` rows of ``T`` steps become ``S`` rows of at most ``Lmax`` steps and no
-interior reset: a flat ``SliceSampler`` batch ``[1, N]`` runs its slices side by side. The layouts, each exact:
-
-* ``rows``: the call as it is; the backend applies every reset on the device.
-* ``aligned`` (any backend): the segments right-aligned in an ``[S, Lmax]`` block, each one's first real step marked
-  as a reset to its initial carry, so that every segment ends at the block's last step.
-* ``packed`` (``pad``): the steps permuted into one packed sequence of the segments sorted by length.
-* ``buckets`` (``pad``, one layer): the sorted segments cut where their length halves, one unpacked call per bucket.
-  Unpacked calls keep the fused CPU kernel (oneDNN's LSTM) and a backward linear in the steps, where a packed call's
-  CPU backward zero-fills the whole input-projection gradient at every step (``docs/backends.md``).
-* ``slices`` (``pad``): rows of whole slices of one length from ``t = 0``: a view of the call, no gather.
+interior reset. ``buckets`` keeps unpacked calls, hence the fused CPU kernel (oneDNN's LSTM) and a backward linear
+in the steps, where a packed call's CPU backward zero-fills the whole input-projection gradient at every step.
 
 Segment counts and lengths come from the call's one host read of its mask (:func:`plan`): eager only. Under
 ``torch.compile`` the one layout is ``aligned`` over a :func:`static_plan`.
@@ -137,16 +129,26 @@ def _to(a: np.ndarray, device: torch.device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 
 
+def segment_index(is_init: torch.Tensor) -> torch.Tensor:
+    """``[N * T]`` int64: each step's segment of ``is_init [N, T]`` (row-major; a row's first step starts one)."""
+    starts = is_init.clone()
+    starts[:, 0] = True
+    return starts.reshape(-1).cumsum(0) - 1
+
+
+def segment_lengths(seg_of: torch.Tensor, bound: int) -> torch.Tensor:
+    """``[bound]``: the step counts of the first ``bound`` segments of :func:`segment_index`, zeros past the last."""
+    seg_of = seg_of.clamp(max=bound - 1)
+    return seg_of.new_zeros(bound).scatter_add(0, seg_of, torch.ones_like(seg_of))
+
+
 def static_plan(is_init: torch.Tensor, slice_len: int, num_slices: int) -> SegmentPlan:
     """The segments of ``is_init [N, T]`` in a ``[num_slices, slice_len]`` block, from static shapes only (under
     ``torch.compile``). Indices are clamped into the block, so a batch beyond the bounds (which the hint's check
     rejects) never indexes out of it; rows of the block past the last segment hold no step."""
     n, t_len = is_init.shape
-    starts = is_init.clone()
-    starts[:, 0] = True
-    seg_of = starts.reshape(-1).cumsum(0) - 1
-    clamped = seg_of.clamp(max=num_slices - 1)
-    lengths = clamped.new_zeros(num_slices).scatter_add(0, clamped, torch.ones_like(clamped)).clamp(1, slice_len)
+    clamped = segment_index(is_init).clamp(max=num_slices - 1)
+    lengths = segment_lengths(clamped, num_slices).clamp(1, slice_len)
     step = torch.arange(n * t_len, device=is_init.device)
     first = step.new_zeros(num_slices).scatter_reduce(0, clamped, step, "amin", include_self=False)
     pos = (step - first[clamped]).clamp(max=slice_len - 1).reshape(n, t_len)

@@ -77,10 +77,10 @@ def check_hint(slice_len, num_slices, t_len: int, is_init: torch.Tensor | None, 
             if len(first) > num_slices or lengths.max() > slice_len:
                 raise ValueError(too_many(len(first), int(lengths.max())))
             return
-        seg_of = _segment_index(is_init)
-        count, lengths = seg_of[-1] + 1, _lengths(seg_of, num_slices)
+        seg_of = segments.segment_index(is_init)
+        count, lengths = seg_of[-1] + 1, segments.segment_lengths(seg_of, num_slices)
         _check((count <= num_slices) & (lengths <= slice_len).all(), compiling, lambda: too_many(
-            *(() if compiling else (int(count), int(_lengths(seg_of, int(count)).max())))))
+            *(() if compiling else (int(count), int(segments.segment_lengths(seg_of, int(count)).max())))))
         return
     if t_len % slice_len:
         raise ValueError(
@@ -113,19 +113,6 @@ def check_hint(slice_len, num_slices, t_len: int, is_init: torch.Tensor | None, 
 
     if starts.numel():
         _check(starts.all(), compiling, message)
-
-
-def _segment_index(is_init: torch.Tensor) -> torch.Tensor:
-    """``[N * T]`` int64: each step's segment of ``is_init [N, T]`` (row-major; a row's first step starts one)."""
-    starts = is_init.clone()
-    starts[:, 0] = True
-    return starts.reshape(-1).cumsum(0) - 1
-
-
-def _lengths(seg_of: torch.Tensor, bound: int) -> torch.Tensor:
-    """``[bound]``: the step counts of the first ``bound`` segments, zeros past the last (static shapes)."""
-    seg_of = seg_of.clamp(max=bound - 1)
-    return seg_of.new_zeros(bound).scatter_add(0, seg_of, torch.ones_like(seg_of))
 
 
 def split(slice_len: int, x: torch.Tensor, carry: Carry, is_init: torch.Tensor, reset: Carry | None):
