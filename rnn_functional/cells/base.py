@@ -134,10 +134,8 @@ class Cell(abc.ABC):
         """
 
     def layout_of(self, params: Mapping[str, torch.Tensor], known: Layout | None) -> Layout:
-        """``known`` when the caller checked the params against it (a module's own weights, checked when bound) and
-        their dtype, device, sizes and layer count have not moved since (``TensorDict.to_module``,
-        ``load_state_dict(assign=True)`` and ``.to()`` swap the tensors in place); else :meth:`read_layout`.
-        Default: :meth:`read_layout`."""
+        """``known`` (the layout a module checked its weights against when bound) while the params' dtype, device, sizes
+        and layer count still match it (``.to()``, ``to_module`` swap them in place); else :meth:`read_layout`."""
         return self.read_layout(params)
 
     @abc.abstractmethod
@@ -269,15 +267,9 @@ def between_layers(y: torch.Tensor, k: int, layout: Layout, dropout: float, trai
     return y
 
 
-def multi_layer_step(
-    layout: Layout,
-    params: Mapping[str, torch.Tensor],
-    x: torch.Tensor,
-    carry: Carry,
-    dropout: float = 0.0,
-    training: bool = False,
-    start: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, Carry]:
+def multi_layer_step(layout: Layout, params: Mapping[str, torch.Tensor], x: torch.Tensor, carry: Carry,
+                     dropout: float = 0.0, training: bool = False,
+                     start: torch.Tensor | None = None) -> tuple[torch.Tensor, Carry]:
     """All layers of ``layout.cell`` for one step. ``x [N, F]``, carry tensors ``[N, L, S]``; ``start [N, 1]``
     (bool, True where the step starts a segment) for a cell that reads it (:attr:`Cell.reads_starts`)."""
     cell = layout.cell

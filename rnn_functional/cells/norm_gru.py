@@ -35,7 +35,6 @@ def init_norm_gru_params(
     (as ``torch.nn.GRU``), ``norm_weight_l{k} [3H]`` ones and ``norm_bias_l{k} [3H]`` zeros."""
     check_sizes(input_size, hidden_size, num_layers)
     bound = 1.0 / math.sqrt(hidden_size)
-    dtype = dtype if dtype is not None else torch.get_default_dtype()
     tensors = {}
     for k in range(num_layers):
         layer_in = input_size if k == 0 else hidden_size
