@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import torch
 from tensordict import TensorDict
 
-from .base import Carry, Cell, LayerWeights, Layout, Saved, check_keys, check_shapes, check_sizes, count_layers, uniform_
+from .base import Carry, Cell, LayerWeights, Layout, Saved, check_shapes, check_sizes, count_layers, uniform_
 
 
 def init_linear_params(cell: LinearRecurrentCell, input_size: int, hidden_size: int, num_layers: int, dtype, device,
@@ -42,10 +42,7 @@ class LinearRecurrentCell(Cell):
     extra_keys: tuple[str, ...] = ()  # per-layer [H] params beside weight/bias, e.g. "log_lambda_l{k}"
 
     def read_layout(self, params: Mapping[str, torch.Tensor]) -> Layout:
-        keys = set(params.keys())
-        num_layers = count_layers(keys, "weight_l{k}", self)
-        expected = {key.format(k=k) for k in range(num_layers) for key in ("weight_l{k}", "bias_l{k}", *self.extra_keys)}
-        check_keys(keys, expected, f"a {num_layers}-layer {self.title}")
+        num_layers = count_layers(set(params.keys()), ("weight_l{k}", "bias_l{k}", *self.extra_keys), self)
         weight = params["weight_l0"]
         if weight.ndim != 2 or weight.shape[0] % self.gates or weight.shape[0] == 0:
             raise ValueError(

@@ -134,10 +134,8 @@ class Cell(abc.ABC):
         """
 
     def layout_of(self, params: Mapping[str, torch.Tensor], known: Layout | None) -> Layout:
-        """``known`` when the caller checked the params against it (a module's own weights, checked when bound) and
-        their dtype, device, sizes and layer count have not moved since (``TensorDict.to_module``,
-        ``load_state_dict(assign=True)`` and ``.to()`` swap the tensors in place); else :meth:`read_layout`.
-        Default: :meth:`read_layout`."""
+        """``known`` (the layout a module checked its weights against when bound) while the params' dtype, device, sizes
+        and layer count still match it (``.to()``, ``to_module`` swap them in place); else :meth:`read_layout`."""
         return self.read_layout(params)
 
     @abc.abstractmethod
@@ -232,7 +230,7 @@ def apply_reset(carry: Carry, mask: torch.Tensor | None, reset: Carry | None) ->
     missing = carry[0].ndim - mask.ndim  # every carry tensor has the same ndim; a view fits any strides
     mask = mask.view(*mask.shape, *(1,) * missing) if missing else mask
     out = []
-    for i, s in enumerate(carry):
+    for i, s in enumerate(carry):  # a loop, not a comprehension: one frame fewer per call (benchmarks/walk.py)
         out.append(torch.where(mask, 0.0 if reset is None else reset[i], s))
     return tuple(out)
 
@@ -269,15 +267,9 @@ def between_layers(y: torch.Tensor, k: int, layout: Layout, dropout: float, trai
     return y
 
 
-def multi_layer_step(
-    layout: Layout,
-    params: Mapping[str, torch.Tensor],
-    x: torch.Tensor,
-    carry: Carry,
-    dropout: float = 0.0,
-    training: bool = False,
-    start: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, Carry]:
+def multi_layer_step(layout: Layout, params: Mapping[str, torch.Tensor], x: torch.Tensor, carry: Carry,
+                     dropout: float = 0.0, training: bool = False,
+                     start: torch.Tensor | None = None) -> tuple[torch.Tensor, Carry]:
     """All layers of ``layout.cell`` for one step. ``x [N, F]``, carry tensors ``[N, L, S]``; ``start [N, 1]``
     (bool, True where the step starts a segment) for a cell that reads it (:attr:`Cell.reads_starts`)."""
     cell = layout.cell
@@ -308,16 +300,19 @@ def check_sizes(input_size: int, hidden_size: int, num_layers: int) -> None:
         )
 
 
-def count_layers(keys, first_key: str, cell: Cell) -> int:
-    """How many consecutive layers ``first_key.format(k=0, 1, ...)`` name; ``KeyError`` if none."""
+def count_layers(keys, kinds: tuple[str, ...], cell: Cell) -> int:
+    """How many consecutive layers ``kinds[0].format(k=0, 1, ...)`` name; ``KeyError`` if none, or unless the keys
+    are exactly every ``kind.format(k=k)``."""
     num_layers = 0
-    while first_key.format(k=num_layers) in keys:
+    while kinds[0].format(k=num_layers) in keys:
         num_layers += 1
     if num_layers == 0:
         raise KeyError(
-            f"params: missing key {first_key.format(k=0)!r}; expected {cell.params_doc}, got {sorted(keys)}. "
+            f"params: missing key {kinds[0].format(k=0)!r}; expected {cell.params_doc}, got {sorted(keys)}. "
             f"Build them with {cell.init_function}(...)."
         )
+    expected = {kind.format(k=k) for k in range(num_layers) for kind in kinds}
+    check_keys(keys, expected, f"a {num_layers}-layer {cell.title}")
     return num_layers
 
 
@@ -411,7 +406,7 @@ class TorchRNNCell(Cell):
         while (_NAMES[num_layers][0] if num_layers < 16 else f"weight_ih_l{num_layers}") in keys:
             num_layers += 1
         if not num_layers:
-            count_layers(keys, "weight_ih_l{k}", self)  # raises, naming the missing key
+            count_layers(keys, ("weight_ih_l{k}",), self)  # raises, naming the missing key
         bias, proj = "bias_ih_l0" in keys, "weight_hr_l0" in keys
         if proj and not self.projection:
             raise ValueError(f"params: 'weight_hr_l0' is an LSTM projection weight; {self.title} has no proj_size.")
@@ -453,12 +448,17 @@ class TorchRNNCell(Cell):
         extra = (params[hr] if layout.proj_size else None,) if self.projection else ()
         return LayerWeights(params[ih], params[bih] if bias else None, params[hh], params[bhh] if bias else None, extra)
 
-    def flat_weights(self, params: Mapping[str, torch.Tensor], layout: Layout) -> list[torch.Tensor]:
-        """All weights in ``torch.nn.LSTM``'s ``_flat_weights`` order, as ATen's kernels take them."""
-        flat = []
-        for k in range(layout.num_layers):
-            ih, hh, bih, bhh, hr = _NAMES[k] if k < 16 else _names(k)
-            flat += [params[ih], params[hh], params[bih], params[bhh]] if layout.bias else [params[ih], params[hh]]
-            if layout.proj_size:
-                flat.append(params[hr])
-        return flat
+
+def torch_aten_sequence(layout: Layout, params, inputs, hx: Carry, dropout: float, training: bool, batch_sizes):
+    """:attr:`AtenKernels.sequence` of a :class:`TorchRNNCell`: ``torch._VF.lstm``/``gru`` (named as the cell) with
+    the weights in ``torch.nn.LSTM``'s ``_flat_weights`` order."""
+    flat = []
+    for k in range(layout.num_layers):
+        ih, hh, bih, bhh, hr = _NAMES[k] if k < 16 else _names(k)
+        flat += [params[ih], params[hh], params[bih], params[bhh]] if layout.bias else [params[ih], params[hh]]
+        if layout.proj_size:
+            flat.append(params[hr])
+    kernel, state = getattr(torch._VF, layout.cell.name), hx if len(hx) > 1 else hx[0]
+    args = (flat, layout.bias, layout.num_layers, dropout, training, False)
+    out = kernel(inputs, state, *args, True) if batch_sizes is None else kernel(inputs, batch_sizes, state, *args)
+    return out[0], tuple(out[1:])

@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 
-from .base import AtenKernels, Carry, LayerWeights, Layout, Saved, StepGrads, TorchRNNCell, TritonKernels, register
+from .base import (AtenKernels, Carry, LayerWeights, Saved, StepGrads, TorchRNNCell, TritonKernels, register,
+                   torch_aten_sequence)
 
 __all__ = ["GRU", "init_gru_params"]
 
@@ -22,15 +23,6 @@ def init_gru_params(
     return GRU.init_params(input_size, hidden_size, num_layers, bias, 0, dtype, device, generator)
 
 
-def _aten_sequence(layout: Layout, params, inputs, hx: Carry, dropout: float, training: bool, batch_sizes):
-    args = (GRU.flat_weights(params, layout), layout.bias, layout.num_layers, dropout, training, False)
-    if batch_sizes is None:
-        out, h = torch._VF.gru(inputs, hx[0], *args, True)
-    else:
-        out, h = torch._VF.gru(inputs, batch_sizes, hx[0], *args)
-    return out, (h,)
-
-
 def _aten_step(w: LayerWeights, x: torch.Tensor, carry: Carry) -> Carry:
     return (torch._VF.gru_cell(x, carry[0], w.weight_ih, w.weight_hh, w.bias_ih, w.bias_hh),)
 
@@ -44,7 +36,7 @@ class GRUCell(TorchRNNCell):
     state_doc = "``h [*B, L, H]``"
     params_doc = "torch.nn.GRU state-dict keys (weight_ih_l0, weight_hh_l0, ...)"
     init_function = "init_gru_params"
-    aten = AtenKernels(sequence=_aten_sequence, step=_aten_step)
+    aten = AtenKernels(sequence=torch_aten_sequence, step=_aten_step)
     triton = TritonKernels(is_lstm=False)
     num_gates = 3
 

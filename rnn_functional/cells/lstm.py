@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 
-from .base import AtenKernels, Carry, LayerWeights, Layout, Saved, StepGrads, TorchRNNCell, TritonKernels, register
+from .base import (AtenKernels, Carry, LayerWeights, Saved, StepGrads, TorchRNNCell, TritonKernels, register,
+                   torch_aten_sequence)
 
 __all__ = ["LSTM", "init_lstm_params"]
 
@@ -23,15 +24,6 @@ def init_lstm_params(
     return LSTM.init_params(input_size, hidden_size, num_layers, bias, proj_size, dtype, device, generator)
 
 
-def _aten_sequence(layout: Layout, params, inputs, hx: Carry, dropout: float, training: bool, batch_sizes):
-    args = (LSTM.flat_weights(params, layout), layout.bias, layout.num_layers, dropout, training, False)
-    if batch_sizes is None:
-        out = torch._VF.lstm(inputs, hx, *args, True)
-    else:
-        out = torch._VF.lstm(inputs, batch_sizes, hx, *args)
-    return out[0], tuple(out[1:])
-
-
 def _aten_step(w: LayerWeights, x: torch.Tensor, carry: Carry) -> Carry:
     return tuple(torch._VF.lstm_cell(x, carry, w.weight_ih, w.weight_hh, w.bias_ih, w.bias_hh))
 
@@ -46,7 +38,7 @@ class LSTMCell(TorchRNNCell):
     params_doc = "torch.nn.LSTM state-dict keys (weight_ih_l0, weight_hh_l0, ...)"
     init_function = "init_lstm_params"
     out_dim = "P"
-    aten = AtenKernels(sequence=_aten_sequence, step=_aten_step, fused_on_cpu=True)
+    aten = AtenKernels(sequence=torch_aten_sequence, step=_aten_step, fused_on_cpu=True)
     triton = TritonKernels(is_lstm=True)
     num_gates = 4
     projection = True

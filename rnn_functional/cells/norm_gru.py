@@ -20,10 +20,8 @@ import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 
-from .base import (
-    Carry, Cell, LayerWeights, Layout, Saved, StepGrads, check_keys, check_shapes, check_sizes, count_layers, uniform_,
-    register,
-)
+from .base import (Carry, Cell, LayerWeights, Layout, Saved, StepGrads, check_shapes, check_sizes, count_layers,
+                   register, uniform_)
 
 __all__ = ["NORM_GRU", "init_norm_gru_params"]
 
@@ -37,7 +35,6 @@ def init_norm_gru_params(
     (as ``torch.nn.GRU``), ``norm_weight_l{k} [3H]`` ones and ``norm_bias_l{k} [3H]`` zeros."""
     check_sizes(input_size, hidden_size, num_layers)
     bound = 1.0 / math.sqrt(hidden_size)
-    dtype = dtype if dtype is not None else torch.get_default_dtype()
     tensors = {}
     for k in range(num_layers):
         layer_in = input_size if k == 0 else hidden_size
@@ -59,10 +56,7 @@ class NormGRUCell(Cell):
     init_function = "init_norm_gru_params"
 
     def read_layout(self, params: Mapping[str, torch.Tensor]) -> Layout:
-        keys = set(params.keys())
-        num_layers = count_layers(keys, "weight_l{k}", self)
-        expected = {f"{kind}_l{k}" for k in range(num_layers) for kind in ("weight", "norm_weight", "norm_bias")}
-        check_keys(keys, expected, f"a {num_layers}-layer {self.title}")
+        num_layers = count_layers(set(params.keys()), ("weight_l{k}", "norm_weight_l{k}", "norm_bias_l{k}"), self)
         w0 = params["weight_l0"]
         if w0.ndim != 2 or w0.shape[0] % 3 or w0.shape[1] <= w0.shape[0] // 3:
             raise ValueError(f"params['weight_l0']: expected shape [3 * hidden_size, input_size + hidden_size] for the "

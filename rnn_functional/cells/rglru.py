@@ -1,13 +1,7 @@
-"""RG-LRU (De et al. 2024, Griffin/Hawk): the real-gated linear recurrent unit.
-
-Per layer: ``u, r, i = split(x_t @ weight^T + bias, 3)``, ``r = sigmoid(r)``, ``i = sigmoid(i)``,
-``log_a = -c * r * softplus(-Λ)`` (``a = sigmoid(Λ)^(c r)`` in log space, ``c = 8``), and
-``h_t = a * h_{t-1} + sqrt(1 - a^2) * (i * u)``. ``sqrt(1 - a^2)`` is computed as
-``sqrt(-expm1(2 log_a))``: exact where ``a`` is close to 1, where ``1 - a * a`` cancels.
-
-Two cells, one per ``segment_start``: ``"scaled"`` (:data:`RGLRU`) runs that step everywhere, a segment's first step
-after its carry reset; ``"recurrentgemma"`` (:data:`RGLRU_RECURRENTGEMMA`) multiplies the gated input by 1 instead of
-``sqrt(1 - a^2)`` at every step that starts a segment, as DeepMind's recurrentgemma does at ``segment_pos == 0``.
+"""RG-LRU (De et al. 2024, Griffin/Hawk): the real-gated linear recurrent unit (equations, ``segment_start`` and
+recurrentgemma's variant: docs/linear_recurrences.md). ``sqrt(1 - a^2)`` is computed as ``sqrt(-expm1(2 log_a))``:
+exact where ``a`` is close to 1. Two cells, one per ``segment_start``: :data:`RGLRU` (``"scaled"``) and
+:data:`RGLRU_RECURRENTGEMMA` (the gated input multiplied by 1 at every step that starts a segment).
 """
 
 from __future__ import annotations
@@ -117,13 +111,8 @@ _INITS = {"griffin": _griffin_log_lambda, "recurrentgemma": _recurrentgemma_log_
 
 
 def init_rglru_params(
-    input_size: int,
-    hidden_size: int,
-    num_layers: int = 1,
-    *,
-    init: str = "griffin",
-    dtype: torch.dtype | None = None,
-    device: torch.device | str | None = None,
+    input_size: int, hidden_size: int, num_layers: int = 1, *, init: str = "griffin",
+    dtype: torch.dtype | None = None, device: torch.device | str | None = None,
     generator: torch.Generator | None = None,
 ) -> TensorDict:
     """RG-LRU params: ``weight_l{k} [3H, F_k]`` and ``bias_l{k} [3H]`` initialised like ``torch.nn.Linear`` (uniform in
@@ -140,9 +129,8 @@ def rglru_params_from_recurrentgemma(layer: Mapping[str, torch.Tensor] | torch.n
     ``input_gate.w/.b``, ``a_gate.w/.b``), sharing nothing. Its layer feeds ``x`` in directly and gates it with two
     block-diagonal linears (``w [heads, Hb, Hb]``, ``b [heads, Hb]``): here an identity input projection and the
     gates' blocks on the diagonal of ``weight_l0``; its ``log_a = -8 r softplus(a_param)`` is ours with ``Λ = -a_param``.
-    At a segment start (``segment_pos == 0``, our ``is_init``) recurrentgemma drops the carry and scales the gated
-    input by 1: pass ``segment_start="recurrentgemma"`` to ``rglru_step``/``rglru_sequence``/``RGLRUModule`` for that
-    (the default, ``"scaled"``, keeps ``sqrt(1 - a^2)`` there); see docs/linear_recurrences.md."""
+    For its segment starts (``segment_pos == 0``: the gated input scaled by 1) pass ``segment_start="recurrentgemma"``
+    to ``rglru_step``/``rglru_sequence``/``RGLRUModule``; see docs/linear_recurrences.md."""
     tensors = layer.state_dict() if isinstance(layer, torch.nn.Module) else layer
     a_param = tensors["a_param"].detach()
     width = a_param.shape[-1]
