@@ -220,12 +220,11 @@ def main() -> None:
                                   "coverage": budget.report(len(rows), 2 * len(configs))})
     if budget.left() and not args.smoke:  # the compiled policy step, warmed first: where its time goes (an Inductor
         # compile on CPU would take the dry run past its budget)
-        B, H, calls = policy_step_calls(device, args.smoke)
-        for _ in range(3):
-            calls["compiled_step"]()
+        B, H, calls = policy_step_calls(device, False)
+        step = calls["compiled_step"]
         row = {"cell": "lstm", "B": B, "H": H, "backend": "torch.compile(lstm_step)", "mode": "step",
-               "wall_us": interleaved(calls, device, warmup=1, repeats=5 if args.smoke else 20)["compiled_step"]
-               ["median_s"] * 1e6, **breakdown(calls["compiled_step"], device)}
+               "wall_us": interleaved({"step": step}, device, warmup=3, repeats=20)["step"]["median_s"] * 1e6,
+               **breakdown(step, device)}
         rows.append(row)
         print(f"compiled step B={B} H={H}: wall {row['wall_us']:.0f} us, kernels {row['kernel_us']:.0f} us, host "
               f"{row['host_us']:.0f} us, launches {row['launches']}; host top: {row['host_top'][:4]}", flush=True)
