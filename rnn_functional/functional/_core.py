@@ -391,9 +391,10 @@ def _check_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, step: 
 
 
 def _auto_runs_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, ctx: CallContext) -> bool:
-    """``auto`` runs ``triton`` on CUDA where it serves the call under ``torch.compile`` or ``torch.vmap`` (it compiles
-    whole and vmaps in one launch), but not in plain eager mode where cuDNN (``pad``) serves it faster (docs/gpu.md)."""
-    if not x.is_cuda or ctx.differentiated:
+    """Whether ``auto`` runs ``triton`` on CUDA ``x``: where it serves the call under ``torch.compile`` or ``torch.vmap``
+    (it compiles whole and vmaps in one launch), but not in plain eager mode where cuDNN (``pad``) serves it faster
+    (docs/gpu.md). The callers check ``x.is_cuda`` first: a CPU call asks nothing more."""
+    if ctx.differentiated:
         return False
     cudnn = not ctx.traced and opts.recompute == "none" and layout.cell.aten is not None
     return not cudnn and triton_backend.serves(layout, x.device, opts)
@@ -407,7 +408,7 @@ def reads_segments(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOpt
     if segment_layout != "auto":
         return True
     if name == "auto":
-        return not (layout.cell.linear_in_state or _auto_runs_triton(layout, x, opts, ctx))
+        return not (layout.cell.linear_in_state or x.is_cuda and _auto_runs_triton(layout, x, opts, ctx))
     return name == "pad"
 
 
@@ -434,7 +435,7 @@ def auto(layout: Layout, x: torch.Tensor, opts: SequenceOptions, plan: SegmentPl
     """
     if layout.cell.linear_in_state:
         return "scan" if opts.recompute == "full" and ctx.traced and not ctx.compiling else "parallel"
-    if _auto_runs_triton(layout, x, opts, ctx):
+    if x.is_cuda and _auto_runs_triton(layout, x, opts, ctx):
         return "triton"
     if ctx.compiling:
         return _compiled_loop()
