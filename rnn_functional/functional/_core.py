@@ -83,28 +83,19 @@ def check_options(
     name, e.g. ``"LSTMModule: "``) prefixes the message and spells the arguments ``recurrent_*``."""
     pre = "recurrent_" if owner else ""
     if backend not in BACKEND_CHOICES:
-        if not owner:
-            raise ValueError(f"backend: unknown backend {backend!r}; expected one of {list(BACKEND_CHOICES)}.")
-        raise ValueError(f"{owner}{pre}backend must be one of {list(BACKEND_CHOICES)}, got {backend!r}.")
+        raise ValueError(f"{owner}{pre}backend: expected one of {list(BACKEND_CHOICES)}, got {backend!r}.")
     if owner and backend == "triton" and importlib.util.find_spec("triton") is None:
         raise RuntimeError(
             f"{owner}{pre}backend='triton' requires the triton package (pip install triton); "
             f"or pick one of {[b for b in BACKEND_CHOICES if b != 'triton']}."
         )
     if recompute not in RECOMPUTE_MODES:
-        if not owner:
-            raise ValueError(f"recompute: expected one of {list(RECOMPUTE_MODES)}, got {recompute!r}.")
-        raise ValueError(f"{owner}{pre}recompute must be one of {list(RECOMPUTE_MODES)}, got {recompute!r}.")
+        raise ValueError(f"{owner}{pre}recompute: expected one of {list(RECOMPUTE_MODES)}, got {recompute!r}.")
     if recompute != "none" and backend == "pad":
-        if not owner:
-            raise ValueError(
-                f"backend 'pad' cannot serve recompute={recompute!r}: the cuDNN/oneDNN kernels keep their own "
-                f"activations. Use one of {recompute_backends(call_context())} (or backend='auto'), or recompute='none'."
-            )
         raise ValueError(
-            f"{owner}{pre}recompute={recompute!r} cannot be served by {pre}backend='pad' (the ATen/cuDNN "
-            f"kernels keep their own activations). Use one of {recompute_backends(call_context())} or 'auto' (which "
-            f"picks one that can), or {pre}recompute='none'."
+            f"{owner}{pre}backend 'pad' cannot serve {pre}recompute={recompute!r}: the cuDNN/oneDNN kernels keep their "
+            f"own activations. Use one of {recompute_backends(call_context())} (or {pre}backend='auto', which picks "
+            f"one that can), or {pre}recompute='none'."
         )
     if not isinstance(dropout, (int, float)) or not 0.0 <= float(dropout) < 1.0:
         raise ValueError(f"{owner}dropout: expected a probability in [0, 1), got {dropout!r}.")

@@ -356,9 +356,9 @@ def test_options_reach_the_core():
 
 
 @pytest.mark.parametrize("option, value, exc, message", [
-    ("recurrent_backend", "cudnn", ValueError, "GRUModule: recurrent_backend must be one of ['auto', "),
+    ("recurrent_backend", "cudnn", ValueError, "GRUModule: recurrent_backend: expected one of ['auto', "),
     ("recurrent_backend", "parallel", ValueError, "backend 'parallel' cannot serve the GRU cell"),
-    ("recurrent_recompute", "yes", ValueError, "GRUModule: recurrent_recompute must be one of ['none', 'full'], got 'yes'"),
+    ("recurrent_recompute", "yes", ValueError, "GRUModule: recurrent_recompute: expected one of ['none', 'full'], got 'yes'"),
     ("recurrent_compute_dtype", torch.int32, TypeError, "GRUModule: recurrent_compute_dtype must be None"),
     ("recurrent_matmul_precision", "fastest", ValueError, "GRUModule: recurrent_matmul_precision: expected one of"),
 ])
@@ -376,7 +376,7 @@ def test_options_assigned_later_are_checked_together_and_reach_the_core():
     module = make_module("lstm", default_recurrent_mode=True, recurrent_recompute="full")
     td = make_td("lstm", (2, 5), seed=12)
     want = module(td.clone())["y"]
-    with pytest.raises(ValueError, match=re.escape("recurrent_recompute='full' cannot be served by recurrent_backend='pad'")):
+    with pytest.raises(ValueError, match=re.escape("recurrent_backend 'pad' cannot serve recurrent_recompute='full'")):
         module.recurrent_backend = "pad"
     module.recurrent_recompute = "none"
     module.recurrent_backend = "pad"
@@ -386,7 +386,7 @@ def test_options_assigned_later_are_checked_together_and_reach_the_core():
     torch.testing.assert_close(got, want)
     for copied in (copy.deepcopy(module), pickle.loads(pickle.dumps(module))):
         assert (copied.recurrent_backend, copied.recurrent_recompute) == ("pad", "none")
-        with pytest.raises(ValueError, match="recurrent_backend must be one of"):
+        with pytest.raises(ValueError, match="recurrent_backend: expected one of"):
             copied.recurrent_backend = "cudnn"
 
 
@@ -448,9 +448,9 @@ def test_canonicalize_only_rnn_leaves():
         (dict(in_key="x", out_keys=["y", ("next", "h")]), ValueError, "expects 3 outputs"),
         (dict(in_key="x", out_key="y", batch_first=False), ValueError, "batch_first=True"),
         (dict(in_key="x", out_key="y", bidirectional=True), ValueError, "bidirectional"),
-        (dict(in_key="x", out_key="y", recurrent_backend="cudnn"), ValueError, "recurrent_backend must be"),
-        (dict(in_key="x", out_key="y", recurrent_backend="pad", recurrent_recompute="full"), ValueError, "recurrent_backend='pad'"),
-        (dict(in_key="x", out_key="y", recurrent_recompute="some"), ValueError, "recurrent_recompute must be"),
+        (dict(in_key="x", out_key="y", recurrent_backend="cudnn"), ValueError, "recurrent_backend: expected one of"),
+        (dict(in_key="x", out_key="y", recurrent_backend="pad", recurrent_recompute="full"), ValueError, "recurrent_backend 'pad' cannot serve"),
+        (dict(in_key="x", out_key="y", recurrent_recompute="some"), ValueError, "recurrent_recompute: expected one of"),
         (dict(in_key="x", out_key="y", recurrent_matmul_precision="low"), ValueError, "recurrent_matmul_precision"),
         (dict(in_key="x", out_key="y", recurrent_compute_dtype="bf16"), TypeError, "recurrent_compute_dtype"),
     ],
