@@ -149,10 +149,8 @@ def _carry_error(cell: Cell, value, arg: str) -> TypeError:
 
 def autocast_dtype(layout: Layout) -> torch.dtype | None:
     """The dtype a call runs in under an active ``torch.autocast`` of its device: autocast's, for the cells
-    ``torch.nn`` has (LSTM, GRU) with params autocast casts (floating, not fp64), one rule for both cells and every
-    mode (``torch.nn``'s is per kernel: on CPU ``nn.LSTM`` returns autocast's dtype, ``nn.GRU`` and the cells their
-    input's; docs/migrating.md). ``None`` otherwise: the call runs in the params' dtype (the block GRU's, as TorchRL's,
-    whose norms autocast keeps in fp32)."""
+    ``torch.nn`` has (LSTM, GRU) with floating params other than fp64, one rule for both cells and every mode
+    (``torch.nn``'s differs per kernel, docs/migrating.md); else ``None``: the params' dtype."""
     kind = layout.device.type
     if layout.cell.aten is None or not torch.is_autocast_enabled(kind) or not layout.dtype.is_floating_point \
             or layout.dtype == torch.float64:
@@ -319,10 +317,9 @@ def restore(batch_shape: tuple, tensors: Carry) -> Carry:
 def _route(backend: str, layout: Layout, plan: SegmentPlan | None, records_grad: bool, forced: str,
            cuda: bool) -> Route:
     """``backend``'s route for an eager call with the segments ``plan`` (``None``: no interior reset), laid out as
-    ``forced`` (``segment_layout``) or by the rule: ``pad`` runs whole slices as a view of the call, else (one layer
-    under autograd, a kernel fused on the CPU: oneDNN's LSTM) length buckets, whose unpacked calls keep the fused
-    kernel and a backward linear in the steps, else one packed call (one cuDNN call on CUDA); the loops run the
-    right-aligned segments where they at least halve the steps, else the rows as they are."""
+    ``forced`` (``segment_layout``) or by the rule: ``pad`` runs whole slices as a view, else length buckets (one
+    layer under autograd on a CPU-fused kernel: oneDNN's LSTM keeps its fused kernel), else one packed call; the
+    loops run right-aligned segments where that at least halves the steps, else the rows."""
     if plan is None:
         return Route(backend)
     if forced == "auto":
@@ -443,13 +440,9 @@ def auto(layout: Layout, x: torch.Tensor, opts: SequenceOptions, plan: SegmentPl
 def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, plan: SegmentPlan | None,
            records_grad: bool, ctx: CallContext, segment_layout: str = "auto") -> Route:
     """The route serving backend ``name`` (``"auto"``: :func:`auto`'s pick) for this call, laid out by :func:`_route`;
-    a backend that cannot serve the call raises ``ValueError`` naming those that can.
-
-    ``plan``: the call's segments where the caller read ``is_init`` on the host and found interior resets, or a static
-    plan under ``torch.compile``, else ``None``; ``records_grad``: autograd records the call. ``pad`` runs ATen's
-    kernels eagerly, and computes the same result through ``auto``'s pick under ``torch.compile`` and ``reference``
-    under eager ``torch.func`` transforms, where those kernels cannot run.
-    """
+    a backend that cannot serve the call raises ``ValueError`` naming those that can. ``plan``: the segments read on
+    the host (interior resets only), or a static plan under ``torch.compile``, else ``None``. ``pad`` runs
+    ``auto``'s compiled loop under ``torch.compile`` and ``reference`` under eager ``torch.func`` transforms."""
     if plan is not None and plan.static:  # compiled [num_slices, slice_len] block: its segments right-aligned
         route = choose(name, layout, x, opts, None, records_grad, ctx)
         # parallel serves any segment layout as it is; a cell that reads where segments start runs its rows (right-
@@ -486,15 +479,9 @@ def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, pl
 
 
 def resolve_step(name: str, layout: Layout, x: torch.Tensor, ctx: CallContext):
-    """The one-step function ``(layout, params, x [N, F], carry) -> (y, carry)`` for ``name``.
-
-    ``auto``: ATen's fused cells (``pad``, cuDNN's on CUDA) in plain eager mode without projection; else the fused
-    ``triton`` step on CUDA where it serves the params (where both serve, ATen's eager step is the faster one,
-    docs/gpu.md); else ``reference``.
-    ``pad`` is eager-only like its sequence path and runs ``reference`` under
-    ``torch.compile`` / ``torch.func`` transforms; it has no projection, so with
-    ``proj_size`` it runs ``reference`` too.
-    """
+    """The one-step function ``(layout, params, x [N, F], carry) -> (y, carry)`` for ``name``. ``auto``: ATen's fused
+    cells (``pad``) in plain eager mode without projection, else ``triton`` on CUDA where it serves, else
+    ``reference``. ``pad`` runs ``reference`` where its kernels cannot: traced, or with ``proj_size``."""
     if name in ("pad", "triton", "parallel") and name not in backends_for(layout.cell):
         raise no_kernel_for(name, layout.cell, _step_backends(layout, x))
     if name == "auto":
@@ -527,12 +514,9 @@ def _step_backends(layout: Layout, x: torch.Tensor) -> list[str]:
 
 
 def _empty_call(c: Canonical, time: tuple) -> tuple[torch.Tensor, Carry, Carry]:
-    """A call in which no step runs (``N = 0`` or ``T = 0``): ``(y, carry, per-step carries)``.
-
-    The carry is the (reset-free) incoming one, every output a fresh tensor. All are connected
-    to autograd through an exact zero that reads every input, so a loss over an empty batch
-    backpropagates zeros into ``x``, the state, ``reset_state`` and every parameter, as ``torch.nn`` does.
-    """
+    """A call in which no step runs (``N = 0`` or ``T = 0``): ``(y, carry, per-step carries)``, fresh tensors, the
+    carry the incoming one. An exact zero reading every input connects them to autograd, so a loss over an empty
+    batch backpropagates zeros into every input and parameter, as ``torch.nn`` does."""
     inputs = (c.x, *c.carry, *(c.reset or ()), *c.params.values())
     zero = sum(t.flatten()[:0].sum() for t in inputs)
     n = c.x.shape[0]
@@ -543,9 +527,8 @@ def _empty_call(c: Canonical, time: tuple) -> tuple[torch.Tensor, Carry, Carry]:
 
 def _first_step_resets(x, carry: Carry, is_init: torch.Tensor, reset: Carry | None, host: np.ndarray):
     """A call whose resets all lie at ``t = 0`` (``host``: ``is_init`` read on the host) as a reset-free call
-    ``(x, carry, None, None)``: the stored ``reset_state[:, 0]`` (or zeros) outright where ``is_init[:, 0]`` is
-    all True, the carry unchanged where all False, else :func:`apply_reset`. A side whose gradient autograd
-    records keeps :func:`apply_reset`, which sends it the zeros ``torch.where`` does."""
+    ``(x, carry, None, None)``: the reset state outright where ``is_init[:, 0]`` is all True, the carry where all
+    False, else (or where autograd records a side, which gets ``torch.where``'s zeros) :func:`apply_reset`."""
     resets = np.count_nonzero(host[:, 0])
     reset0 = None if reset is None else tuple([r[:, 0] for r in reset])
     if 0 < resets < host.shape[0] or any(t.requires_grad for t in (*carry, *(reset0 or ()))):
@@ -560,10 +543,8 @@ def sequence_route(cell: str, x: torch.Tensor, params: Mapping[str, torch.Tensor
                    segment_layout: str = "auto") -> Route:
     """The route an eager ``{cell}_sequence`` call with these arguments takes: its ``backend`` and how it lays out
     its segments (``route.segments``: ``"rows"``, ``"aligned"``, ``"packed"``, ``"buckets"`` or ``"slices"``).
-
-    ``cell``: ``"lstm"``, ``"gru"``, ... (the function's prefix); ``records_grad``: autograd records the call
-    (``auto``'s choice depends on it). Reads ``is_init`` on the host as the call would; runs nothing.
-    """
+    ``cell``: the function's prefix (``"lstm"``, ...); ``records_grad``: autograd records the call (``auto``'s choice
+    depends on it). Reads ``is_init`` on the host as the call would; runs nothing."""
     check_options(backend=backend, recompute=recompute, segment_layout=segment_layout)
     c = _canonicalize(CELLS[cell], x, None, params, is_init, None, sequence=True)
     ctx = call_context()
@@ -611,28 +592,21 @@ _SEQUENCE_DOC = """A multi-layer {title} over a sequence, with resets.
             ``ValueError`` naming those that can. ``auto`` runs ``parallel`` wherever it serves.
         dropout: dropout probability on the outputs of every layer but the last.
         training: dropout is applied only when True.
-        recompute: ``"none"`` or ``"full"``: recompute activations in backward instead of
-            saving them (less memory, more compute; ``pad`` cannot).
+        recompute: ``"none"`` or ``"full"``: recompute activations in backward instead of saving them (``pad``
+            cannot).
         compute_dtype: operand dtype of the recurrent matmul (``triton`` only; others ignore it).
         matmul_precision: recurrent matmul precision (``triton`` only; see :mod:`rnn_functional.precision`).
-        return_segment_states: also return the per-step states ``[*B, T, L, ·]`` that hold the
-            carry after every step that ends a segment (before a reset, and the last step) and
-            zeros elsewhere: TorchRL's ``("next", hidden)`` layout in recurrent mode.
-        slice_len: declares the time axis whole slices of exactly this many steps, ``is_init``
-            True at every slice start (a flat batch from ``SliceSampler(slice_len=...,
-            strict_length=True)``): they run side by side as ``[*B * T / slice_len, slice_len]``,
-            with static shapes under ``torch.compile``. ``T`` must be a multiple of it.
-        num_slices: with ``slice_len``, declares instead at most ``num_slices`` segments (runs
-            between resets) of at most ``slice_len`` steps (``strict_length=False``); under
-            ``torch.compile`` they run in a zero-padded ``[num_slices, slice_len]`` block.
-            A hint that does not match the batch raises (``ValueError`` eagerly, ``RuntimeError``
-            from the compiled call); see ``docs/compile.md``.
-        segment_layout: how an eager call with interior resets lays out its segments: ``"auto"``
-            (``auto``'s rule, ``docs/backends.md``), or, with a named backend, one of
-            its layouts: ``"rows"`` (as they are) or ``"aligned"`` (right-aligned segments) for
-            ``reference``/``scan``; ``"packed"``, ``"buckets"`` (one layer) or ``"slices"`` (whole
-            slices of one length) for ``pad``. Calls without interior resets, and traced calls,
-            run their rows as they are.
+        return_segment_states: also return the per-step states ``[*B, T, L, ·]``: the carry after every step that
+            ends a segment (before a reset, and the last step), zeros elsewhere (TorchRL's ``("next", hidden)``).
+        slice_len: the time axis is whole slices of exactly this many steps, ``is_init`` True at every slice
+            start (``SliceSampler(slice_len=..., strict_length=True)``); they run as ``[*B * T / slice_len,
+            slice_len]``, with static shapes under ``torch.compile`` (``docs/compile.md``).
+        num_slices: with ``slice_len``: at most ``num_slices`` segments of at most ``slice_len`` steps
+            (``strict_length=False``), run in a ``[num_slices, slice_len]`` block under ``torch.compile``. A hint
+            that does not match the batch raises (``ValueError`` eagerly, ``RuntimeError`` compiled).
+        segment_layout: how an eager call with interior resets lays out its segments: ``"auto"`` (``auto``'s rule),
+            or one of the named backend's layouts: ``"rows"``/``"aligned"`` for ``reference``/``scan``;
+            ``"packed"``, ``"buckets"`` or ``"slices"`` for ``pad`` (``docs/backends.md``).
         layout: the params' layout (``Cell.layout_of``) when the caller has checked the options and ``x``,
             ``state``, ``is_init`` and ``reset_state`` against it, as the modules do: the call skips its checks.
 
@@ -654,11 +628,8 @@ def public_functions(cell: Cell) -> tuple[Callable, Callable]:
 
 
 def entries(cell: Cell) -> tuple[Callable, Callable]:
-    """The step and sequence functions of ``cell``: every call, a user's or a module's, enters through one of them.
-
-    Each checks its call once (unless ``layout``: the caller, a module, checked the options and the call against these
-    params' layout), reads the context once, picks its backend once and runs it.
-    """
+    """The step and sequence functions of ``cell``: every call, a user's or a module's (which passes ``layout``: it
+    checked the call itself), enters through one of them, is checked once, reads its context once and picks once."""
 
     def step(x: torch.Tensor, state, params: Mapping[str, torch.Tensor], *, is_init: torch.Tensor | None = None,
              backend: str = "auto", dropout: float = 0.0, training: bool = False, layout: Layout | None = None):
