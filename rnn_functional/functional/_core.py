@@ -255,8 +255,10 @@ def flatten(layout: Layout, params: dict[str, torch.Tensor], x: torch.Tensor, ca
                 torch.Tensor, lambda t: t.view_as(t), (params, x, is_init, carry, reset))
     elif torch.is_grad_enabled():
         for t in (x, is_init, *(carry or ()), *(reset or ())):
-            if t is not None and t.is_inference():
-                x, is_init, carry, reset = _saveable(x, is_init, carry, reset)
+            if t is not None and t.is_inference():  # autograd cannot save an inference tensor for backward: a call
+                # training on data collected in inference mode (as nn.LSTM and TorchRL serve it) copies them
+                x, is_init, carry, reset = pytree.tree_map_only(
+                    torch.Tensor, lambda t: t.clone() if t.is_inference() else t, (x, is_init, carry, reset))
                 break
     if layout.cell.aten is not None and torch.is_autocast_enabled(layout.device.type):
         layout, params, x, carry, reset = in_autocast_dtype(layout, params, x, carry, reset)
@@ -287,16 +289,6 @@ def in_autocast_dtype(layout: Layout, params: Mapping[str, torch.Tensor], x: tor
     cast = (lambda ts: None if ts is None else tuple([t.to(dtype) for t in ts]))  # noqa: E731
     return (replace(layout, dtype=dtype), {k: v.to(dtype) for k, v in params.items()}, x.to(dtype), cast(carry),
             cast(reset))
-
-
-def _saveable(x: torch.Tensor, is_init, carry: Carry | None, reset: Carry | None):
-    """The call's tensors with those made under ``torch.inference_mode()`` copied to normal tensors: autograd cannot
-    save an inference tensor for backward, and a call that trains on data collected in inference mode is one
-    ``nn.LSTM`` and TorchRL serve (their kernels keep only their own buffers)."""
-    def own(t):
-        return t.clone() if t is not None and t.is_inference() else t
-
-    return own(x), own(is_init), carry and tuple(map(own, carry)), reset and tuple(map(own, reset))
 
 
 def _flat(t: torch.Tensor, shape: tuple) -> torch.Tensor:
