@@ -55,6 +55,7 @@ def init_rssm_core_params(*, state_dim: int, action_dim: int, hidden_dim: int, b
                                     device, generator)
 
 
-for _name in ACTIVATIONS:  # the defaults of every activation, made and registered here, before any compile
-    block_gru_cell(_name, kind=RSSMCoreCell)
-del _name
+for _kind in (BlockGRUCell, RSSMCoreCell):  # every activation's default cells, made and registered before any compile
+    for _name in ACTIVATIONS:
+        block_gru_cell(_name, kind=_kind)
+del _kind, _name
