@@ -43,10 +43,8 @@ class LinearRecurrentCell(Cell):
         num_layers = count_layers(set(params.keys()), ("weight_l{k}", "bias_l{k}", *self.extra_keys), self)
         weight = params["weight_l0"]
         if weight.ndim != 2 or weight.shape[0] % self.gates or weight.shape[0] == 0:
-            raise ValueError(
-                f"params['weight_l0']: expected shape [{self.gates}*H, F] ({self.title}: {self.gates} blocks of H rows), "
-                f"got {list(weight.shape)}."
-            )
+            raise ValueError(f"params['weight_l0']: expected shape [{self.gates}*H, F] ({self.title}: {self.gates} "
+                             f"blocks of H rows), got {list(weight.shape)}.")
         hidden, input_size = weight.shape[0] // self.gates, weight.shape[1]
         want = {}
         for k in range(num_layers):

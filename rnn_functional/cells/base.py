@@ -259,10 +259,8 @@ def uniform_(shape: tuple[int, ...], bound: float, dtype, device, generator) -> 
 def check_sizes(input_size: int, hidden_size: int, num_layers: int) -> None:
     """Raise ``ValueError`` unless all three are positive."""
     if input_size <= 0 or hidden_size <= 0 or num_layers <= 0:
-        raise ValueError(
-            f"input_size, hidden_size and num_layers must be positive, got "
-            f"input_size={input_size}, hidden_size={hidden_size}, num_layers={num_layers}."
-        )
+        raise ValueError(f"input_size, hidden_size and num_layers must be positive, got input_size={input_size}, "
+                         f"hidden_size={hidden_size}, num_layers={num_layers}.")
 
 
 def count_layers(keys, kinds: tuple[str, ...], cell: Cell) -> int:
@@ -272,10 +270,8 @@ def count_layers(keys, kinds: tuple[str, ...], cell: Cell) -> int:
     while kinds[0].format(k=num_layers) in keys:
         num_layers += 1
     if num_layers == 0:
-        raise KeyError(
-            f"params: missing key {kinds[0].format(k=0)!r}; expected {cell.params_doc}, got {sorted(keys)}. "
-            f"Build them with {cell.init_function}(...)."
-        )
+        raise KeyError(f"params: missing key {kinds[0].format(k=0)!r}; expected {cell.params_doc}, got {sorted(keys)}. "
+                       f"Build them with {cell.init_function}(...).")
     expected = {kind.format(k=k) for k in range(num_layers) for kind in kinds}
     check_keys(keys, expected, f"a {num_layers}-layer {cell.title}")
     return num_layers
@@ -291,20 +287,16 @@ def check_keys(keys, expected: set[str], what: str) -> None:
 
 
 def check_shapes(params, want: dict[str, tuple[int, ...]], sizes: str, first: str) -> None:
-    """Raise ``ValueError`` unless every ``params[key]`` has shape ``want[key]`` and ``params[first]``'s dtype/device."""
+    """Raise ``ValueError`` unless each ``params[key]`` has shape ``want[key]`` and ``params[first]``'s dtype/device."""
     dtype, device = params[first].dtype, params[first].device
     for key, shape in want.items():
         t = params[key]
         if tuple(t.shape) != shape:
-            raise ValueError(
-                f"params[{key!r}]: expected shape {list(shape)} for {sizes}; got {list(t.shape)}. Are these "
-                f"params of another cell kind or of a differently sized model?"
-            )
+            raise ValueError(f"params[{key!r}]: expected shape {list(shape)} for {sizes}; got {list(t.shape)}. "
+                             f"Are these params of another cell kind or of a differently sized model?")
         if t.dtype != dtype or t.device != device:
-            raise ValueError(
-                f"params[{key!r}]: all params must share dtype and device; {first} is "
-                f"{dtype} on {device}, {key} is {t.dtype} on {t.device}. Convert with params.to(...)."
-            )
+            raise ValueError(f"params[{key!r}]: all params must share dtype and device; {first} is {dtype} on "
+                             f"{device}, {key} is {t.dtype} on {t.device}. Convert with params.to(...).")
 
 
 # ----------------------------------------------------------------------------- torch.nn's layout
@@ -340,9 +332,8 @@ def _expected(signature: tuple) -> tuple[frozenset[str], tuple[tuple[str, tuple[
 
 
 class TorchRNNCell(Cell):
-    """A cell with ``torch.nn.LSTM``'s parameter names and layout (the LSTM and GRU cells). Layer ``k`` (``G`` gates,
-    ``P = proj_size or H``, ``F_0`` the input size, ``F_k = P``) has ``weight_ih_l{k} [G*H, F_k]``, ``weight_hh_l{k}
-    [G*H, P]``, with ``bias`` ``bias_ih_l{k}``/``bias_hh_l{k} [G*H]``, with ``proj_size`` ``weight_hr_l{k} [P, H]``."""
+    """A cell with ``torch.nn.LSTM``'s parameter names and layout (the LSTM and GRU cells; ``num_gates`` blocks of H
+    rows)."""
 
     projection: bool = False
 
@@ -352,18 +343,9 @@ class TorchRNNCell(Cell):
         check_sizes(input_size, hidden_size, num_layers)
         if proj_size < 0 or (proj_size and proj_size >= hidden_size):
             raise ValueError(f"proj_size must be 0 (no projection) or in [1, hidden_size={hidden_size}), got {proj_size}.")
-        out_size, gates = proj_size or hidden_size, self.num_gates * hidden_size
         bound = 1.0 / math.sqrt(hidden_size)
-        tensors: dict[str, torch.Tensor] = {}
-        for k in range(num_layers):
-            tensors[f"weight_ih_l{k}"] = uniform_((gates, input_size if k == 0 else out_size), bound, dtype, device,
-                                                  generator)
-            tensors[f"weight_hh_l{k}"] = uniform_((gates, out_size), bound, dtype, device, generator)
-            if bias:
-                tensors[f"bias_ih_l{k}"] = uniform_((gates,), bound, dtype, device, generator)
-                tensors[f"bias_hh_l{k}"] = uniform_((gates,), bound, dtype, device, generator)
-            if proj_size:
-                tensors[f"weight_hr_l{k}"] = uniform_((proj_size, hidden_size), bound, dtype, device, generator)
+        _, want = _expected((self.num_gates, num_layers, bias, proj_size, hidden_size, input_size))  # torch.nn's order
+        tensors = {key: uniform_(shape, bound, dtype, device, generator) for key, shape in want}
         return TensorDict(tensors, batch_size=[], device=device)
 
     def read_layout(self, params: Mapping[str, torch.Tensor]) -> Layout:

@@ -192,11 +192,9 @@ class BlockGRUCell(Cell):
                    f"the {self.title} with {max(num_layers, 1)} dynamics layer(s)")
         weights, gates = [params[w] for w, _, _ in projections], params["gates.weight"]
         if gates.ndim != 3 or any(w.ndim != 2 for w in weights):
-            raise ValueError(
-                f"params: expected {', '.join(f'{w} [P, ·]' for w, _, _ in projections)} and gates.weight "
-                f"[nb, H/nb, 3H/nb], got {', '.join(str(list(w.shape)) for w in weights)} and {list(gates.shape)}. "
-                f"Are these params of another cell kind?"
-            )
+            raise ValueError(f"params: expected {', '.join(f'{w} [P, ·]' for w, _, _ in projections)} and gates.weight "
+                             f"[nb, H/nb, 3H/nb], got {', '.join(str(list(w.shape)) for w in weights)} and "
+                             f"{list(gates.shape)}. Are these params of another cell kind?")
         (nb, hb), P = gates.shape[:2], weights[0].shape[0]
         H, widths = nb * hb, [params[w].shape[-1] for w, _, _ in self.input_keys]
         want = {"gates.weight": (nb, hb, 3 * hb), "gates.bias": (3 * H,)}

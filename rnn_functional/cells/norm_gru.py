@@ -17,11 +17,9 @@ from .base import (Carry, Cell, LayerWeights, Layout, Saved, StepGrads, check_sh
 __all__ = ["NORM_GRU", "init_norm_gru_params"]
 
 
-def init_norm_gru_params(
-    input_size: int, hidden_size: int, num_layers: int = 1, *,
-    dtype: torch.dtype | None = None, device: torch.device | str | None = None,
-    generator: torch.Generator | None = None,
-) -> TensorDict:
+def init_norm_gru_params(input_size: int, hidden_size: int, num_layers: int = 1, *,
+                         dtype: torch.dtype | None = None, device: torch.device | str | None = None,
+                         generator: torch.Generator | None = None) -> TensorDict:
     """Layer-normalised GRU parameters: ``weight_l{k} [3H, F_k + H]`` uniform in ``[-1/sqrt(H), 1/sqrt(H)]``
     (as ``torch.nn.GRU``), ``norm_weight_l{k} [3H]`` ones and ``norm_bias_l{k} [3H]`` zeros."""
     check_sizes(input_size, hidden_size, num_layers)

@@ -103,11 +103,9 @@ def _recurrentgemma_log_lambda(hidden_size: int, dtype, device, generator) -> to
 _INITS = {"griffin": _griffin_log_lambda, "recurrentgemma": _recurrentgemma_log_lambda}
 
 
-def init_rglru_params(
-    input_size: int, hidden_size: int, num_layers: int = 1, *, init: str = "griffin",
-    dtype: torch.dtype | None = None, device: torch.device | str | None = None,
-    generator: torch.Generator | None = None,
-) -> TensorDict:
+def init_rglru_params(input_size: int, hidden_size: int, num_layers: int = 1, *, init: str = "griffin",
+                      dtype: torch.dtype | None = None, device: torch.device | str | None = None,
+                      generator: torch.Generator | None = None) -> TensorDict:
     """RG-LRU params: ``weight_l{k} [3H, F_k]`` and ``bias_l{k} [3H]`` initialised like ``torch.nn.Linear`` (uniform in
     ``[-1/sqrt(F_k), 1/sqrt(F_k)]``), ``log_lambda_l{k} [H]`` by ``init``: ``"griffin"`` puts ``sigmoid(Λ)^8`` (the
     decay at ``r = 1``) uniform in ``[0.9, 0.999]``; ``"recurrentgemma"`` puts ``sigmoid(Λ)`` in ``[0.9, 0.999]``
