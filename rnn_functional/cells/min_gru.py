@@ -1,6 +1,5 @@
-"""minGRU (Feng et al. 2024, "Were RNNs All We Needed?"): a GRU whose gates read the input only.
-Per layer ``z, c = split(x_t @ weight^T + bias, 2)``, ``h_t = (1 - sigmoid(z)) * h_{t-1} + sigmoid(z) * c``.
-"""
+"""minGRU (Feng et al. 2024, "Were RNNs All We Needed?"): a GRU whose gates read the input only (equations:
+docs/linear_recurrences.md)."""
 
 from __future__ import annotations
 

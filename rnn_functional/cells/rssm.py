@@ -1,8 +1,5 @@
-"""The RSSM core of TorchRL's ``RSSMPriorV3(recurrent_model="block_gru")`` (its private ``_DreamerV3BlockGRU``): the
-block GRU (:mod:`.block_gru`) with the input stage ``docs/model_based.md`` describes. The call's ``x`` is ``[s, a]``
-(``[N, S + A]``): ``p(s)`` and ``p(a)`` depend on it alone and run over the whole sequence at once
-(:meth:`RSSMCoreCell.prepare_input`). Parameters carry the private core's state-dict names.
-"""
+"""The RSSM core of TorchRL's ``RSSMPriorV3(recurrent_model="block_gru")`` (its private ``_DreamerV3BlockGRU``, under
+its state-dict names): the block GRU with the input stage docs/model_based.md describes, for ``x = [s, a]``."""
 
 from __future__ import annotations
 
