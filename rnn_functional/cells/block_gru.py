@@ -159,7 +159,6 @@ class BlockGRUCell(Cell):
     def init_params(cls, widths: tuple[int, ...], H: int, P: int, nb: int, num_layers: int, dtype, device,
                     generator) -> TensorDict:
         """Parameters for inputs of ``widths`` in TorchRL's order and draws (weights by :func:`init_weight_`)."""
-        dtype = dtype if dtype is not None else torch.get_default_dtype()
 
         def weight(shape, fan_in):
             return init_weight_(torch.empty(shape, dtype=dtype, device=device), fan_in, generator)
