@@ -1,8 +1,6 @@
-"""What the cells linear in their state share (:mod:`.min_gru`, :mod:`.rglru`): layer ``k`` reads one projection
-``gi = x_t @ weight_l{k}^T + bias_l{k}`` (no recurrent matmul) and updates ``h_t = a_t * h_{t-1} + b_t``, with
-``(a_t, b_t)`` from ``gi`` and the ``extra`` weights alone (:meth:`LinearRecurrentCell.coefficients`, a whole sequence
-at once, what ``parallel`` solves). Params per layer: ``weight_l{k} [G*H, F_k]``, ``bias_l{k} [G*H]``, ``extra_keys``
-``[H]`` each; ``F_0 = input_size``, ``F_k = H``.
+"""What the cells linear in their state share (:mod:`.min_gru`, :mod:`.rglru`): layer ``k`` projects ``gi = x_t @
+weight_l{k}^T + bias_l{k}`` (no recurrent matmul), then ``h_t = a_t * h_{t-1} + b_t``, ``(a_t, b_t)`` from ``gi`` and
+the ``extra_keys`` weights alone (what ``parallel`` solves).
 """
 
 from __future__ import annotations
@@ -45,10 +43,8 @@ class LinearRecurrentCell(Cell):
         num_layers = count_layers(set(params.keys()), ("weight_l{k}", "bias_l{k}", *self.extra_keys), self)
         weight = params["weight_l0"]
         if weight.ndim != 2 or weight.shape[0] % self.gates or weight.shape[0] == 0:
-            raise ValueError(
-                f"params['weight_l0']: expected shape [{self.gates}*H, F] ({self.title}: {self.gates} blocks of H rows), "
-                f"got {list(weight.shape)}."
-            )
+            raise ValueError(f"params['weight_l0']: expected shape [{self.gates}*H, F] ({self.title}: {self.gates} "
+                             f"blocks of H rows), got {list(weight.shape)}.")
         hidden, input_size = weight.shape[0] // self.gates, weight.shape[1]
         want = {}
         for k in range(num_layers):
@@ -71,7 +67,6 @@ class LinearRecurrentCell(Cell):
 
     def layer_step_saving(self, gi: torch.Tensor, carry: Carry, w: LayerWeights,
                           *start: torch.Tensor) -> tuple[Carry, Saved]:
-        """``h' = a * h + b``; saves ``gi`` and ``start`` (the backward recomputes ``a``, ``b`` from them,
-        elementwise)."""
+        """``h' = a * h + b``; saves ``gi`` and ``start``, from which the backward recomputes ``a``, ``b``."""
         a, b = self.coefficients(gi, w, *start)
         return (torch.addcmul(b, a, carry[0]),), (gi, *start)

@@ -1,16 +1,7 @@
-"""What a cell is, and the cell-independent math every backend shares.
+"""What a cell is (:class:`Cell`, the interface every backend talks to), and the cell-independent math they share.
 
-A cell (:class:`Cell`) owns everything about one recurrent cell kind: its parameter names,
-shapes and validation (:meth:`Cell.read_layout`), how a layer's weights split into an input
-projection and the rest (:meth:`Cell.layer_weights`), its state (:attr:`Cell.state_names`),
-its per-layer step (returning the activations its backward needs) and that step's
-hand-written backward (from those activations, or recomputing them), and optional hooks for fused
-kernels (:class:`AtenKernels`, :class:`TritonKernels`). Backends only ever talk to this
-interface; nothing outside ``cells/`` compares cell names.
-
-Canonical shapes: ``N`` flattened batch, ``T`` time, ``L`` layers, ``S`` a state width.
-A carry is a tuple of state tensors, ``[N, S]`` per layer or ``[N, L, S]`` for the stack;
-its first entry ``h`` is also the layer's output.
+Shapes: ``N`` flattened batch, ``T`` time, ``L`` layers, ``S`` a state width. A carry is a tuple of state tensors,
+``[N, S]`` per layer or ``[N, L, S]`` for the stack; its first entry ``h`` is also the layer's output.
 """
 
 from __future__ import annotations
@@ -51,13 +42,8 @@ class Layout:
 
 @dataclass(unsafe_hash=True, slots=True)  # not frozen, as Layout: a step builds one per layer
 class LayerWeights:
-    """The weights of one layer, split as the backends use them; absent entries are ``None``.
-
-    ``gi = x @ weight_ih^T + bias_ih`` is the input projection (computed for all steps at once);
-    ``gh = h @ weight_hh^T + bias_hh`` is the recurrent projection of the carry's ``h``;
-    ``extra`` holds the cell's other weights (the LSTM's ``weight_hr``, the norm GRU's
-    layer-norm weight and bias).
-    """
+    """One layer's weights (absent ones ``None``): ``gi = x @ weight_ih^T + bias_ih`` is the input projection (for all
+    steps at once), ``gh = h @ weight_hh^T + bias_hh`` the recurrent one; ``extra``: the cell's other weights."""
 
     weight_ih: torch.Tensor
     bias_ih: torch.Tensor | None
@@ -88,12 +74,10 @@ class StepGrads(NamedTuple):
 class AtenKernels:
     """ATen's fused kernels for a cell (``pad`` backend).
 
-    ``sequence(layout, params, inputs, hx, dropout, training, batch_sizes) -> (out, hx')`` runs
-    all layers over ``inputs`` ``[N, T, F]`` (or packed data with ``batch_sizes``); ``hx`` is a
-    carry of layer-major ``[L, N, S]`` tensors. ``step(w, x [N, F], carry) -> carry`` runs one
-    layer one step, without projection. ``fused_on_cpu``: an unpacked ``sequence`` call runs as one fused
-    kernel on CPU (oneDNN's LSTM); False where ATen runs it as a loop of per-step ops (its GRU), which
-    the ``scan`` loop and a packed call match (``auto``'s eager rule reads it).
+    ``sequence(layout, params, inputs, hx, dropout, training, batch_sizes) -> (out, hx')`` runs all layers over
+    ``inputs [N, T, F]`` (or packed data with ``batch_sizes``), ``hx`` a carry of ``[L, N, S]``; ``step(w, x [N, F],
+    carry) -> carry`` one layer one step, unprojected. ``fused_on_cpu``: an unpacked ``sequence`` is one fused kernel on
+    CPU (oneDNN's LSTM), not a loop of per-step ops (its GRU); ``auto``'s eager rule reads it.
     """
 
     sequence: Callable
@@ -121,17 +105,14 @@ class Cell(abc.ABC):
     aten: AtenKernels | None = None
     triton: TritonKernels | None = None
     linear_in_state: bool = False  # h' = a * h + b with (a, b) from the input alone (the ``parallel`` backend's cells)
-    # its step also reads ``start``, bool, True where the step starts a segment (where ``is_init``): the backends then
-    # pass it last to layer_step(_saving) (``[N, 1]``), step_backward and coefficients (``[..., 1]``), and only then;
-    # it reaches step_backward_saved among the saved activations
+    # the step also reads ``start`` (bool, True where ``is_init``), passed last to layer_step(_saving) (``[N, 1]``),
+    # step_backward and coefficients (``[..., 1]``); step_backward_saved finds it among the saved activations
     reads_starts: bool = False
 
     @abc.abstractmethod
     def read_layout(self, params: Mapping[str, torch.Tensor]) -> Layout:
-        """Validate ``params`` (keys, shapes, dtype, device) and return their layout.
-
-        Raises ``KeyError``/``ValueError`` naming the key, the expected and the actual value.
-        """
+        """Validate ``params`` (keys, shapes, dtype, device) and return their layout; ``KeyError``/``ValueError``
+        name the key, the expected and the actual value."""
 
     def layout_of(self, params: Mapping[str, torch.Tensor], known: Layout | None) -> Layout:
         """``known`` (the layout a module checked its weights against when bound) while the params' dtype, device, sizes
@@ -144,31 +125,26 @@ class Cell(abc.ABC):
 
     @abc.abstractmethod
     def layer_step_saving(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> tuple[Carry, Saved]:
-        """One layer, one step, also returning what its backward needs: ``gi [N, G]`` (the input
-        projection), carry of ``[N, S]`` -> ``(carry', saved)``, ``saved`` a tuple of ``[N, ·]``
-        tensors (the step's activations) that :meth:`step_backward_saved` consumes."""
+        """One layer, one step: ``gi [N, G]`` (the input projection), carry of ``[N, S]`` -> ``(carry', saved)``,
+        ``saved`` the ``[N, ·]`` activations :meth:`step_backward_saved` consumes."""
 
     def backward_factors(self, saved: Saved, carry: Carry, w: LayerWeights) -> Saved:
-        """What :meth:`step_backward_saved` reads, from a step's ``saved`` activations and the carry before
-        it: elementwise only, so it also runs on many steps at once (``[T, N, ·]`` tensors; the reverse scan calls
-        it on chunks of steps eagerly, on each step inside the scan compiled). Default: ``saved`` unchanged."""
+        """What :meth:`step_backward_saved` reads, from a step's ``saved`` and the carry before it; elementwise only,
+        so it also runs on many steps at once (``[T, N, ·]``). Default: ``saved`` unchanged."""
         return saved
 
     @abc.abstractmethod
     def step_backward_saved(self, factors: Saved, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
-        """Backward of one step from its :meth:`backward_factors` (no recurrent matmul of the forward is
-        redone): ``carry`` is the carry before the step, ``d_new`` the cotangent of the carry after it."""
+        """Backward of one step from its :meth:`backward_factors` (no forward matmul redone): ``carry`` is the carry
+        before the step, ``d_new`` the cotangent of the carry after it."""
 
-    # ``prepare_input(params, x) -> x``: the first layer's input from the call's ``x [..., F]``, before any backend
-    # runs, for a cell whose input goes through more than the layer's linear projection (the block GRU's normalised
-    # projection), computed once for every step under autograd; ``None``: ``x`` as it is.
+    # ``prepare_input(params, x) -> x``: the first layer's input from the call's ``x [..., F]`` for every step at once,
+    # before any backend runs (the block GRU's normalised projection); ``None``: ``x`` as it is.
     prepare_input: Callable[[Mapping[str, torch.Tensor], torch.Tensor], torch.Tensor] | None = None
 
     def reduce_extra_grads(self, *per_step: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The gradients of the present ``extra`` weights from the non-``None`` ``d_extra`` of every step of
-        :meth:`step_backward_saved`, stacked over time (``[T, ...]`` each). Default: each entry is a step's share of
-        one weight's gradient, summed over time; a cell may instead emit per-row factors and reduce them here, one
-        GEMM over the whole sequence."""
+        """The present ``extra`` weights' gradients from every step's non-``None`` ``d_extra``, stacked over time
+        (``[T, ...]``). Default: summed over time; a cell may emit per-row factors and reduce them here in one GEMM."""
         return tuple([d.sum(0) for d in per_step])
 
     def layer_step(self, gi: torch.Tensor, carry: Carry, w: LayerWeights, *start: torch.Tensor) -> Carry:
@@ -177,13 +153,8 @@ class Cell(abc.ABC):
         return self.layer_step_saving(gi, carry, w, *start)[0]
 
     def carry_rest_given_h(self, gi: torch.Tensor, h_prev: torch.Tensor, rest0: Carry, w: LayerWeights) -> Carry:
-        """The carry's parts after ``h`` at every step of a sequence whose ``h`` before each step is known.
-
-        ``gi [R, T, G]`` (input projections), ``h_prev [R, T, P]`` (``h`` before each step: the initial
-        ``h``, then the outputs), ``rest0`` the other parts before step 0 (tuple of ``[R, S]``) -> tuple
-        of ``[R, T, S]``. Default: :meth:`layer_step` over ``T``; a cell whose other parts follow from
-        ``h`` more cheaply overrides it.
-        """
+        """The carry's parts after ``h`` at every step, given ``gi [R, T, G]``, ``h_prev [R, T, P]`` (``h`` before each
+        step) and ``rest0`` (those parts before step 0, ``[R, S]`` each) -> tuple of ``[R, T, S]``."""
         carry, rest = rest0, []
         for gi_t, h_t in zip(gi.unbind(1), h_prev.unbind(1)):  # not [:, t]: see backends/reference.py
             carry = self.layer_step(gi_t, (h_t, *carry), w)[1:]
@@ -192,8 +163,8 @@ class Cell(abc.ABC):
 
     def step_backward(self, gi: torch.Tensor, carry: Carry, w: LayerWeights, d_new: Carry,
                       *start: torch.Tensor) -> StepGrads:
-        """Backward of :meth:`layer_step`, recomputing its activations from ``gi`` and the carry before
-        the step; ``d_new`` is the cotangent of the carry after it."""
+        """Backward of :meth:`layer_step`, recomputing its activations; ``d_new`` is the cotangent of the carry after
+        it."""
         factors = self.backward_factors(self.layer_step_saving(gi, carry, w, *start)[1], carry, w)
         return self.step_backward_saved(factors, carry, w, d_new)
 
@@ -214,17 +185,13 @@ def register(cell: Cell) -> Cell:
 
 
 def broadcast_mask(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``mask`` with trailing singleton dims so that it broadcasts against ``like`` (a view: trailing singleton dims
-    fit any strides, and ``view`` is cheaper than ``reshape`` on a policy step)."""
+    """``mask`` with trailing singleton dims so that it broadcasts against ``like`` (a view fits any strides)."""
     missing = like.ndim - mask.ndim
     return mask.view(*mask.shape, *(1,) * missing) if missing else mask
 
 
 def apply_reset(carry: Carry, mask: torch.Tensor | None, reset: Carry | None) -> Carry:
-    """Replace ``carry`` by ``reset`` (or zeros) where ``mask`` is True.
-
-    ``mask`` has the leading dims of every carry tensor; ``reset`` the same shapes as carry.
-    """
+    """``carry`` replaced by ``reset`` (or zeros) where ``mask`` (the carry tensors' leading dims) is True."""
     if mask is None:
         return carry
     missing = carry[0].ndim - mask.ndim  # every carry tensor has the same ndim; a view fits any strides
@@ -237,8 +204,7 @@ def apply_reset(carry: Carry, mask: torch.Tensor | None, reset: Carry | None) ->
 
 def keep_segment_ends(states: Carry, is_init: torch.Tensor) -> Carry:
     """Per-step carries ``[N, T, L, S]`` zeroed except at segment ends (before a reset, and at ``T - 1``: TorchRL's
-    ``("next", hidden)``); ``is_init [N, T]``. A call without ``is_init`` has one segment per row:
-    :func:`final_at_last_step`."""
+    ``("next", hidden)``); ``is_init [N, T]``."""
     if torch.compiler.is_compiling():
         # traced, ``pad``'s decomposition guards ``T - 1 != 1``: an export with a dynamic T refused T = 2
         last = torch.arange(is_init.shape[-1], device=is_init.device) == is_init.shape[-1] - 1
@@ -246,16 +212,15 @@ def keep_segment_ends(states: Carry, is_init: torch.Tensor) -> Carry:
     else:
         ends = F.pad(is_init[:, 1:], (0, 1), value=True)  # one op eagerly: the next step's reset, True past the end
     ends = ends.view(*ends.shape, *(1,) * (states[0].ndim - ends.ndim))  # every carry has the same ndim
-    return tuple([torch.where(ends, s, 0.0) for s in states])
+    out = []
+    for s in states:  # a loop, as apply_reset's
+        out.append(torch.where(ends, s, 0.0))
+    return tuple(out)
 
 
 def final_at_last_step(final: Carry, t_len: int) -> Carry:
-    """:func:`keep_segment_ends` of a call without interior resets, from its final carry alone.
-
-    ``final`` tuple of ``[N, L, S]`` -> tuple of ``[N, T, L, S]``: zeros, ``final`` at ``T - 1``.
-    One zero-padding pass: neither direction reads per-step states nor masks a ``[N, T, L, S]``
-    tensor (the backward is a view of the incoming gradient at ``T - 1``).
-    """
+    """:func:`keep_segment_ends` of a call without interior resets, from its final carry ``[N, L, S]`` alone: one
+    zero-padding pass, no per-step states read or masked in either direction."""
     before = (0, 0) * (final[0].ndim - 1) + (t_len - 1, 0)  # F.pad lists the last dim first
     return tuple([F.pad(s.unsqueeze(1), before) for s in final])
 
@@ -294,10 +259,8 @@ def uniform_(shape: tuple[int, ...], bound: float, dtype, device, generator) -> 
 def check_sizes(input_size: int, hidden_size: int, num_layers: int) -> None:
     """Raise ``ValueError`` unless all three are positive."""
     if input_size <= 0 or hidden_size <= 0 or num_layers <= 0:
-        raise ValueError(
-            f"input_size, hidden_size and num_layers must be positive, got "
-            f"input_size={input_size}, hidden_size={hidden_size}, num_layers={num_layers}."
-        )
+        raise ValueError(f"input_size, hidden_size and num_layers must be positive, got input_size={input_size}, "
+                         f"hidden_size={hidden_size}, num_layers={num_layers}.")
 
 
 def count_layers(keys, kinds: tuple[str, ...], cell: Cell) -> int:
@@ -307,10 +270,8 @@ def count_layers(keys, kinds: tuple[str, ...], cell: Cell) -> int:
     while kinds[0].format(k=num_layers) in keys:
         num_layers += 1
     if num_layers == 0:
-        raise KeyError(
-            f"params: missing key {kinds[0].format(k=0)!r}; expected {cell.params_doc}, got {sorted(keys)}. "
-            f"Build them with {cell.init_function}(...)."
-        )
+        raise KeyError(f"params: missing key {kinds[0].format(k=0)!r}; expected {cell.params_doc}, got {sorted(keys)}. "
+                       f"Build them with {cell.init_function}(...).")
     expected = {kind.format(k=k) for k in range(num_layers) for kind in kinds}
     check_keys(keys, expected, f"a {num_layers}-layer {cell.title}")
     return num_layers
@@ -326,20 +287,16 @@ def check_keys(keys, expected: set[str], what: str) -> None:
 
 
 def check_shapes(params, want: dict[str, tuple[int, ...]], sizes: str, first: str) -> None:
-    """Raise ``ValueError`` unless every ``params[key]`` has shape ``want[key]`` and ``params[first]``'s dtype/device."""
+    """Raise ``ValueError`` unless each ``params[key]`` has shape ``want[key]`` and ``params[first]``'s dtype/device."""
     dtype, device = params[first].dtype, params[first].device
     for key, shape in want.items():
         t = params[key]
         if tuple(t.shape) != shape:
-            raise ValueError(
-                f"params[{key!r}]: expected shape {list(shape)} for {sizes}; got {list(t.shape)}. Are these "
-                f"params of another cell kind or of a differently sized model?"
-            )
+            raise ValueError(f"params[{key!r}]: expected shape {list(shape)} for {sizes}; got {list(t.shape)}. "
+                             f"Are these params of another cell kind or of a differently sized model?")
         if t.dtype != dtype or t.device != device:
-            raise ValueError(
-                f"params[{key!r}]: all params must share dtype and device; {first} is "
-                f"{dtype} on {device}, {key} is {t.dtype} on {t.device}. Convert with params.to(...)."
-            )
+            raise ValueError(f"params[{key!r}]: all params must share dtype and device; {first} is {dtype} on "
+                             f"{device}, {key} is {t.dtype} on {t.device}. Convert with params.to(...).")
 
 
 # ----------------------------------------------------------------------------- torch.nn's layout
@@ -375,9 +332,8 @@ def _expected(signature: tuple) -> tuple[frozenset[str], tuple[tuple[str, tuple[
 
 
 class TorchRNNCell(Cell):
-    """A cell with ``torch.nn.LSTM``'s parameter names and layout (the LSTM and GRU cells). Layer ``k`` (``G`` gates,
-    ``P = proj_size or H``, ``F_0`` the input size, ``F_k = P``) has ``weight_ih_l{k} [G*H, F_k]``, ``weight_hh_l{k}
-    [G*H, P]``, with ``bias`` ``bias_ih_l{k}``/``bias_hh_l{k} [G*H]``, with ``proj_size`` ``weight_hr_l{k} [P, H]``."""
+    """A cell with ``torch.nn.LSTM``'s parameter names and layout (the LSTM and GRU cells; ``num_gates`` blocks of H
+    rows)."""
 
     projection: bool = False
 
@@ -387,18 +343,9 @@ class TorchRNNCell(Cell):
         check_sizes(input_size, hidden_size, num_layers)
         if proj_size < 0 or (proj_size and proj_size >= hidden_size):
             raise ValueError(f"proj_size must be 0 (no projection) or in [1, hidden_size={hidden_size}), got {proj_size}.")
-        out_size, gates = proj_size or hidden_size, self.num_gates * hidden_size
         bound = 1.0 / math.sqrt(hidden_size)
-        tensors: dict[str, torch.Tensor] = {}
-        for k in range(num_layers):
-            tensors[f"weight_ih_l{k}"] = uniform_((gates, input_size if k == 0 else out_size), bound, dtype, device,
-                                                  generator)
-            tensors[f"weight_hh_l{k}"] = uniform_((gates, out_size), bound, dtype, device, generator)
-            if bias:
-                tensors[f"bias_ih_l{k}"] = uniform_((gates,), bound, dtype, device, generator)
-                tensors[f"bias_hh_l{k}"] = uniform_((gates,), bound, dtype, device, generator)
-            if proj_size:
-                tensors[f"weight_hr_l{k}"] = uniform_((proj_size, hidden_size), bound, dtype, device, generator)
+        _, want = _expected((self.num_gates, num_layers, bias, proj_size, hidden_size, input_size))  # torch.nn's order
+        tensors = {key: uniform_(shape, bound, dtype, device, generator) for key, shape in want}
         return TensorDict(tensors, batch_size=[], device=device)
 
     def read_layout(self, params: Mapping[str, torch.Tensor]) -> Layout:

@@ -1,13 +1,9 @@
-"""DreamerV3's block-diagonal GRU (the RSSM core of TorchRL's ``DreamerV3BlockGRUCell``); its math is in
-``docs/model_based.md``, each RMS norm scaled by its learned ``*_norm.weight``. A ``block_linear`` has weight
-``[nb, in / nb, out / nb]`` (block ``j`` maps its slice of the input) and bias ``[out]``.
+"""DreamerV3's block-diagonal GRU under TorchRL's ``DreamerV3BlockGRUCell`` state-dict names (math:
+docs/model_based.md; each RMS norm scaled by its ``*_norm.weight``; a block weight is ``[nb, in / nb, out / nb]``).
 
-On the library's layer (:class:`~.base.LayerWeights`): ``px = act(rms(x @ Wi^T + bi) * ni)`` and its share of the
-first dynamics layer depend on ``x`` alone, so both run over the whole sequence at once
-(:meth:`BlockGRUCell.prepare_input`, then the input projection ``gi = px @ Wpx^T + b0``, ``Wpx [H, P]`` the ``px``
-rows of every block of ``dynamic_linears.0.weight``). ``hidden_linear`` is the recurrent projection (``weight_hh``);
-the block weights, norms and gates are the ``extra`` weights. Parameters carry TorchRL's state-dict names, so
-checkpoints load both ways.
+``px = act(rms(x @ Wi^T + bi) * ni)`` and its share of the first dynamics layer depend on ``x`` alone, so both run
+over the whole sequence at once (:meth:`BlockGRUCell.prepare_input`, then ``gi = px @ Wpx^T + b0``, ``Wpx [H, P]`` the
+``px`` rows of every block of ``dynamic_linears.0.weight``); ``hidden_linear`` is ``weight_hh``, the rest ``extra``.
 """
 
 from __future__ import annotations
@@ -163,7 +159,6 @@ class BlockGRUCell(Cell):
     def init_params(cls, widths: tuple[int, ...], H: int, P: int, nb: int, num_layers: int, dtype, device,
                     generator) -> TensorDict:
         """Parameters for inputs of ``widths`` in TorchRL's order and draws (weights by :func:`init_weight_`)."""
-        dtype = dtype if dtype is not None else torch.get_default_dtype()
 
         def weight(shape, fan_in):
             return init_weight_(torch.empty(shape, dtype=dtype, device=device), fan_in, generator)
@@ -196,11 +191,9 @@ class BlockGRUCell(Cell):
                    f"the {self.title} with {max(num_layers, 1)} dynamics layer(s)")
         weights, gates = [params[w] for w, _, _ in projections], params["gates.weight"]
         if gates.ndim != 3 or any(w.ndim != 2 for w in weights):
-            raise ValueError(
-                f"params: expected {', '.join(f'{w} [P, ·]' for w, _, _ in projections)} and gates.weight "
-                f"[nb, H/nb, 3H/nb], got {', '.join(str(list(w.shape)) for w in weights)} and {list(gates.shape)}. "
-                f"Are these params of another cell kind?"
-            )
+            raise ValueError(f"params: expected {', '.join(f'{w} [P, ·]' for w, _, _ in projections)} and gates.weight "
+                             f"[nb, H/nb, 3H/nb], got {', '.join(str(list(w.shape)) for w in weights)} and "
+                             f"{list(gates.shape)}. Are these params of another cell kind?")
         (nb, hb), P = gates.shape[:2], weights[0].shape[0]
         H, widths = nb * hb, [params[w].shape[-1] for w, _, _ in self.input_keys]
         want = {"gates.weight": (nb, hb, 3 * hb), "gates.bias": (3 * H,)}
@@ -339,9 +332,8 @@ _CELLS: dict[tuple, BlockGRUCell] = {}
 
 def block_gru_cell(activation: str | Callable = "silu", norm_eps: float = 1e-4, update_bias: float = -1.0,
                    kind: type[BlockGRUCell] = BlockGRUCell) -> BlockGRUCell:
-    """The cell of ``kind`` (the block GRU, or the RSSM core) for these hyperparameters, made on first use (a plain
-    dict, not ``functools.cache``, whose wrapper Dynamo does not trace). ``activation``: a name of :data:`ACTIVATIONS`
-    or any elementwise callable (held by identity; its derivative by ``torch.func.jvp``)."""
+    """The cell of ``kind`` (block GRU or RSSM core) for these hyperparameters, made on first use (a plain dict: Dynamo
+    does not trace ``functools.cache``). ``activation``: a name of :data:`ACTIVATIONS` or an elementwise callable."""
     key = (kind, activation, float(norm_eps), float(update_bias))
     cell = _CELLS.get(key)  # first: under torch.compile(dynamic=True) the floats are symbolic, which _make_cell refuses
     if cell is None:
@@ -362,7 +354,4 @@ def _make_cell(kind: type[BlockGRUCell], activation, *floats: float) -> None:
     _CELLS[(kind, activation, *floats)] = register(kind(activation, *floats))
 
 
-BLOCK_GRU = block_gru_cell()
-for _name in ACTIVATIONS:  # the defaults of every activation, made and registered here, before any compile
-    block_gru_cell(_name)
-del _name
+BLOCK_GRU = block_gru_cell()  # the other activations' default cells: in .rssm, with the RSSM core's

@@ -12,11 +12,9 @@ from .base import (AtenKernels, Carry, LayerWeights, Saved, StepGrads, TorchRNNC
 __all__ = ["GRU", "init_gru_params"]
 
 
-def init_gru_params(
-    input_size: int, hidden_size: int, num_layers: int = 1, *, bias: bool = True,
-    dtype: torch.dtype | None = None, device: torch.device | str | None = None,
-    generator: torch.Generator | None = None,
-) -> TensorDict:
+def init_gru_params(input_size: int, hidden_size: int, num_layers: int = 1, *, bias: bool = True,
+                    dtype: torch.dtype | None = None, device: torch.device | str | None = None,
+                    generator: torch.Generator | None = None) -> TensorDict:
     """GRU parameters initialised like ``torch.nn.GRU`` (uniform in ``[-1/sqrt(H), 1/sqrt(H)]``). Keys for layer
     ``k``: ``weight_ih_l{k} [3H, F_k]``, ``weight_hh_l{k} [3H, H]`` and, with ``bias``, ``bias_ih_l{k}``/``bias_hh_l{k}
     [3H]``; ``F_0 = input_size``, ``F_k = H`` for ``k > 0``."""

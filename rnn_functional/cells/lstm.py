@@ -12,11 +12,9 @@ from .base import (AtenKernels, Carry, LayerWeights, Saved, StepGrads, TorchRNNC
 __all__ = ["LSTM", "init_lstm_params"]
 
 
-def init_lstm_params(
-    input_size: int, hidden_size: int, num_layers: int = 1, *, bias: bool = True, proj_size: int = 0,
-    dtype: torch.dtype | None = None, device: torch.device | str | None = None,
-    generator: torch.Generator | None = None,
-) -> TensorDict:
+def init_lstm_params(input_size: int, hidden_size: int, num_layers: int = 1, *, bias: bool = True, proj_size: int = 0,
+                     dtype: torch.dtype | None = None, device: torch.device | str | None = None,
+                     generator: torch.Generator | None = None) -> TensorDict:
     """LSTM parameters initialised like ``torch.nn.LSTM`` (uniform in ``[-1/sqrt(H), 1/sqrt(H)]``). Keys for layer
     ``k``: ``weight_ih_l{k} [4H, F_k]``, ``weight_hh_l{k} [4H, P]``, ``bias_ih_l{k}``/``bias_hh_l{k} [4H]`` (with
     ``bias``), ``weight_hr_l{k} [P, H]`` (``proj_size``); ``P = proj_size or H``, ``F_0 = input_size``, ``F_k = P``.

@@ -1,6 +1,5 @@
-"""minGRU (Feng et al. 2024, "Were RNNs All We Needed?"): a GRU whose gates read the input only.
-Per layer ``z, c = split(x_t @ weight^T + bias, 2)``, ``h_t = (1 - sigmoid(z)) * h_{t-1} + sigmoid(z) * c``.
-"""
+"""minGRU (Feng et al. 2024, "Were RNNs All We Needed?"): a GRU whose gates read the input only (equations:
+docs/linear_recurrences.md)."""
 
 from __future__ import annotations
 
@@ -37,11 +36,9 @@ class MinGRUCell(LinearRecurrentCell):
 MIN_GRU = register(MinGRUCell())
 
 
-def init_min_gru_params(
-    input_size: int, hidden_size: int, num_layers: int = 1, *,
-    dtype: torch.dtype | None = None, device: torch.device | str | None = None,
-    generator: torch.Generator | None = None,
-) -> TensorDict:
+def init_min_gru_params(input_size: int, hidden_size: int, num_layers: int = 1, *,
+                        dtype: torch.dtype | None = None, device: torch.device | str | None = None,
+                        generator: torch.Generator | None = None) -> TensorDict:
     """minGRU params initialised like ``torch.nn.Linear``: ``weight_l{k} [2H, F_k]``, ``bias_l{k} [2H]``, uniform in
     ``[-1/sqrt(F_k), 1/sqrt(F_k)]``; ``F_0 = input_size``, ``F_k = hidden_size`` for ``k > 0``."""
     return init_linear_params(MIN_GRU, input_size, hidden_size, num_layers, dtype, device, generator, None)

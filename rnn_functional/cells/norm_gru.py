@@ -1,14 +1,5 @@
-"""The layer-normalised GRU of DreamerV2/V3 world models (the recurrent core of the RSSM).
-
-Per layer ``k``, input ``x [N, F_k]``, state ``h [N, H]``::
-
-    z = concat([x, h], -1) @ weight_l{k}^T           # weight_l{k}: [3H, F_k + H], input columns first
-    z = layer_norm(z over 3H, norm_weight_l{k}, norm_bias_l{k}, eps=1e-3)
-    r, c, u = split(z, 3)                             # reset, candidate, update
-    r = sigmoid(r);  c = tanh(r * c);  u = sigmoid(u - 1)
-    h' = u * c + (1 - u) * h                          # output and new state
-
-``F_0 = input_size``, ``F_k = H`` for ``k > 0``. No bias: the layer norm's ``norm_bias`` shifts.
+"""The layer-normalised GRU of DreamerV2/V3 world models (equations: docs/model_based.md). Layer ``k``: ``weight_l{k}
+[3H, F_k + H]`` (input columns first), ``norm_weight_l{k}``/``norm_bias_l{k} [3H]``, layer-norm eps ``1e-3``; no bias.
 """
 
 from __future__ import annotations
@@ -26,11 +17,9 @@ from .base import (Carry, Cell, LayerWeights, Layout, Saved, StepGrads, check_sh
 __all__ = ["NORM_GRU", "init_norm_gru_params"]
 
 
-def init_norm_gru_params(
-    input_size: int, hidden_size: int, num_layers: int = 1, *,
-    dtype: torch.dtype | None = None, device: torch.device | str | None = None,
-    generator: torch.Generator | None = None,
-) -> TensorDict:
+def init_norm_gru_params(input_size: int, hidden_size: int, num_layers: int = 1, *,
+                         dtype: torch.dtype | None = None, device: torch.device | str | None = None,
+                         generator: torch.Generator | None = None) -> TensorDict:
     """Layer-normalised GRU parameters: ``weight_l{k} [3H, F_k + H]`` uniform in ``[-1/sqrt(H), 1/sqrt(H)]``
     (as ``torch.nn.GRU``), ``norm_weight_l{k} [3H]`` ones and ``norm_bias_l{k} [3H]`` zeros."""
     check_sizes(input_size, hidden_size, num_layers)

@@ -1,8 +1,5 @@
-"""RG-LRU (De et al. 2024, Griffin/Hawk): the real-gated linear recurrent unit (equations, ``segment_start`` and
-recurrentgemma's variant: docs/linear_recurrences.md). ``sqrt(1 - a^2)`` is computed as ``sqrt(-expm1(2 log_a))``:
-exact where ``a`` is close to 1. Two cells, one per ``segment_start``: :data:`RGLRU` (``"scaled"``) and
-:data:`RGLRU_RECURRENTGEMMA` (the gated input multiplied by 1 at every step that starts a segment).
-"""
+"""RG-LRU (De et al. 2024, Griffin/Hawk), one registered cell per ``segment_start`` (equations, ``segment_start`` and
+recurrentgemma's variant: docs/linear_recurrences.md)."""
 
 from __future__ import annotations
 
@@ -23,12 +20,9 @@ C = 8  # the gate's exponent scale (Griffin's c); an int: under torch.compile(dy
 
 
 def _parts(gi: torch.Tensor, log_lambda: torch.Tensor):
-    """``(u, r, i, log_a, a, m = sqrt(1 - a^2))`` from ``gi [..., 3H]``.
-
-    Where ``a`` rounds to 1 (a saturated gate, ``r = 0``; or ``softplus(-Λ)`` underflowing), ``m = 0`` and sqrt's
-    derivative there is infinite, while the true gradient of every input is 0 (``dm/dr ~ 1/sqrt(r)`` times ``r``'s
-    own factor ``r (1 - r)``): autograd's inf * 0 made every gradient NaN. ``m`` is taken through ``where`` on both
-    sides, so its derivatives there are 0, to every order."""
+    """``(u, r, i, log_a, a, m = sqrt(1 - a^2))`` from ``gi [..., 3H]``; ``m = sqrt(-expm1(2 log_a))``, exact near
+    ``a = 1``. Where ``a`` rounds to 1, sqrt's derivative is infinite but every true gradient is 0 (autograd's inf * 0
+    gave NaN): ``m`` goes through ``where`` on both sides, so its derivatives there are 0, to every order."""
     u, r, i = gi.chunk(3, dim=-1)
     r, i = torch.sigmoid(r), torch.sigmoid(i)
     log_a = -C * r * F.softplus(-log_lambda)
@@ -100,8 +94,7 @@ def _griffin_log_lambda(hidden_size: int, dtype, device, generator) -> torch.Ten
 
 
 def _recurrentgemma_log_lambda(hidden_size: int, dtype, device, generator) -> torch.Tensor:
-    """``Λ`` as recurrentgemma draws it (``rnn_param_init``): ``sigmoid(Λ)`` itself in ``[0.9, 0.999]``, uniform on the
-    ring's area (``sigmoid(Λ)^2`` uniform in ``[0.81, 0.998]``, each shifted by its ``1e-8``)."""
+    """``Λ`` as recurrentgemma's ``rnn_param_init`` draws it: ``sigmoid(Λ)^2`` uniform in ``[0.9^2, 0.999^2] + 1e-8``."""
     square = torch.empty(hidden_size, dtype=torch.float64, device=device).uniform_(
         0.9 ** 2 + 1e-8, 0.999 ** 2 + 1e-8, generator=generator)
     return torch.logit(square.sqrt()).to(dtype or torch.get_default_dtype())
@@ -110,11 +103,9 @@ def _recurrentgemma_log_lambda(hidden_size: int, dtype, device, generator) -> to
 _INITS = {"griffin": _griffin_log_lambda, "recurrentgemma": _recurrentgemma_log_lambda}
 
 
-def init_rglru_params(
-    input_size: int, hidden_size: int, num_layers: int = 1, *, init: str = "griffin",
-    dtype: torch.dtype | None = None, device: torch.device | str | None = None,
-    generator: torch.Generator | None = None,
-) -> TensorDict:
+def init_rglru_params(input_size: int, hidden_size: int, num_layers: int = 1, *, init: str = "griffin",
+                      dtype: torch.dtype | None = None, device: torch.device | str | None = None,
+                      generator: torch.Generator | None = None) -> TensorDict:
     """RG-LRU params: ``weight_l{k} [3H, F_k]`` and ``bias_l{k} [3H]`` initialised like ``torch.nn.Linear`` (uniform in
     ``[-1/sqrt(F_k), 1/sqrt(F_k)]``), ``log_lambda_l{k} [H]`` by ``init``: ``"griffin"`` puts ``sigmoid(Λ)^8`` (the
     decay at ``r = 1``) uniform in ``[0.9, 0.999]``; ``"recurrentgemma"`` puts ``sigmoid(Λ)`` in ``[0.9, 0.999]``
@@ -126,11 +117,9 @@ def init_rglru_params(
 
 def rglru_params_from_recurrentgemma(layer: Mapping[str, torch.Tensor] | torch.nn.Module) -> TensorDict:
     """One-layer RG-LRU params from recurrentgemma's torch ``RGLRU`` (the module or its state dict: ``a_param``,
-    ``input_gate.w/.b``, ``a_gate.w/.b``), sharing nothing. Its layer feeds ``x`` in directly and gates it with two
-    block-diagonal linears (``w [heads, Hb, Hb]``, ``b [heads, Hb]``): here an identity input projection and the
-    gates' blocks on the diagonal of ``weight_l0``; its ``log_a = -8 r softplus(a_param)`` is ours with ``Λ = -a_param``.
-    For its segment starts (``segment_pos == 0``: the gated input scaled by 1) pass ``segment_start="recurrentgemma"``
-    to ``rglru_step``/``rglru_sequence``/``RGLRUModule``; see docs/linear_recurrences.md."""
+    ``input_gate.w/.b``, ``a_gate.w/.b``), sharing nothing: an identity input projection, the gates' blocks on the
+    diagonal of ``weight_l0``, ``Λ = -a_param``. For its segment starts pass ``segment_start="recurrentgemma"`` to
+    ``rglru_step``/``rglru_sequence``/``RGLRUModule``; see docs/linear_recurrences.md."""
     tensors = layer.state_dict() if isinstance(layer, torch.nn.Module) else layer
     a_param = tensors["a_param"].detach()
     width = a_param.shape[-1]

@@ -1,8 +1,5 @@
-"""The RSSM core of TorchRL's ``RSSMPriorV3(recurrent_model="block_gru")`` (its private ``_DreamerV3BlockGRU``): the
-block GRU (:mod:`.block_gru`) with the input stage ``docs/model_based.md`` describes. The call's ``x`` is ``[s, a]``
-(``[N, S + A]``): ``p(s)`` and ``p(a)`` depend on it alone and run over the whole sequence at once
-(:meth:`RSSMCoreCell.prepare_input`). Parameters carry the private core's state-dict names.
-"""
+"""The RSSM core of TorchRL's ``RSSMPriorV3(recurrent_model="block_gru")`` (its private ``_DreamerV3BlockGRU``, under
+its state-dict names): the block GRU with the input stage docs/model_based.md describes, for ``x = [s, a]``."""
 
 from __future__ import annotations
 
@@ -55,6 +52,7 @@ def init_rssm_core_params(*, state_dim: int, action_dim: int, hidden_dim: int, b
                                     device, generator)
 
 
-for _name in ACTIVATIONS:  # the defaults of every activation, made and registered here, before any compile
-    block_gru_cell(_name, kind=RSSMCoreCell)
-del _name
+for _kind in (BlockGRUCell, RSSMCoreCell):  # every activation's default cells, made and registered before any compile
+    for _name in ACTIVATIONS:
+        block_gru_cell(_name, kind=_kind)
+del _kind, _name
