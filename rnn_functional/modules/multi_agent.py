@@ -46,9 +46,8 @@ class _MultiAgentRNN(TensorDictModuleBase):
             raise ValueError(f"{name}: in_key and out_key must be nested under the agent group, e.g. ('agents', "
                              f"'observation'); got {in_key!r}, {out_key!r}. The group's entries carry the agent dim.")
         if not share_params and (recurrent_slice_len, recurrent_num_slices) != (None, None):
-            raise ValueError(f"{name}: recurrent_slice_len/recurrent_num_slices need share_params=True: the core "
-                             f"checks the slice layout with an assert that torch.vmap (which runs per-agent weights) "
-                             f"cannot batch. Share the weights, or pass neither hint (flat batches still run).")
+            raise ValueError(f"{name}: recurrent_slice_len/recurrent_num_slices need share_params=True (torch.vmap, "
+                             f"which runs per-agent weights, cannot batch the core's slice checks). Pass neither hint.")
         group = in_key[:-1]
         self.n_agent_inputs, self.hidden_size, self.n_agents, self.num_layers = (n_agent_inputs, hidden_size,
                                                                                  n_agents, num_layers)
