@@ -1,8 +1,7 @@
 """Drop-ins for TorchRL's ``DreamerV3BlockGRUCell`` and ``DreamerV3BlockGRU`` over the functional block GRU: same
 constructor arguments, forward signatures, shapes, exception classes, state-dict names and draws from the global
-generator. Each forward reads the parameters as they are at that call (``functional_call``, ``load_state_dict`` and
-``torch.export`` swap them freely).
-"""
+generator. Each forward reads the parameters as they are at that call (``functional_call``, ``load_state_dict``,
+``torch.export``)."""
 
 from __future__ import annotations
 
@@ -134,8 +133,7 @@ class DreamerV3BlockGRU(nn.Module):
     Args as TorchRL's ``DreamerV3BlockGRU``, plus ``recurrent_backend``: ``"auto"`` (the default: ``scan`` when
     autograd records the call or under ``torch.compile``, else ``reference``), ``"reference"`` or ``"scan"``. TorchRL's
     ``"triton"`` is refused: this library has no Triton kernel for the block GRU. Any activation runs on every
-    backend (a callable without a closed-form derivative through ``torch.func.jvp`` in the hand-written backward).
-    """
+    backend."""
 
     def __init__(self, *args, recurrent_backend: str = "auto", **kwargs):
         super().__init__()

@@ -293,27 +293,6 @@ class RNNChild:
     def _rnn(self) -> nn.Module:
         return getattr(self, self._cell.child_attr)
 
-    def _checked(self, params, layout: Layout | None, x: torch.Tensor, states, in_keys) -> tuple[dict, Layout]:
-        """``(params, their layout)``, ``x`` and ``states`` checked against the params' dtype, device and sizes.
-        ``layout``: the own weights' layout (``None`` for other params: an ensemble's members, ``functional_call``)."""
-        owner, params = type(self).__name__, params if isinstance(params, dict) else dict(params.items())
-        layout = self._cell.core.layout_of(params, layout)
-        if layout.device.type == "meta":
-            raise RuntimeError(f"{owner}: its weights are on the meta device (an EnsembleModule's template: the "
-                               f"members' are in ens.params). Run member e with ens.params[e].to_module(module), or "
-                               f"load weights with module.to_empty(device=...) and load_state_dict(...).")
-        if layout.input_size != x.shape[-1] or (layout.num_layers, layout.state_sizes) != self._sizes:
-            raise ValueError(f"{owner}: the weights are for input_size={layout.input_size}, num_layers="
-                             f"{layout.num_layers} and state widths {list(layout.state_sizes)}, but the module is "
-                             f"built for input_size={x.shape[-1]}, states {[list(s) for s in self._state_shapes]}. "
-                             f"Load weights of the module's sizes (or build the module for these).")
-        for key, t in zip(in_keys, (x, *(states or ()))):
-            if (t.dtype != layout.dtype and t.dtype != autocast_dtype(layout)) or t.device != layout.device:
-                raise ValueError(f"{owner}: key {key!r}: expected dtype {layout.dtype} on {layout.device} (the "
-                                 f"params'), got {t.dtype} on {t.device}. Convert the TensorDict (td.to(...)) or the "
-                                 f"module (module.to(...)).")
-        return params, layout
-
 
 # ----------------------------------------------------------------------------- the one constructor: options, signature
 
@@ -348,16 +327,6 @@ _KEYWORDS = (("in_key", None), ("in_keys", None), ("out_key", None), ("out_keys"
              ("CHILD", None), ("default_recurrent_mode", None), ("recurrent_slice_len", None),
              ("recurrent_num_slices", None))
 _OPTIONS = ("recurrent_backend", "recurrent_recompute", "recurrent_compute_dtype", "recurrent_matmul_precision")
-
-
-def _signature(cell: ModuleCell) -> inspect.Signature:
-    """TorchRL's constructor signature for ``cell`` (``proj_size`` for the LSTM alone, ``lstm=``/``gru=``)."""
-    kind, takes_child = inspect.Parameter, issubclass(cell.nn_class, nn.RNNBase)
-    params = [kind(name, kind.POSITIONAL_OR_KEYWORD, default=default) for name, default in _SIGNATURE
-              if name != "proj_size" or "proj_size" in cell.hyper_names]
-    params += [kind(cell.child_attr if name == "CHILD" else name, kind.KEYWORD_ONLY, default=default)
-               for name, default in _KEYWORDS if name != "CHILD" or takes_child]
-    return inspect.Signature(params)
 
 
 def _key_list(owner: str, arg: str, keys, n: int, what: str) -> list[NestedKey]:
@@ -414,9 +383,9 @@ def build_rnn(cell: ModuleCell, rnn, given: dict, *, batch_first: bool, bidirect
     if given["input_size"] is not None or given["hidden_size"] is not None:
         raise ValueError(f"An {kind} instance cannot be passed along with class argument: {owner}({arg}=...) takes "
                          f"input_size and hidden_size from the module; drop them.")
-    defaults = {"num_layers": 1, "bias": True, "dropout": 0, "proj_size": 0}
+    defaults = dict(_SIGNATURE)  # input_size and hidden_size are None here, as their defaults
     for key in cell.hyper_names:
-        if key in defaults and given[key] != defaults[key] and given[key] != getattr(rnn, key):
+        if given[key] != defaults[key] and given[key] != getattr(rnn, key):
             raise ValueError(f"{owner}: {key}={given[key]!r} conflicts with the wrapped {arg} ({key}="
                              f"{getattr(rnn, key)!r}); the wrapped module's hyper-parameters are used: drop {key}.")
     if rnn.bidirectional:
@@ -461,8 +430,13 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        if "_cell" in cls.__dict__:
-            cls.__signature__ = _signature(cls._cell)
+        if "_cell" in cls.__dict__:  # TorchRL's signature (``proj_size`` for the LSTM alone, ``lstm=``/``gru=``)
+            cell, kind = cls._cell, inspect.Parameter
+            params = [kind(name, kind.POSITIONAL_OR_KEYWORD, default=default) for name, default in _SIGNATURE
+                      if name != "proj_size" or "proj_size" in cell.hyper_names]
+            params += [kind(cell.child_attr if name == "CHILD" else name, kind.KEYWORD_ONLY, default=default)
+                       for name, default in _KEYWORDS if name != "CHILD" or issubclass(cell.nn_class, nn.RNNBase)]
+            cls.__signature__ = inspect.Signature(params)
             cls.DEFAULT_IN_KEYS = list(cls._cell.default_in_keys)
             cls.DEFAULT_OUT_KEYS = list(cls._cell.default_out_keys)
 
@@ -535,8 +509,7 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
         return self._forward(tensordict, params, None)
 
     def _forward(self, td: TensorDictBase, params, layout: Layout | None) -> TensorDictBase:
-        """``layout``: the own weights' layout (``None`` for other params). Passed in, not found by ``params is
-        self._weights``: Dynamo cannot trace ``is`` between two dicts."""
+        """``layout``: the own weights' layout, ``None`` for others (Dynamo cannot trace ``params is weights``)."""
         cell, recurrent, owner = self._cell, recurrent_mode(bool(self._recurrent_mode)), type(self).__name__
         # tensordict's private key lists: each public property read adds guards that a compiled call re-checks
         in_keys, out_keys = self._in_keys, self._out_keys_apparent
@@ -585,7 +558,23 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
                             else " Build env hidden states with module.make_tensordict_primer().")
                     raise ValueError(f"{owner}: hidden state key {key!r} holds shape {list(state.shape)}; expected "
                                      f"{[*lead, layers, width]} ({dims}, num_layers, {width}]).{hint}")
-        params, layout = self._checked(params, layout, x, states, in_keys)
+        # the params against the module's sizes, the inputs against the params' dtype and device
+        params = params if isinstance(params, dict) else dict(params.items())
+        layout = cell.core.layout_of(params, layout)
+        if layout.device.type == "meta":
+            raise RuntimeError(f"{owner}: its weights are on the meta device (an EnsembleModule's template: the "
+                               f"members' are in ens.params). Run member e with ens.params[e].to_module(module), or "
+                               f"load weights with module.to_empty(device=...) and load_state_dict(...).")
+        if layout.input_size != x.shape[-1] or (layout.num_layers, layout.state_sizes) != self._sizes:
+            raise ValueError(f"{owner}: the weights are for input_size={layout.input_size}, num_layers="
+                             f"{layout.num_layers} and state widths {list(layout.state_sizes)}, but the module is "
+                             f"built for input_size={x.shape[-1]}, states {[list(s) for s in self._state_shapes]}. "
+                             f"Load weights of the module's sizes (or build the module for these).")
+        for key, t in zip(in_keys, (x, *(states or ()))):
+            if (t.dtype != layout.dtype and t.dtype != autocast_dtype(layout)) or t.device != layout.device:
+                raise ValueError(f"{owner}: key {key!r}: expected dtype {layout.dtype} on {layout.device} (the "
+                                 f"params'), got {t.dtype} on {t.device}. Convert the TensorDict (td.to(...)) or the "
+                                 f"module (module.to(...)).")
         dropout = float(self._live.attrs["dropout"]) if self.training else 0.0  # the child's, now (as TorchRL)
         if recurrent:
             # the states at t = 0 (none for an empty time dim: empty outputs, as the functional sequence returns)
@@ -643,8 +632,7 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
         return self
 
     def make_cudnn_based(self):
-        """Run the eager recurrent path with ATen's (cuDNN/oneDNN) kernels: ``recurrent_backend="pad"``. Returns
-        self."""
+        """Run eager recurrent calls on ATen's (cuDNN/oneDNN) kernels: ``recurrent_backend="pad"``. Returns self."""
         owner = self._cell.module_name
         if self._cell.core.aten is None:
             raise ValueError(f"{owner}.make_cudnn_based(): cuDNN/oneDNN have no {self._cell.core.title} kernel "
