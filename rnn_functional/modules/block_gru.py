@@ -1,8 +1,7 @@
 """Drop-ins for TorchRL's ``DreamerV3BlockGRUCell`` and ``DreamerV3BlockGRU`` over the functional block GRU: same
 constructor arguments, forward signatures, shapes, exception classes, state-dict names and draws from the global
-generator. Each forward reads the parameters as they are at that call (``functional_call``, ``load_state_dict`` and
-``torch.export`` swap them freely).
-"""
+generator. Each forward reads the parameters as they are at that call (``functional_call``, ``load_state_dict``,
+``torch.export``)."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from torch import nn
 from ..cells.block_gru import init_weight_
 from ..functional._core import entries
 from ..functional.block_gru import configured_cell
-from ._options import checked_option, options_state
+from .rnn import checked_option, options_state
 
 __all__ = ["DreamerV3BlockGRU", "DreamerV3BlockGRUCell"]
 
@@ -116,12 +115,14 @@ class DreamerV3BlockGRUCell(nn.Module):
                              f"{[*batch, self.hidden_size]}, got {list(hidden.shape)}.")
         if not batch:  # the core's validated step takes one batch dim at least
             return self(input.unsqueeze(0), None if hidden is None else hidden.unsqueeze(0)).squeeze(0)
+        return self._run(0, input, hidden)[1].squeeze(-2)
+
+    def _run(self, entry: int, input: torch.Tensor, hidden: torch.Tensor | None, **options):
+        """The core's step (``entry`` 0) or sequence (1) from ``hidden [*B, H]`` or zeros, in the promoted dtype."""
         dtype = input.dtype if hidden is None else torch.promote_types(input.dtype, hidden.dtype)
-        params = self.params(dtype)
-        cell = self.functional_cell()
-        h = input.new_zeros((*batch, 1, self.hidden_size), dtype=dtype) if hidden is None else hidden.to(dtype).unsqueeze(-2)
-        _, h = entries(cell)[0](input.to(dtype), h, params, layout=cell.read_layout(params))
-        return h.squeeze(-2)
+        params, cell = self.params(dtype), self.functional_cell()
+        h = None if hidden is None else hidden.to(dtype).unsqueeze(-2)
+        return entries(cell)[entry](input.to(dtype), h, params, layout=cell.read_layout(params), **options)
 
 
 class DreamerV3BlockGRU(nn.Module):
@@ -132,8 +133,7 @@ class DreamerV3BlockGRU(nn.Module):
     Args as TorchRL's ``DreamerV3BlockGRU``, plus ``recurrent_backend``: ``"auto"`` (the default: ``scan`` when
     autograd records the call or under ``torch.compile``, else ``reference``), ``"reference"`` or ``"scan"``. TorchRL's
     ``"triton"`` is refused: this library has no Triton kernel for the block GRU. Any activation runs on every
-    backend (a callable without a closed-form derivative through ``torch.func.jvp`` in the hand-written backward).
-    """
+    backend."""
 
     def __init__(self, *args, recurrent_backend: str = "auto", **kwargs):
         super().__init__()
@@ -175,10 +175,5 @@ class DreamerV3BlockGRU(nn.Module):
             if tuple(is_init.shape) != (batch, time) or is_init.dtype is not torch.bool:
                 raise ValueError(f"is_init must be boolean with shape {[batch, time]} or {[batch, time, 1]}, got "
                                  f"{list(is_init.shape)} and {is_init.dtype}.")
-        dtype = input.dtype if hidden is None else torch.promote_types(input.dtype, hidden.dtype)
-        params = cell.params(dtype)
-        core = cell.functional_cell()
-        first = None if hidden is None else hidden.to(dtype).unsqueeze(1)
-        y, h = entries(core)[1](input.to(dtype), first, params, is_init=is_init, backend=self.recurrent_backend,
-                                layout=core.read_layout(params))
+        y, h = cell._run(1, input, hidden, is_init=is_init, backend=self.recurrent_backend)
         return y, h.squeeze(1)

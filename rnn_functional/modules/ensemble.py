@@ -43,7 +43,8 @@ class EnsembleModule(TensorDictModuleBase):
         if randomness not in ("error", "same", "different"):
             raise ValueError(f"randomness: expected one of ['error', 'same', 'different'], got {randomness!r}.")
         cell = module._cell
-        members = cell.ensemble_init(num_members, **cell.shape_hyper(module._rnn), generator=generator)
+        shapes = {name: getattr(module._rnn, name) for name in cell.hyper_names if name != "dropout"}
+        members = cell.ensemble_init(num_members, **shapes, generator=generator)
         name = cell.child_attr  # TorchRL's child name: "lstm" / "gru" (ours: "min_gru" / "rglru")
         template = TensorDict.from_module(module)
         first = next(iter(template[name].values()))

@@ -152,16 +152,15 @@ class LSTMNet(RNNChild, nn.Module):
                 raise ValueError(
                     f"LSTMNet: {name} must have shape {[*lead, L, width]} ([*batch{', T' if sequence else ''}, "
                     f"num_layers, {'P' if name == 'hidden0_in' else 'H'}]), got {list(h.shape)}.")
+        # the public functions, as users call them, check the call against the weights (dtype, device, sizes)
         dropout = float(self._live.attrs["dropout"]) if self.training else 0.0
         state = (hidden0_in, hidden1_in)
-        if sequence:  # the state entering step 0 ([B, 0, ...] when T = 0: zeros, no step reads them)
+        if sequence:  # from the state entering step 0 ([B, 0, ...] when T = 0: zeros, no step reads them)
             state = tuple(h[:, 0] if h.shape[1] else h.new_zeros(h.shape[0], *h.shape[2:]) for h in state)
-        params, layout = self._checked(self._weights, self._layout, x, state, ["input", "hidden0_in", "hidden1_in"])
-        if sequence:  # outputs the final state at the last step, zeros before it
-            y, _, (h, c) = lstm_sequence(x, state, params, backend=self.lstm_backend, dropout=dropout,
-                                         training=self.training, return_segment_states=True, layout=layout)
+            y, _, (h, c) = lstm_sequence(x, state, self._weights, backend=self.lstm_backend, dropout=dropout,
+                                         training=self.training, return_segment_states=True)
         else:
-            y, (h, c) = lstm_step(x, state, params, dropout=dropout, training=self.training, layout=layout)
+            y, (h, c) = lstm_step(x, state, self._weights, dropout=dropout, training=self.training)
             y = y.clone()
         out = (self.linear(y), hidden0_in, hidden1_in, h, c)
         return tuple(o.squeeze(0) for o in out) if unbatched else out

@@ -18,10 +18,6 @@ __all__ = ["MultiAgentGRU", "MultiAgentLSTM"]
 Tensor = torch.Tensor
 
 
-def _key(key: NestedKey) -> tuple[str, ...]:
-    return key if isinstance(key, tuple) else (key,)
-
-
 class _MultiAgentRNN(TensorDictModuleBase):
     """What :class:`MultiAgentGRU` and :class:`MultiAgentLSTM` share; each sets the class attributes below."""
 
@@ -41,14 +37,13 @@ class _MultiAgentRNN(TensorDictModuleBase):
                            ("num_layers", num_layers)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}: {arg} must be a positive int, got {value!r}.")
-        in_key, out_key = _key(in_key), _key(out_key)
+        in_key, out_key = (key if isinstance(key, tuple) else (key,) for key in (in_key, out_key))
         if len(in_key) < 2 or len(out_key) < 2:
             raise ValueError(f"{name}: in_key and out_key must be nested under the agent group, e.g. ('agents', "
                              f"'observation'); got {in_key!r}, {out_key!r}. The group's entries carry the agent dim.")
         if not share_params and (recurrent_slice_len, recurrent_num_slices) != (None, None):
-            raise ValueError(f"{name}: recurrent_slice_len/recurrent_num_slices need share_params=True: the core "
-                             f"checks the slice layout with an assert that torch.vmap (which runs per-agent weights) "
-                             f"cannot batch. Share the weights, or pass neither hint (flat batches still run).")
+            raise ValueError(f"{name}: recurrent_slice_len/recurrent_num_slices need share_params=True (torch.vmap, "
+                             f"which runs per-agent weights, cannot batch the core's slice checks). Pass neither hint.")
         group = in_key[:-1]
         self.n_agent_inputs, self.hidden_size, self.n_agents, self.num_layers = (n_agent_inputs, hidden_size,
                                                                                  n_agents, num_layers)
@@ -98,9 +93,9 @@ class _MultiAgentRNN(TensorDictModuleBase):
             spec = Composite({name: spec})
         return TensorDictPrimer(spec, expand_specs=True)
 
-    def _read(self, td: TensorDictBase, recurrent: bool) -> tuple[Tensor, tuple[Tensor, ...] | None, Tensor]:
-        """``(x [*B, n, F], states [*B, n, L, H] or None, is_init [*B, n])``, checked (``[*B, T, ...]`` if
-        recurrent)."""
+    def _read(self, td: TensorDictBase, recurrent: bool) -> tuple[Tensor, tuple[Tensor, ...], Tensor]:
+        """``(x [*B, n, F], states [*B, n, L, H] (zeros when absent), is_init [*B, n])``, checked (``[*B, T, ...]``
+        if recurrent)."""
         name, n, in_key = type(self).__name__, self.n_agents, self.in_keys[0]
         lead = list(td.batch_size)
         dims = "[*B, T" if recurrent else "[*B"
@@ -137,10 +132,10 @@ class _MultiAgentRNN(TensorDictModuleBase):
                              f"the TensorDict's batch dims.")
         is_init = is_init.reshape(*lead, -1).expand(*lead, n)  # the root flag broadcast to every agent
         states = tuple(td.get(k, None) for k in self.in_keys[1:-2])
+        want = [*lead, n, self.num_layers, self.hidden_size]
         if all(s is None for s in states):
-            return x, None, is_init
+            return x, tuple(x.new_zeros(want) for _ in states), is_init
         for key, s in zip(self.in_keys[1:-2], states):
-            want = [*lead, n, self.num_layers, self.hidden_size]
             if s is None or list(s.shape) != want:
                 raise ValueError(f"{name}: state key {key!r} holds {None if s is None else list(s.shape)}; expected "
                                  f"{want} ({dims}, n_agents, num_layers, hidden_size]). Build env states with "
@@ -154,8 +149,6 @@ class _MultiAgentRNN(TensorDictModuleBase):
         n, lead = self.n_agents, tuple(x.shape[:-2])
         if self.centralized:  # every agent reads all agents' inputs, concatenated in agent order
             x = x.flatten(-2).unsqueeze(-2).expand(*lead, n, n * self.n_agent_inputs)
-        if states is None:
-            states = tuple(x.new_zeros(*lead, n, self.num_layers, self.hidden_size) for _ in self._state_suffixes)
         # agents first: [n, *B(, T), ...], a batch dim of the core's call or the vmapped dim
         x, is_init = x.movedim(-2, 0), is_init.movedim(-1, 0)
         states = tuple(s.movedim(-3, 0) for s in states)

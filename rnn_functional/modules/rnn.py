@@ -1,10 +1,8 @@
 """``LSTMModule`` / ``GRUModule`` (and the linear cells' modules): drop-ins for TorchRL's, over the functional core.
 
-A call checks its keys once and calls the public ``*_step`` / ``*_sequence`` function with ``layout=``. The weights
-live in a real ``torch.nn.LSTM``/``GRU`` child the forward never touches (``torch.compile`` graph-breaks on any access
-to an ``nn.LSTM``): it reads the child's ``_parameters`` through a :class:`LiveParams`. Keys and shapes:
-``docs/api/modules.md``.
-"""
+A call checks its keys once and calls the public ``*_step`` / ``*_sequence`` with ``layout=``. The weights live in a
+real ``torch.nn.LSTM``/``GRU`` child the forward never touches (Dynamo graph-breaks on one): it reads the child's
+``_parameters`` through a :class:`LiveParams`. Keys and shapes: ``docs/api/modules.md``."""
 
 from __future__ import annotations
 
@@ -34,13 +32,11 @@ from ..functional import gru_sequence, gru_step, lstm_sequence, lstm_step
 from ..functional._core import autocast_dtype, call_context, check_options
 from ..functional.slices import check_pair, check_value
 from ..precision import mark_constant_result
-from ._options import checked_option, options_state
 
 # ----------------------------------------------------------------------------- the recurrent-mode switch
-# Recurrent ([*B, T] per call) or sequential (one step per call): the innermost set_recurrent_mode (ours or TorchRL's;
-# ours sets TorchRL's too), else ``default_recurrent_mode``. TorchRL is never imported here. The flag is context-local
-# eagerly and, compiled (Dynamo cannot trace ``ContextVar.get``), a per-thread mirror; TorchRL's flag is mirrored per
-# thread too (_watch): its own compile-time copy is one per process and leaks a context into other threads.
+# Recurrent ([*B, T] per call) or sequential (one step per call): the innermost set_recurrent_mode (ours, which sets
+# TorchRL's too, or TorchRL's), else ``default_recurrent_mode``. The flag is context-local eagerly and, compiled
+# (Dynamo cannot trace ``ContextVar.get``), a per-thread mirror, as TorchRL's (_watch: its compiled copy is global).
 
 _TORCHRL_RNN = "torchrl.modules.tensordict_module.rnn"
 _torchrl_module = None  # TorchRL's rnn module, set by _torchrl_loaded()
@@ -191,14 +187,6 @@ class ModuleCell:
     def default_out_keys(self) -> tuple[NestedKey, ...]:
         return tuple(("next", key) for key in self.default_in_keys)
 
-    def shape_hyper(self, rnn: nn.Module) -> dict:
-        """``rnn``'s hyper-parameters that fix the weights' shapes (all but ``dropout``)."""
-        return {name: getattr(rnn, name) for name in self.hyper_names if name != "dropout"}
-
-    def state_widths(self, rnn: nn.Module) -> tuple[int, ...]:
-        """The states' widths: ``(P, H)`` for the LSTM (``P`` = proj_size or H), ``(H,)`` otherwise."""
-        return ((getattr(rnn, "proj_size", 0) or rnn.hidden_size), rnn.hidden_size)[-len(self.state_names):]
-
 
 HYPER = ("input_size", "hidden_size", "num_layers", "bias", "dropout")
 LSTM_CELL = ModuleCell("LSTMModule", nn.LSTM, "lstm", (*HYPER, "proj_size"), ("h", "c"),
@@ -261,8 +249,10 @@ class RNNChild:
         self._live = LiveParams(rnn)
         self._layout = self._cell.core.read_layout(self._weights)
         self._input_size = int(rnn.input_size)
-        self._state_shapes = tuple([(int(rnn.num_layers), width) for width in self._cell.state_widths(rnn)])
-        self._sizes = (int(rnn.num_layers), tuple([w for _, w in self._state_shapes]))
+        # (P, H) for the LSTM (P = proj_size or H), (H,) otherwise
+        widths = (getattr(rnn, "proj_size", 0) or rnn.hidden_size, rnn.hidden_size)[-len(self._cell.state_names):]
+        self._sizes = (int(rnn.num_layers), widths)
+        self._state_shapes = tuple([(self._sizes[0], width) for width in widths])
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
@@ -303,32 +293,31 @@ class RNNChild:
     def _rnn(self) -> nn.Module:
         return getattr(self, self._cell.child_attr)
 
-    def _checked(self, params, layout: Layout | None, x: torch.Tensor, states, in_keys) -> tuple[dict, Layout]:
-        """``(params, their layout)``, ``x`` and ``states`` checked against the params' dtype, device and sizes.
-        ``layout``: the own weights' layout (``None`` for other params: an ensemble's members, ``functional_call``)."""
-        owner, params = type(self).__name__, params if isinstance(params, dict) else dict(params.items())
-        layout = self._cell.core.layout_of(params, layout)
-        if layout.device.type == "meta":
-            raise RuntimeError(
-                f"{owner}: its weights are on the meta device and hold no values (an EnsembleModule keeps such a copy "
-                f"as its template: the members' weights are in ens.params). Run a member with "
-                f"ens.params[e].to_module(module), or load weights with module.to_empty(device=...) and "
-                f"load_state_dict(...).")
-        if layout.input_size != x.shape[-1] or (layout.num_layers, layout.state_sizes) != self._sizes:
-            raise ValueError(
-                f"{owner}: the weights are for input_size={layout.input_size}, num_layers={layout.num_layers} and "
-                f"state widths {list(layout.state_sizes)}, but the module is built for input_size={x.shape[-1]}, "
-                f"states {[list(s) for s in self._state_shapes]}. Load weights of the module's sizes (or build the "
-                f"module for these).")
-        for key, t in zip(in_keys, (x, *(states or ()))):
-            if (t.dtype != layout.dtype and t.dtype != autocast_dtype(layout)) or t.device != layout.device:
-                raise ValueError(f"{owner}: key {key!r}: expected dtype {layout.dtype} on {layout.device} (the "
-                                 f"params'), got {t.dtype} on {t.device}. Convert the TensorDict (td.to(...)) or the "
-                                 f"module (module.to(...)).")
-        return params, layout
+
+# ----------------------------------------------------------------------------- the one constructor: options, signature
 
 
-# ----------------------------------------------------------------------------- the one constructor signature
+def checked_option(name: str) -> property:
+    """The option ``name``, held as ``_name``: assigning it calls the owner's ``_check_option(name, value)`` first."""
+    private = f"_{name}"
+
+    def get(self):
+        return getattr(self, private)
+
+    def set(self, value) -> None:
+        self._check_option(name, value)
+        object.__setattr__(self, private, value)
+
+    return property(get, set, doc=f"``{name}``, checked on assignment as the constructor checks it.")
+
+
+def options_state(state: dict, names: tuple[str, ...]) -> dict:
+    """A pickled module's ``__dict__`` with the options ``names`` moved to their private names (older pickles)."""
+    for name in names:
+        if name in state:
+            state[f"_{name}"] = state.pop(name)
+    return state
+
 
 _SIGNATURE = (("input_size", None), ("hidden_size", None), ("num_layers", 1), ("bias", True), ("batch_first", True),
               ("dropout", 0), ("proj_size", 0), ("bidirectional", False), ("python_based", False),
@@ -338,16 +327,6 @@ _KEYWORDS = (("in_key", None), ("in_keys", None), ("out_key", None), ("out_keys"
              ("CHILD", None), ("default_recurrent_mode", None), ("recurrent_slice_len", None),
              ("recurrent_num_slices", None))
 _OPTIONS = ("recurrent_backend", "recurrent_recompute", "recurrent_compute_dtype", "recurrent_matmul_precision")
-
-
-def _signature(cell: ModuleCell) -> inspect.Signature:
-    """TorchRL's constructor signature for ``cell`` (``proj_size`` for the LSTM alone, ``lstm=``/``gru=``)."""
-    kind, takes_child = inspect.Parameter, issubclass(cell.nn_class, nn.RNNBase)
-    params = [kind(name, kind.POSITIONAL_OR_KEYWORD, default=default) for name, default in _SIGNATURE
-              if name != "proj_size" or "proj_size" in cell.hyper_names]
-    params += [kind(cell.child_attr if name == "CHILD" else name, kind.KEYWORD_ONLY, default=default)
-               for name, default in _KEYWORDS if name != "CHILD" or takes_child]
-    return inspect.Signature(params)
 
 
 def _key_list(owner: str, arg: str, keys, n: int, what: str) -> list[NestedKey]:
@@ -404,9 +383,9 @@ def build_rnn(cell: ModuleCell, rnn, given: dict, *, batch_first: bool, bidirect
     if given["input_size"] is not None or given["hidden_size"] is not None:
         raise ValueError(f"An {kind} instance cannot be passed along with class argument: {owner}({arg}=...) takes "
                          f"input_size and hidden_size from the module; drop them.")
-    defaults = {"num_layers": 1, "bias": True, "dropout": 0, "proj_size": 0}
+    defaults = dict(_SIGNATURE)  # input_size and hidden_size are None here, as their defaults
     for key in cell.hyper_names:
-        if key in defaults and given[key] != defaults[key] and given[key] != getattr(rnn, key):
+        if given[key] != defaults[key] and given[key] != getattr(rnn, key):
             raise ValueError(f"{owner}: {key}={given[key]!r} conflicts with the wrapped {arg} ({key}="
                              f"{getattr(rnn, key)!r}); the wrapped module's hyper-parameters are used: drop {key}.")
     if rnn.bidirectional:
@@ -451,8 +430,13 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        if "_cell" in cls.__dict__:
-            cls.__signature__ = _signature(cls._cell)
+        if "_cell" in cls.__dict__:  # TorchRL's signature (``proj_size`` for the LSTM alone, ``lstm=``/``gru=``)
+            cell, kind = cls._cell, inspect.Parameter
+            params = [kind(name, kind.POSITIONAL_OR_KEYWORD, default=default) for name, default in _SIGNATURE
+                      if name != "proj_size" or "proj_size" in cell.hyper_names]
+            params += [kind(cell.child_attr if name == "CHILD" else name, kind.KEYWORD_ONLY, default=default)
+                       for name, default in _KEYWORDS if name != "CHILD" or issubclass(cell.nn_class, nn.RNNBase)]
+            cls.__signature__ = inspect.Signature(params)
             cls.DEFAULT_IN_KEYS = list(cls._cell.default_in_keys)
             cls.DEFAULT_OUT_KEYS = list(cls._cell.default_out_keys)
 
@@ -502,8 +486,6 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(options_state(state, _OPTIONS))
 
-    # ------------------------------------------------------------------ forward
-
     def forward(self, *args, **kwargs) -> TensorDictBase:
         """Read the input, hidden and ``is_init`` keys, run one step or a sequence, write the outputs:
         ``module(tensordict)`` updates ``tensordict`` in place and returns it; ``module(input=..., is_init=...)``
@@ -527,8 +509,7 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
         return self._forward(tensordict, params, None)
 
     def _forward(self, td: TensorDictBase, params, layout: Layout | None) -> TensorDictBase:
-        """``layout``: the own weights' layout (``None`` for other params). Passed in, not found by ``params is
-        self._weights``: Dynamo cannot trace ``is`` between two dicts."""
+        """``layout``: the own weights' layout, ``None`` for others (Dynamo cannot trace ``params is weights``)."""
         cell, recurrent, owner = self._cell, recurrent_mode(bool(self._recurrent_mode)), type(self).__name__
         # tensordict's private key lists: each public property read adds guards that a compiled call re-checks
         in_keys, out_keys = self._in_keys, self._out_keys_apparent
@@ -577,7 +558,23 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
                             else " Build env hidden states with module.make_tensordict_primer().")
                     raise ValueError(f"{owner}: hidden state key {key!r} holds shape {list(state.shape)}; expected "
                                      f"{[*lead, layers, width]} ({dims}, num_layers, {width}]).{hint}")
-        params, layout = self._checked(params, layout, x, states, in_keys)
+        # the params against the module's sizes, the inputs against the params' dtype and device
+        params = params if isinstance(params, dict) else dict(params.items())
+        layout = cell.core.layout_of(params, layout)
+        if layout.device.type == "meta":
+            raise RuntimeError(f"{owner}: its weights are on the meta device (an EnsembleModule's template: the "
+                               f"members' are in ens.params). Run member e with ens.params[e].to_module(module), or "
+                               f"load weights with module.to_empty(device=...) and load_state_dict(...).")
+        if layout.input_size != x.shape[-1] or (layout.num_layers, layout.state_sizes) != self._sizes:
+            raise ValueError(f"{owner}: the weights are for input_size={layout.input_size}, num_layers="
+                             f"{layout.num_layers} and state widths {list(layout.state_sizes)}, but the module is "
+                             f"built for input_size={x.shape[-1]}, states {[list(s) for s in self._state_shapes]}. "
+                             f"Load weights of the module's sizes (or build the module for these).")
+        for key, t in zip(in_keys, (x, *(states or ()))):
+            if (t.dtype != layout.dtype and t.dtype != autocast_dtype(layout)) or t.device != layout.device:
+                raise ValueError(f"{owner}: key {key!r}: expected dtype {layout.dtype} on {layout.device} (the "
+                                 f"params'), got {t.dtype} on {t.device}. Convert the TensorDict (td.to(...)) or the "
+                                 f"module (module.to(...)).")
         dropout = float(self._live.attrs["dropout"]) if self.training else 0.0  # the child's, now (as TorchRL)
         if recurrent:
             # the states at t = 0 (none for an empty time dim: empty outputs, as the functional sequence returns)
@@ -603,8 +600,6 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
         for key, value in zip(out_keys[1:], (out,) if n == 1 else out):
             td.set(key, value)
         return td
-
-    # ------------------------------------------------------------------ TorchRL's modes, kernels, keys, primers
 
     @property
     def recurrent_mode(self) -> bool:
@@ -637,8 +632,7 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
         return self
 
     def make_cudnn_based(self):
-        """Run the eager recurrent path with ATen's (cuDNN/oneDNN) kernels: ``recurrent_backend="pad"``. Returns
-        self."""
+        """Run eager recurrent calls on ATen's (cuDNN/oneDNN) kernels: ``recurrent_backend="pad"``. Returns self."""
         owner = self._cell.module_name
         if self._cell.core.aten is None:
             raise ValueError(f"{owner}.make_cudnn_based(): cuDNN/oneDNN have no {self._cell.core.title} kernel "
@@ -697,10 +691,9 @@ class LSTMModule(RecurrentModule):
         input_size, hidden_size, num_layers, bias, dropout, proj_size: as ``torch.nn.LSTM``.
         batch_first: must be True (TorchRL's rule).
         bidirectional: must be False (resets are causal).
-        python_based: eager recurrent mode runs the ``reference`` Python loop instead of ATen kernels for
-            ``recurrent_backend`` ``"pad"``/``"auto"`` (see ``make_python_based``).
-        recurrent_backend: core ``backend`` of recurrent mode: ``"auto"`` (default; TorchRL's default is ``"pad"``,
-            which ``auto`` picks in plain eager mode), ``"pad"``, ``"scan"``, ``"triton"`` or ``"reference"``.
+        python_based: eager ``"pad"``/``"auto"`` recurrent calls run the ``reference`` loop (``make_python_based``).
+        recurrent_backend: core ``backend`` of recurrent mode: ``"auto"`` (default; it picks TorchRL's ``"pad"`` in
+            plain eager mode), ``"pad"``, ``"scan"``, ``"triton"`` or ``"reference"``.
         recurrent_compute_dtype, recurrent_matmul_precision: the core's ``compute_dtype`` / ``matmul_precision``
             (read by ``triton``).
         recurrent_recompute: ``"none"`` or ``"full"`` (checkpointed backward); ``"full"`` with ``"pad"`` raises.
@@ -710,12 +703,11 @@ class LSTMModule(RecurrentModule):
             the triplet ``[input, h, c]`` (``"is_init"`` is appended).
         out_key / out_keys: the output key (hidden outputs default to ``("next", <hidden key>)``) or the triplet.
         device: device of new parameters.
-        lstm: an ``nn.LSTM`` (``batch_first=True``) kept as ``self.lstm``, a real ``torch.nn.LSTM`` holding the
-            module's parameters (TorchRL's state-dict names).
+        lstm: an ``nn.LSTM`` (``batch_first=True``) kept as ``self.lstm``, which holds the weights (TorchRL's names).
         default_recurrent_mode: mode when no ``set_recurrent_mode`` context is active (False).
         recurrent_slice_len: ``L`` when recurrent-mode batches are whole slices of exactly ``L`` steps
             (``SliceSampler(slice_len=L, strict_length=True)``): static shapes under ``torch.compile``
-            (``docs/compile.md``); the core's ``slice_len``. Not TorchRL's.
+            (``docs/compile.md``). Not TorchRL's.
         recurrent_num_slices: ``K`` with ``recurrent_slice_len=L`` when batches hold at most ``K`` slices of at most
             ``L`` steps (``strict_length=False``): compiled, they run in a padded ``[K, L]`` block.
     """

@@ -1,7 +1,6 @@
 """``RSSMCoreV3``: a drop-in for the recurrent core TorchRL's ``RSSMPriorV3(recurrent_model="block_gru")`` builds (its
 private ``_DreamerV3BlockGRU``), over :func:`rnn_functional.rssm_core_step`: same keyword constructor, forward,
-submodules, state-dict names and draws from the global generator (``docs/model_based.md``).
-"""
+submodules, state-dict names and draws from the global generator (``docs/model_based.md``)."""
 
 from __future__ import annotations
 
