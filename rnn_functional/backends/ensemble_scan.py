@@ -3,14 +3,16 @@
 Under ``torch.compile`` with gradients, a vmapped ``scan`` cannot be differentiated ("Expected init and carry to have
 same metadata") nor Dynamo vmap the hand-written layer ("You tried to vmap over ApplyTemplate"). So such a layer calls
 the op ``rnn_functional::scan_ensemble_layer``, whose vmap rule folds every vmapped dim into a leading ensemble dim;
-the op runs :class:`~.scan_parts.HandWrittenLayer` with ``members=E`` on plain tensors (no ``scan`` ever vmapped).
-Inside the op (``e``: ``E`` or 1, shared): ``inp [e, N, T, F]``, ``mask [e, T, N]``, ``carry0 [e, N, S]``,
-``reset [e, T, N, S]``, weights ``[e, ...]``; output: the carry after every step, ``[E, T, N, S]``.
+the op runs :class:`~.scan_parts.HandWrittenLayer` over the E members on plain tensors (no ``scan`` ever vmapped).
+Inside the op (``e``: ``E`` or 1, shared; time-major as the layer): ``inp [e, T, N, F]``, ``mask [e, T, N]``,
+``carry0 [e, N, S]``, ``reset [e, T, N, S]``, weights ``[e, ...]``; output: the carry after every step,
+``[E, T, N, S]``.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.utils._pytree as pytree
 
 from ..cells import CELLS, Carry, Cell
 from .scan_parts import HandWrittenLayer, Members, split_inputs
@@ -32,7 +34,7 @@ def layer_states(cell: Cell, recompute: bool, n_carry: int, has_reset: bool, inp
     if CELLS.get(cell.name) is not cell:
         raise ValueError(f"the {cell.title} cell has no compiled ensemble path: register it where it is made "
                          f"(rnn_functional.cells.register).")
-    lead = lambda t: None if t is None else t.unsqueeze(0)  # noqa: E731 - the one-member ensemble dim
+    lead = lambda t: None if t is None else t.unsqueeze(0)
     carry0, reset, weights = split_inputs(rest, n_carry, has_reset)
     states = torch.ops.rnn_functional.scan_ensemble_layer(
         cell.name, recompute, lead(inp), lead(mask), [lead(s) for s in carry0],
@@ -43,16 +45,17 @@ def layer_states(cell: Cell, recompute: bool, n_carry: int, has_reset: bool, inp
 
 def _layer_impl(cell: str, recompute: bool, inp, mask, carry0, reset, weights):
     """The op on plain tensors: the ``scan`` backend's layer, its math vmapped over the members."""
-    tensors = (inp, mask, *carry0, *(reset or ()), *weights)
-    members = max(t.shape[0] for t in tensors if t is not None)
-    # one member runs as one model (size-1 members dims in a scan's carry break Inductor's stride checks)
-    one = (lambda t: None if t is None else t.squeeze(0)) if members == 1 else (lambda t: t)
-    outs = HandWrittenLayer.apply(
-        CELLS[cell], recompute, Members(0 if members == 1 else members, static_shapes=True), len(carry0),
-        reset is not None, *map(one, tensors),
-    )
+    args = (inp, mask, reset, carry0, weights)
+    count = max(t.shape[0] for t in pytree.tree_leaves(args) if t is not None)
+    if count == 1:  # one model (size-1 members dims in a scan's carry break Inductor's stride checks)
+        inp, mask, reset, carry0, weights = pytree.tree_map(lambda t: None if t is None else t.squeeze(0), args)
+    else:  # the layer's members dim is after time; every member has its carry
+        inp, mask, reset = pytree.tree_map(lambda t: None if t is None else t.movedim(1, 0), (inp, mask, reset))
+        carry0 = [s.expand(count, *s.shape[1:]) for s in carry0]
+    outs = HandWrittenLayer.apply(CELLS[cell], recompute, Members(0 if count == 1 else count, static_shapes=True),
+                                  len(carry0), reset is not None, inp, mask, *carry0, *(reset or ()), *weights)
     # [T, N, S] -> [1, T, N, S], or [T, E, N, S] -> [E, T, N, S]
-    return [s.unsqueeze(0) if members == 1 else s.transpose(0, 1) for s in outs[: len(carry0)]]
+    return [s.unsqueeze(0) if count == 1 else s.transpose(0, 1) for s in outs[: len(carry0)]]
 
 
 def _fold_vmapped_dim(info, in_dims, cell, recompute, inp, mask, carry0, reset, weights):

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from ..cells import Carry, Layout, between_layers
 from . import ensemble_scan
 from .base import SequenceOptions
-from .scan_parts import HandWrittenLayer, scan_states, traced_under_grad
+from .scan_parts import ONE_MODEL, HandWrittenLayer, scan_states, traced_under_grad
 
 
 def _distinct(values: tuple) -> tuple:
@@ -30,35 +30,39 @@ def _distinct(values: tuple) -> tuple:
 
 
 def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
-    """``x [N, T, F]`` -> ``(y [N, T, P], carry, per-step carries)``; see :mod:`.base`."""
-    cell, inp, finals, per_step = layout.cell, x, [], []
-    mask_t = None if is_init is None else is_init.transpose(0, 1)  # [T, N]
-    recompute, ctx = opts.recompute == "full", opts.context
+    """``x [N, T, F]`` -> ``(y [N, T, P], carry, per-step carries)``; see :mod:`.base`. The layers run time-major."""
+    cell, ctx, recompute = layout.cell, opts.context, opts.recompute == "full"
+    inp = x.transpose(0, 1)  # [T, N, F]
+    mask = None if is_init is None else is_init.transpose(0, 1)  # [T, N]
+    finals, per_step = [], []
     for k in range(layout.num_layers):
         w = cell.layer_weights(params, layout, k)
         layer_carry = tuple([s[:, k] for s in carry])
         reset_k = () if reset is None else tuple([r[:, :, k].transpose(0, 1) for r in reset])  # [T, N, S]
-        tensors = (inp, mask_t, *layer_carry, *reset_k, *w.tensors())
+        weights = w.tensors()
+        tensors = (inp, mask, *layer_carry, *reset_k, *weights)
+        layer_inputs = (len(layer_carry), bool(reset_k), *tensors)
+        states = None
         if ctx.compiling and ensemble_scan.serves(recompute, *tensors):
             # compiled torch.vmap with autograd: the ensemble op (torch cannot vmap the layer below there)
-            states = ensemble_scan.layer_states(cell, recompute, len(layer_carry), bool(reset_k), *tensors)
-            final, ys = tuple([s[-1] for s in states]), states
+            states = ensemble_scan.layer_states(cell, recompute, *layer_inputs)
         elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors) \
                 and not ctx.forward and not (ctx.compiling and traced_under_grad()):  # autograd records the layer
-            layer_inputs = (len(layer_carry), bool(reset_k), *tensors)
             if ctx.compiling:
                 layer_inputs = _distinct(layer_inputs)
-            states = HandWrittenLayer.apply(cell, recompute, 0, *layer_inputs)[: len(layer_carry)]
-            final, ys = tuple([s[-1] for s in states]), states
+            states = HandWrittenLayer.apply(cell, recompute, ONE_MODEL, *layer_inputs)[: len(layer_carry)]
         else:
-            gi = F.linear(inp, w.weight_ih, w.bias_ih).transpose(0, 1)  # [T, N, G*H]
             keep = "states" if opts.segment_states else "h"
-            final, ys = scan_states(cell, w.tensors(), layer_carry, gi, mask_t, reset_k or None, keep)
-        # ``* 1``: each final carry's backward hands the scan a cotangent of its own, where a loss such as
-        # ``(h_T + c_T).sum()`` gives views of one tensor, which scan rejects ("scan might be aliasing")
-        finals.append(tuple([s * 1 for s in final]))
-        if opts.segment_states:
-            per_step.append(tuple([s.transpose(0, 1) for s in ys]))  # [N, T, S]
-        inp = between_layers(ys[0].transpose(0, 1), k, layout, opts.dropout, opts.training)
-    states = tuple([torch.stack(parts, dim=2) for parts in zip(*per_step)]) if opts.segment_states else None
-    return inp, tuple([torch.stack(parts, dim=1) for parts in zip(*finals)]), states
+            gi = F.linear(inp, w.weight_ih, w.bias_ih)  # [T, N, G*H]
+            final, ys = scan_states(cell, weights, layer_carry, gi, mask, reset_k, keep)
+        if states is not None:
+            # ``* 1``: each final carry's backward hands the scan a cotangent of its own, where a loss such as
+            # ``(h_T + c_T).sum()`` gives views of one tensor, which scan rejects ("scan might be aliasing")
+            final, ys = tuple([s[-1] * 1 for s in states]), states
+        finals.append(final)
+        per_step.append(ys)
+        inp = between_layers(ys[0], k, layout, opts.dropout, opts.training)
+    final = tuple([torch.stack(parts, dim=1) for parts in zip(*finals)])
+    if not opts.segment_states:
+        return inp.transpose(0, 1), final, None
+    return inp.transpose(0, 1), final, tuple([torch.stack(parts, dim=2).transpose(0, 1) for parts in zip(*per_step)])
