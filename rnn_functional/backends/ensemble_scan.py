@@ -23,8 +23,8 @@ _OP = "rnn_functional::scan_ensemble_layer"
 
 
 def serves(recompute: bool, *tensors: torch.Tensor | None) -> bool:
-    """For a compiled call (the caller checks): a vmapped input, and autograd on or ``recompute`` (a vmapped tensor
-    reports ``requires_grad=False`` whatever its base)."""
+    """For a compiled call: a vmapped input, and autograd on or ``recompute`` (a vmapped tensor reports
+    ``requires_grad=False`` whatever its base)."""
     return (recompute or torch.is_grad_enabled()) and any(
         t is not None and torch._C._functorch.is_batchedtensor(t) for t in tensors)
 

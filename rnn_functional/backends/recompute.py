@@ -1,6 +1,6 @@
-"""``recompute="full"`` for the eager-loop backends: chunks of about ``sqrt(T)`` steps, each under non-reentrant
-checkpointing: peak activation memory ``O(sqrt(T))`` steps. The RNG state is replayed, so the backward's dropout
-masks are the forward's (``parallel``'s chunks each draw their own masks)."""
+"""``recompute="full"`` for the eager-loop backends: chunks of about ``sqrt(T)`` steps under non-reentrant
+checkpointing: peak activation memory ``O(sqrt(T))`` steps. The RNG state is replayed: the backward's dropout masks
+are the forward's (``parallel``'s chunks each draw their own)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ def _slice(t, sl: slice):
 
 
 def checkpointed(impl: Callable) -> Callable:
-    """Wrap a backend's ``sequence`` so that its backward recomputes activations chunk by chunk (not for ``scan``,
-    around which checkpointing is unsupported; it recomputes inside its own backward)."""
+    """A backend's ``sequence`` whose backward recomputes activations chunk by chunk (not ``scan``'s: it recomputes
+    in its own backward)."""
 
     def sequence(layout, params, x, carry, is_init, reset, opts: SequenceOptions):
         inner = dataclasses.replace(opts, recompute="none")

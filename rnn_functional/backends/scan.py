@@ -1,12 +1,11 @@
-"""``scan``: one layer at a time, the input projected in one GEMM, then the recurrence over time
-(:func:`~.scan_parts.time_loop`): torch's ``scan`` under ``torch.compile`` (traced once), a Python loop over the same
-step eagerly (eager ``scan`` retraces every call and cannot run under ``torch.func.grad``).
+"""``scan``: one layer at a time, time-major, the input projected in one GEMM, then the recurrence
+(:func:`~.scan_parts.time_loop`): torch's ``scan`` under ``torch.compile``, a Python loop eagerly (eager ``scan``
+retraces every call and cannot run under ``torch.func.grad``).
 
-When autograd records a layer it runs through :class:`~.scan_parts.HandWrittenLayer`, whose backward is a
-hand-written reverse scan: ``recompute="none"`` keeps every step's activations, ``"full"`` only the carries
-(``torch.utils.checkpoint`` around ``scan`` is unsupported). That backward is differentiable (a replayed vjp), so
-higher orders are exact; forward-mode AD runs the plain loop. Never torch's own scan autograd: Inductor miscompiles
-its backward (silently wrong gradients, pytorch/pytorch#153679).
+When autograd records a layer it runs :class:`~.scan_parts.HandWrittenLayer`, whose backward is a hand-written
+reverse scan (``recompute="full"`` keeps only the carries: checkpointing around ``scan`` is unsupported), itself
+differentiable (a replayed vjp); forward-mode AD runs the plain loop. Never torch's own scan autograd: Inductor
+miscompiles its backward (silently wrong gradients, pytorch/pytorch#153679).
 """
 
 from __future__ import annotations
@@ -21,8 +20,8 @@ from .scan_parts import ONE_MODEL, HandWrittenLayer, scan_states, traced_under_g
 
 
 def _distinct(values: tuple) -> tuple:
-    """``values`` with each repeated tensor (tied params) replaced by a view: Dynamo refuses an
-    ``autograd.Function`` given one tensor twice; the gradients still sum."""
+    """``values``, a repeated tensor (tied params) as a view: Dynamo refuses a Function given one tensor twice (the
+    gradients still sum)."""
     out = []
     for v in values:
         out.append(v.view_as(v) if isinstance(v, torch.Tensor) and any(v is u for u in out) else v)

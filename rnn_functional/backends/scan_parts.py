@@ -1,6 +1,5 @@
-"""The ``scan`` backend's layer over time (time loop, forward scan, :class:`HandWrittenLayer` with its hand-written
-reverse scan), shared by :mod:`.scan` and :mod:`.ensemble_scan`: written for one model, :class:`Members` applies it
-directly or vmapped over a leading members dim."""
+"""The ``scan`` backend's layer over time and :class:`HandWrittenLayer` (its hand-written reverse scan), for one
+model or, through :class:`Members`, an ensemble (:mod:`.ensemble_scan`)."""
 
 from __future__ import annotations
 
@@ -17,8 +16,8 @@ from .base import replayed_vjp
 
 __all__ = ["ONE_MODEL", "HandWrittenLayer", "Members", "contiguous_copy", "scan_states", "split_inputs", "time_loop"]
 
-# Inductor's donated buffers let a compiled backward through this layer overwrite memory it does not
-# own, giving silently wrong gradients (compile_tests/test_compile_donated_buffers.py). Read when a graph compiles.
+# Inductor's donated buffers let a compiled backward through this layer overwrite memory it does not own: silently
+# wrong gradients (compile_tests/test_compile_donated_buffers.py). Read when a graph compiles.
 torch._functorch.config.donated_buffer = False
 
 
@@ -92,14 +91,11 @@ def _batched_like_step(init, *reads: torch.Tensor | None):
     return pytree.tree_map(lambda s: contiguous_copy(s) + zero, init)
 
 
-def time_loop(step, init, xs: tuple, reads=(), reverse: bool = False, members: Members = Members()):
-    """``step(carry, xs_t) -> (carry, out_t)`` over the leading (time) dim of the tensors ``xs`` (``xs_t``: a tuple of
-    tensors, ``out_t``: a tuple of tuples of tensors); returns ``(final carry, outputs stacked on a new dim 0)``, with
-    ``reverse`` in the order run (index 0 = last step).
-
-    Compiled, torch's ``scan`` (``reads``: tensors the step closes over); eagerly a Python loop. An ensemble layer
-    (``members.static_shapes``) always scans, over time indices with static shapes: it is traced inside the ensemble
-    op, where Inductor's subgraph pass rejects symbolic sizes."""
+def time_loop(step, init, xs: tuple, reads=(), reverse: bool = False, members: Members = ONE_MODEL):
+    """``step(carry, xs_t) -> (carry, out_t)`` (``out_t`` a tuple of tuples) over dim 0 of ``xs`` -> ``(final carry,
+    outputs stacked in the order run)``. Compiled, torch's ``scan`` (``reads``: tensors the step closes over); eagerly
+    a Python loop; the ensemble op's layers (``members.static_shapes``) scan over time indices with static shapes, as
+    Inductor's subgraph pass rejects symbolic sizes."""
     if members.static_shapes:
         return _indexed_scan(step, init, xs, reads, reverse)
     if torch.compiler.is_compiling() and not traced_under_grad():
@@ -122,8 +118,8 @@ def traced_under_grad() -> bool:
 
 
 def _indexed_scan(step, init, xs, reads, reverse: bool):
-    """:func:`time_loop` for an ensemble layer: a static-shape ``scan`` over time indices, each step reading its
-    slice of ``xs`` from the closure (fused indexed loads; scanning over ``xs`` would clone or flip them per call)."""
+    """A static-shape ``scan`` over time indices, each step reading its slice of ``xs`` from the closure (fused
+    indexed loads; scanning over ``xs`` would clone or flip them per call)."""
     count = xs[0].shape[0]
     order = (torch.arange(count - 1, -1, -1) if reverse else torch.arange(count)).to(xs[0].device)
 
@@ -153,12 +149,10 @@ def _scan(step, init, xs):
 
 def scan_states(cell: Cell, weights: tuple, carry: Carry, gi: torch.Tensor, mask, reset, keep: str,
                 members: Members = ONE_MODEL):
-    """Run one layer over time-major ``gi [T, N, G*H]`` from ``carry`` (tuple of ``[N, S]``); ``mask [T, N]`` /
-    ``reset`` (tuple of ``[T, N, S]``) apply the resets. Returns ``(final carry, ys)``, ``ys`` a tuple per ``keep``:
-    ``"h"`` the output ``[T, N, P]``, ``"states"`` every per-step carry, ``"saved"`` those and the activations each
-    step saves for its backward. An ensemble passes the layer's input ``[T, e, N, F]`` as ``gi`` (each step projects
-    its own slice) and puts the members dim before every other ``N``.
-    """
+    """One layer over ``gi [T, N, G*H]`` from ``carry`` (``[N, S]`` each), ``mask [T, N]`` and ``reset``
+    (``[T, N, S]`` each) applying the resets -> ``(final carry, ys)``; ``ys`` per ``keep``: ``"h"`` the output,
+    ``"states"`` every step's carry, ``"saved"`` those and the activations the backward reads. An ensemble passes
+    its input ``[T, e, N, F]`` as ``gi``, each step projecting its own slice."""
     xs = (gi,) if mask is None else (gi, mask.unsqueeze(-1), *(reset or ()))  # mask [T, N, 1]
     copies = torch.compiler.is_compiling() or members.static_shapes  # compiled, outputs alias nothing (scan's rule)
     w = LayerWeights.from_tensors(weights)
@@ -195,12 +189,10 @@ class HandWrittenLayer(torch.autograd.Function):
     """One layer over time whose backward is a hand-written reverse scan (see :mod:`.scan`).
 
     ``apply(cell, recompute, members, n_carry, has_reset, inp [T, N, F], mask [T, N] | None, *carry0 ([N, S]),
-    *reset ([T, N, S], if has_reset), *LayerWeights.tensors())`` returns the carry after every step (``[T, N, S]``
-    each), then, unless ``recompute``, the saved activations. An ensemble (``members``, a :class:`Members`) has a
-    members dim after time and before every other ``N``, the carry for every member.
-
-    The backward runs in reversed time, each step applying the cell's ``step_backward_saved`` (or ``step_backward``,
-    recomputing); weight, ``extra`` weight (not summed in the scan's carry: Inductor gave wrong gradients) and input
+    *reset ([T, N, S], if has_reset), *LayerWeights.tensors())`` -> the carry after every step (``[T, N, S]`` each),
+    then, unless ``recompute``, the saved activations. An ensemble has a members dim after ``T`` (``[E, N, S]``
+    carries). The backward steps the cell's ``step_backward_saved`` (or ``step_backward``) in reversed time; weight
+    gradients (``extra`` ones too: not summed in the scan's carry, where Inductor gave wrong ones) and input
     gradients are whole-sequence GEMMs after the loop. Not ``torch.func.vjp``, which refuses saved-tensor hooks.
     """
 
@@ -321,9 +313,8 @@ def _spans(steps: int, state_step: torch.Tensor) -> tuple[tuple[int, int], ...]:
 
 def _span_grads(cell: Cell, w: LayerWeights, members: Members, d_gates: tuple, d_reset: tuple, d_extra: tuple,
                 x: torch.Tensor, pre_h: torch.Tensor):
-    """One span's gradients from its reversed-time ``(d_gi, d_gh?)``, ``d_reset``, ``d_extra``, input
-    ``x [C, (e,) N, F]`` and first carry tensor before each step ``pre_h``: ``(weight gradients, summed by the caller
-    over spans, (d_x, *d_reset))``."""
+    """One span's ``(weight gradients, (d_x, *d_reset))`` from its reversed-time step outputs, input
+    ``x [C, (e,) N, F]`` and ``h`` before each step ``pre_h``."""
     d_gi = members.from_rows_by_member(d_gates[0])  # [C, (E,) N, G*H], reversed time
     d_gh = members.from_rows_by_member(d_gates[-1])
     d_extra = iter(members.map_time_major(cell.reduce_extra_grads, *d_extra) if d_extra else ())
