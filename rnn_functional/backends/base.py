@@ -23,10 +23,9 @@ RECOMPUTE_MODES = ("none", "full")
 
 
 class CallContext(NamedTuple):
-    """Where a call runs, read once per call by the functional layer: under ``torch.compile`` (or
-    ``torch.jit.trace``), ``torch.vmap``, an eager ``torch.func`` autodiff or forward-mode AD (``differentiated``),
-    forward-mode AD alone (``forward``); ``traced`` when any holds (eager-only kernels cannot run). A named tuple:
-    Dynamo cannot build a dataclass inside a traced call."""
+    """Where a call runs, read once by the functional layer: under ``torch.compile`` or ``torch.jit.trace``,
+    ``torch.vmap``, eager ``torch.func`` autodiff or forward-mode AD (``differentiated``), forward-mode AD alone;
+    ``traced`` when any holds (eager-only kernels cannot run). A named tuple: Dynamo cannot build a dataclass."""
 
     compiling: bool
     vmapped: bool
@@ -84,8 +83,7 @@ class SequenceOptions:
 
     def without_segment_states(self) -> SequenceOptions:
         """These options asking for no per-step carries (themselves when they ask for none: most calls)."""
-        # the fields by position: dataclasses.replace is slower on a tiny call, and torch 2.11's Dynamo cannot trace a
-        # dataclass's __dict__
+        # by position: dataclasses.replace is slower on a tiny call, and Dynamo cannot trace a dataclass's __dict__
         if not self.segment_states:
             return self
         return SequenceOptions(self.dropout, self.training, self.recompute, self.compute_dtype, self.matmul_precision,
@@ -104,7 +102,5 @@ def no_kernel_for(backend: str, cell: Cell, serving: list[str] | None = None) ->
     ``serving``: the backends to name (default: every one that runs the cell, :func:`backends_for`)."""
     why = (f"it solves recurrences linear in the state (h' = a * h + b, a and b from the input alone: minGRU, RG-LRU), "
            f"and the {cell.title}'s is not" if backend == "parallel" else f"it has no {backend} kernel for it")
-    return ValueError(
-        f"backend {backend!r} cannot serve the {cell.title} cell: {why}. "
-        f"Use one of {serving or backends_for(cell)} (or backend='auto', which picks one that can)."
-    )
+    return ValueError(f"backend {backend!r} cannot serve the {cell.title} cell: {why}. Use one of "
+                      f"{serving or backends_for(cell)} (or backend='auto', which picks one that can).")

@@ -33,8 +33,7 @@ def kernel(layout: Layout, params, x: torch.Tensor, carry: Carry, opts: Sequence
 
 
 def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
-    """``x [N, T, F]`` -> ``(y [N, T, P], carry, per-step carries)`` (:mod:`.base`), reading ``is_init[:, 0]``
-    alone; the per-step carries hold the final carry at every step."""
+    """The canonical call (:mod:`.base`) reading ``is_init[:, 0]`` alone; per-step carries: the final one."""
     if is_init is not None:
         carry = apply_reset(carry, is_init[:, 0], None if reset is None else tuple([r[:, 0] for r in reset]))
     y, final = kernel(layout, params, x, carry, opts)
@@ -44,8 +43,7 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
 
 
 def step(layout: Layout, params, x: torch.Tensor, carry: Carry) -> tuple[torch.Tensor, Carry]:
-    """One step over all layers with the cell's fused ATen step (``lstm_cell`` / ``gru_cell``): ``x [N, F]``, carry
-    ``[N, L, S]`` each. Eager only; no projection."""
+    """All layers' fused ATen step (``lstm_cell``/``gru_cell``; eager, no projection): ``x [N, F]``, ``[N, L, S]``."""
     run = layout.cell.aten.step  # resolve_step checked that the cell has it
     if layout.num_layers == 1:  # views in and out: a policy step's cost is its op count
         squeezed, out = [], []

@@ -173,7 +173,7 @@ def _project(inp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> tor
 
 def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
     """``x [N, T, F]`` -> ``(y [N, T, H], carry, per-step carries)``; see :mod:`.base`."""
-    cell = layout.cell  # linear in its state: checked when the route was chosen
+    cell, ctx = layout.cell, opts.context  # the cell is linear in its state: checked when the route was chosen
     mask = None if is_init is None else is_init.unsqueeze(-1)  # [N, T, 1]
     inp, finals, states = x, [], []
     for k in range(layout.num_layers):
@@ -185,8 +185,7 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
         if mask is not None and reset is not None:  # a reset restarts from reset_state: h_t = a_t reset_t + b_t
             start = torch.where(mask, reset[0][:, :, k], 0.0)  # elsewhere never read, NaN included
             b = torch.where(mask, torch.addcmul(b, a, start), b)
-        # where is_init, no h_{t-1}: h_t = b_t
-        h = linear_scan(a, b, carry[0][:, k], cut=mask, plain_ops=opts.context.compiling or opts.context.forward)
+        h = linear_scan(a, b, carry[0][:, k], cut=mask, plain_ops=ctx.compiling or ctx.forward)  # is_init: h_t = b_t
         finals.append(h[:, -1])
         states.append(h)
         inp = between_layers(h, k, layout, opts.dropout, opts.training)

@@ -20,8 +20,7 @@ from .scan_parts import ONE_MODEL, HandWrittenLayer, scan_states, traced_under_g
 
 
 def _distinct(values: tuple) -> tuple:
-    """``values``, a repeated tensor (tied params) as a view: Dynamo refuses a Function given one tensor twice (the
-    gradients still sum)."""
+    """``values``, a repeated tensor (tied params) as a view: Dynamo refuses a Function given one twice."""
     out = []
     for v in values:
         out.append(v.view_as(v) if isinstance(v, torch.Tensor) and any(v is u for u in out) else v)

@@ -75,8 +75,7 @@ class Members:
     def from_rows_by_member(self, stacked: torch.Tensor) -> torch.Tensor:  # [T, N, E, G] -> [T, E, N, G], a view
         return stacked.transpose(1, 2) if self.count else stacked
 
-    def like(self, grad: torch.Tensor, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
-        """``grad`` summed over the members dim ``dim`` where ``t`` is shared."""
+    def like(self, grad: torch.Tensor, t: torch.Tensor, dim: int = 0) -> torch.Tensor:  # summed where t is shared
         return grad.sum(dim, keepdim=True) if self.count and t.shape[dim] == 1 and grad.shape[dim] != 1 else grad
 
 
@@ -93,9 +92,8 @@ def _batched_like_step(init, *reads: torch.Tensor | None):
 
 def time_loop(step, init, xs: tuple, reads=(), reverse: bool = False, members: Members = ONE_MODEL):
     """``step(carry, xs_t) -> (carry, out_t)`` (``out_t`` a tuple of tuples) over dim 0 of ``xs`` -> ``(final carry,
-    outputs stacked in the order run)``. Compiled, torch's ``scan`` (``reads``: tensors the step closes over); eagerly
-    a Python loop; the ensemble op's layers (``members.static_shapes``) scan over time indices with static shapes, as
-    Inductor's subgraph pass rejects symbolic sizes."""
+    outputs stacked in the order run)``: compiled, torch's ``scan`` (``reads``: the step's closed-over tensors), the
+    ensemble op's layers over time indices with static shapes (Inductor rejects symbolic sizes there); eagerly a loop."""
     if members.static_shapes:
         return _indexed_scan(step, init, xs, reads, reverse)
     if torch.compiler.is_compiling() and not traced_under_grad():
@@ -109,10 +107,8 @@ def time_loop(step, init, xs: tuple, reads=(), reverse: bool = False, members: M
 
 
 def traced_under_grad() -> bool:
-    """Whether ``torch.compile`` traces this call under ``torch.func.grad``/``vjp``/``jacrev`` (innermost): ``scan``
-    cannot be traced there ("Expected FakeTensor") nor a Function vmapped, so the loop unrolls over plain ops."""
-    if not torch.compiler.is_compiling():
-        return False
+    """Whether a compiled call (the caller checks) is traced under ``torch.func.grad``/``vjp``/``jacrev``
+    (innermost): ``scan`` cannot be traced there ("Expected FakeTensor") nor a Function vmapped: the loop unrolls."""
     return torch._C._are_functorch_transforms_active() and \
         torch._functorch.pyfunctorch.retrieve_current_functorch_interpreter().key() == TransformType.Grad
 
@@ -186,8 +182,7 @@ def split_inputs(rest, n_carry: int, has_reset: bool):
 
 
 class HandWrittenLayer(torch.autograd.Function):
-    """One layer over time whose backward is a hand-written reverse scan (see :mod:`.scan`).
-
+    """One layer over time whose backward is a hand-written reverse scan (see :mod:`.scan`):
     ``apply(cell, recompute, members, n_carry, has_reset, inp [T, N, F], mask [T, N] | None, *carry0 ([N, S]),
     *reset ([T, N, S], if has_reset), *LayerWeights.tensors())`` -> the carry after every step (``[T, N, S]`` each),
     then, unless ``recompute``, the saved activations. An ensemble has a members dim after ``T`` (``[E, N, S]``
@@ -313,8 +308,7 @@ def _spans(steps: int, state_step: torch.Tensor) -> tuple[tuple[int, int], ...]:
 
 def _span_grads(cell: Cell, w: LayerWeights, members: Members, d_gates: tuple, d_reset: tuple, d_extra: tuple,
                 x: torch.Tensor, pre_h: torch.Tensor):
-    """One span's ``(weight gradients, (d_x, *d_reset))`` from its reversed-time step outputs, input
-    ``x [C, (e,) N, F]`` and ``h`` before each step ``pre_h``."""
+    """One span's ``(weight gradients, (d_x, *d_reset))`` from its reversed-time step outputs and inputs."""
     d_gi = members.from_rows_by_member(d_gates[0])  # [C, (E,) N, G*H], reversed time
     d_gh = members.from_rows_by_member(d_gates[-1])
     d_extra = iter(members.map_time_major(cell.reduce_extra_grads, *d_extra) if d_extra else ())
@@ -339,10 +333,9 @@ def _replayed_backward(ctx, inp, mask, inputs: tuple, grad_states: tuple) -> tup
     """The backward when autograd records it (``create_graph=True``, ``torch.func``): :func:`~.base.replayed_vjp`
     of the plain steps (the hand-written scan treats saved activations as constants)."""
     if ctx.members.count:
-        raise RuntimeError(
-            "backend 'scan' under a compiled torch.vmap ensemble has no higher-order gradients (create_graph=True): "
-            "its backward is compiled once. Use backend='reference' for these derivatives of an ensemble."
-        )
+        raise RuntimeError("backend 'scan' under a compiled torch.vmap ensemble has no higher-order gradients "
+                           "(create_graph=True): its backward is compiled once. Use backend='reference' for these "
+                           "derivatives of an ensemble.")
 
     def states(x, *tensors):  # the forward's differentiable arguments, in order
         carry0, reset, weights = split_inputs(tensors, ctx.n_carry, ctx.has_reset)

@@ -47,10 +47,9 @@ class SegmentPlan:
 
     On the device: ``first [S]`` (each segment's first step, row-major over ``N * T``), ``lengths [S]``, ``last [N]``
     (the segment ending each row). NumPy, from the host read: ``lengths_host``, ``order`` (by decreasing length,
-    stable) and its inverse ``rank``. ``slice_len``: ``L`` when every row is whole slices of ``L < T`` steps from
-    ``t = 0`` (the last one ``T mod L`` steps), else ``None``. :attr:`seg_of` and :attr:`pos` (``[N, T]``: each
-    step's segment and its index in it) are derived on first use. ``static``: a :func:`static_plan` (no host values).
-    """
+    stable), its inverse ``rank``. ``slice_len``: ``L`` when every row is whole slices of ``L < T`` steps from
+    ``t = 0``, else ``None``. :attr:`seg_of` and :attr:`pos` (``[N, T]``: each step's segment, its index in it) are
+    derived on first use. ``static``: a :func:`static_plan` (no host values)."""
 
     shape: tuple[int, int]
     first: torch.Tensor
@@ -108,8 +107,7 @@ def plan(is_init: np.ndarray, device: torch.device) -> SegmentPlan | None:
         regular = bool((lengths.reshape(n, per_row) == pattern).all())
     last = np.searchsorted(first, np.arange(1, n + 1) * t_len) - 1
     order = np.argsort(-lengths, kind="stable")
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
+    rank = np.argsort(order)  # the inverse permutation
     return SegmentPlan(is_init.shape, _to(first, device), _to(lengths, device), _to(last, device), lengths,
                        int(lengths.max()), len(first), length if regular else None, order, rank)
 
@@ -167,8 +165,7 @@ class Route:
 
 def _initial_carries(p: SegmentPlan, carry: Carry, is_init: torch.Tensor, reset: Carry | None,
                      order: torch.Tensor | None = None) -> Carry:
-    """Every segment's carry before its first step, ``[S, L, ·]`` each (in ``order`` where given): its row's
-    carry, ``reset`` (or zeros) where ``is_init`` is True there."""
+    """Every segment's carry before its first step, ``[S, L, ·]`` each (in ``order``), reset where ``is_init``."""
     first = p.first if order is None else p.first[order]
     row, start = first // p.shape[1], first % p.shape[1]
     fill = None if reset is None else tuple([r[row, start] for r in reset])
@@ -187,10 +184,9 @@ def _dest(p: SegmentPlan, base: torch.Tensor) -> torch.Tensor:
 
 def _scatter(p: SegmentPlan, y_rows: torch.Tensor, dest: torch.Tensor, seg_final: Carry, opts: SequenceOptions,
              order: tuple[torch.Tensor, torch.Tensor] | None = None) -> Result:
-    """Block results back to the call's rows: ``y_rows [rows, P]`` (step ``i`` at row ``dest[i]``) and each
-    segment's final carry ``seg_final [S, L, ·]`` (in segment order, or in ``order = (order, rank)``). The per-step
-    carries are the segment-end states; a static plan's hold every step's segment final carry (its clamped ends can
-    lie past the real segments)."""
+    """Block results back to the call's rows: ``y_rows [rows, P]`` (step ``i`` at row ``dest[i]``), each segment's
+    final carry ``seg_final [S, L, ·]`` (in segment order, or ``order = (order, rank)``), the segment-end states (a
+    static plan's: every step's segment final carry, as its clamped ends can lie past the real segments)."""
     n, t_len = p.shape
     y = y_rows.index_select(0, dest).view(n, t_len, -1)
     last = p.last if order is None else order[1][p.last]
@@ -256,10 +252,9 @@ def buckets(lengths_sorted: np.ndarray) -> list[tuple[int, int, int, int]]:
 def bucketed(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, reset,
              opts: SequenceOptions) -> Result:
     """ATen's kernel (``pad``, one layer) on the segments of ``p`` in length buckets (:func:`buckets`), one unpacked
-    call each on its left-aligned block ``[S_b, L_b, F]``, the blocks in one buffer (one ``index_copy`` in, one
-    ``index_select`` out). Unpacked calls keep the fused CPU kernel (oneDNN's LSTM) and a backward linear in the
-    steps. A segment's final ``h`` is its output at its last step; where it ends before its bucket, its other carry
-    parts (the LSTM's ``c``) are recomputed from the outputs (:meth:`~rnn_functional.cells.Cell.carry_rest_given_h`).
+    call each (keeping oneDNN's fused LSTM and a backward linear in the steps) on its left-aligned block, the blocks
+    in one buffer. A segment's final ``h`` is its output at its last step; where it ends before its bucket, its other
+    carry parts (the LSTM's ``c``) are recomputed from the outputs (:meth:`~rnn_functional.cells.Cell.carry_rest_given_h`).
     """
     lengths_sorted = p.lengths_host[p.order]
     cut = buckets(lengths_sorted)
@@ -308,8 +303,7 @@ def _other_finals(layout: Layout, params, x_block, h0: Carry, y_block, lengths: 
 
 
 def slice_carries(slice_len: int, k: int, carry: Carry, reset: Carry | None) -> Carry:
-    """The carry before each of the ``k`` slices of every row, ``[N * k, ...]``: the call's, then the reset states
-    (or zeros)."""
+    """The carry before each of the ``k`` slices of every row, ``[N * k, ...]``: the call's, then reset states."""
     n = carry[0].shape[0]
     later = (tuple([s.new_zeros(n, k - 1, *s.shape[1:]) for s in carry]) if reset is None
              else tuple([r[:, slice_len:k * slice_len:slice_len] for r in reset]))
