@@ -44,10 +44,9 @@ CONTEXTS = {(c, v, d, f): CallContext.of(c, v, d, f) for c in (False, True) for 
 
 
 def replayed_vjp(fn, args: tuple, cotangents: tuple) -> list:
-    """A hand-written backward's replacement when autograd records it (``create_graph=True``): the vjp of
-    ``fn(*args)`` replayed with plain differentiable ops, so every higher order is exact, taken by the AD system
-    that records it (``torch.func``'s or autograd's). ``None`` entries of ``args`` (absent weights) stay fixed and
-    get ``None``; ``None`` cotangents are zeros."""
+    """A hand-written backward's replacement when autograd records it (``create_graph=True``): the vjp of ``fn(*args)``
+    replayed with plain ops (every higher order exact) by the recording AD system (``torch.func``'s or autograd's).
+    ``None`` entries of ``args`` (absent weights) stay fixed and get ``None``; ``None`` cotangents are zeros."""
     present = [i for i, t in enumerate(args) if t is not None]
 
     def of_present(*tensors):

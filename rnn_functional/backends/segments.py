@@ -267,8 +267,7 @@ def bucketed(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: C
     lengths_d = _to(lengths_sorted, x.device)
     dest = _dest(p, _to(base, x.device))
     h0 = _initial_carries(p, carry, is_init, reset, order)
-    # The buckets' inputs by one split each, not a slice per bucket: a slice's backward zero-fills a gradient of the
-    # whole buffer, once per bucket.
+    # one split, not a slice per bucket: each slice's backward would zero-fill a gradient of the whole buffer
     x_rows = x.new_zeros(int(steps_sorted.sum()), x.shape[-1]).index_copy(0, dest, x.reshape(-1, x.shape[-1]))
     x_b = x_rows.split((rows * steps).tolist())
     h0_b = list(zip(*[s.split(rows.tolist()) for s in h0]))
