@@ -1,9 +1,6 @@
-"""Backends: run a cell over time. They import cells, never the public API.
-
-Every backend serves the canonical call of :mod:`.base` and computes exactly what
-``reference`` does. :class:`.segments.Route` runs a call on a backend in one of the eager layouts
-of its segments (:mod:`.segments`); which route serves a call is decided above, by the rule of
-:func:`rnn_functional.functional._core.choose`.
+"""Backends: run a cell over time (the canonical call of :mod:`.base`, exactly as ``reference``), importing cells,
+never the public API. :class:`.segments.Route` runs a call on one, in a layout of its segments; the functional
+layer's :func:`rnn_functional.functional._core.choose` picks the route.
 """
 
 from __future__ import annotations

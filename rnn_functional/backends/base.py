@@ -1,17 +1,12 @@
 """The canonical call every backend serves, and what each backend needs from a cell.
 
-A sequence backend is ``sequence(layout, params, x, carry, is_init, reset, opts) ->
-(y, carry_T, per_step)`` on a validated, flattened call with ``N > 0`` and ``T > 0`` (the
-functional layer handles empty calls): ``x [N, T, F]``, ``carry`` a tuple of ``[N, L, S]``
-(``layout.cell.state_names``), ``is_init [N, T]`` bool or ``None``, ``reset`` a tuple of
-``[N, T, L, S]`` or ``None``. It returns ``y [N, T, P]``, the carry after the last step and,
-with ``opts.segment_states``, per-step carries ``[N, T, L, S]`` that are exact at least at
-every segment end (the caller zeroes the other steps), else ``None``. (``pad.sequence`` serves
-resets at ``t = 0`` only: a call with interior resets runs on a layout of its segments,
-:mod:`.segments`.)
-
-A step backend is ``step(layout, params, x [N, F], carry) -> (y [N, P], carry')`` with the
-resets already applied.
+A sequence backend is ``sequence(layout, params, x, carry, is_init, reset, opts) -> (y, carry_T, per_step)`` on a
+validated, flattened call with ``N, T > 0``: ``x [N, T, F]``, ``carry`` a tuple of ``[N, L, S]``
+(``layout.cell.state_names``), ``is_init [N, T]`` bool or ``None``, ``reset`` a tuple of ``[N, T, L, S]`` or
+``None``. It returns ``y [N, T, P]``, the carry after the last step and, with ``opts.segment_states``, per-step
+carries ``[N, T, L, S]`` exact at least at every segment end (else ``None``). ``pad.sequence`` serves resets at
+``t = 0`` only (:mod:`.segments` lays out the others). A step backend is ``step(layout, params, x [N, F], carry) ->
+(y [N, P], carry')``, the resets applied.
 """
 
 from __future__ import annotations
@@ -28,11 +23,9 @@ RECOMPUTE_MODES = ("none", "full")
 
 
 class CallContext(NamedTuple):
-    """Where a call runs, read once per call by the functional layer and handed down in :class:`SequenceOptions`:
-    under ``torch.compile`` (or ``torch.jit.trace``: a graph is captured), ``torch.vmap``, an eager ``torch.func``
-    autodiff or forward-mode AD (``differentiated``), forward-mode AD (``forward``: ``torch.func.jvp``/``jacfwd``/
-    ``hessian``, dual tensors); ``traced`` when any holds (eager-only kernels cannot run). A named tuple: Dynamo
-    builds one inside a traced call, which it cannot do for a dataclass."""
+    """Where a call runs, read once by the functional layer: under ``torch.compile`` or ``torch.jit.trace``,
+    ``torch.vmap``, eager ``torch.func`` autodiff or forward-mode AD (``differentiated``), forward-mode AD alone;
+    ``traced`` when any holds (eager-only kernels cannot run). A named tuple: Dynamo cannot build a dataclass."""
 
     compiling: bool
     vmapped: bool
@@ -46,42 +39,21 @@ class CallContext(NamedTuple):
 
 
 # every context is one of these: a call builds none (a policy step reads its context on every call)
-CONTEXTS = {(c, v, d, f): CallContext.of(c, v, d, f) for c in (False, True) for v in (False, True) for d in (False, True)
-             for f in (False, True)}
-EAGER = CONTEXTS[False, False, False, False]
-
-
-def transforms() -> set | tuple:
-    """The kinds (``TransformType``) of the functorch transforms around the current eager call."""
-    stack = torch._C._functorch.get_interpreter_stack()
-    return {i.key() for i in stack} if stack else ()
-
-
-def forward_mode(kinds: set | tuple | None = None) -> bool:
-    """True in eager forward-mode AD: ``torch.func.jvp``/``jacfwd``/``hessian`` (functorch's Jvp transform) or
-    inside ``torch.autograd.forward_ad.dual_level()`` (the level ``make_dual`` reads; torch 2.13 has no public
-    accessor). ``torch.compile`` traces neither, so it is False there without reading anything. ``kinds``: the
-    caller's :func:`transforms`, when it read them already."""
-    if torch.compiler.is_compiling():
-        return False
-    if torch.autograd.forward_ad._current_level >= 0:
-        return True
-    return torch._C._functorch.TransformType.Jvp in (transforms() if kinds is None else kinds)
+CONTEXTS = {(c, v, d, f): CallContext.of(c, v, d, f) for c in (False, True) for v in (False, True)
+            for d in (False, True) for f in (False, True)}
 
 
 def replayed_vjp(fn, args: tuple, cotangents: tuple) -> list:
-    """A hand-written backward's replacement when autograd records it (``create_graph=True``): the vjp of
-    ``fn(*args)`` (plain differentiable ops replaying the forward) with ``cotangents`` (``None``: zeros), itself
-    differentiable, so every higher order is exact; taken by the AD system that records it (``torch.func``'s, or
-    autograd's). ``None`` entries of ``args`` (absent weights) stay fixed and get ``None``; returns one gradient per
-    entry of ``args``."""
+    """A hand-written backward's replacement when autograd records it (``create_graph=True``): the vjp of ``fn(*args)``
+    replayed with plain ops (every higher order exact) by the recording AD system (``torch.func``'s or autograd's).
+    ``None`` entries of ``args`` (absent weights) stay fixed and get ``None``; ``None`` cotangents are zeros."""
     present = [i for i, t in enumerate(args) if t is not None]
 
     def of_present(*tensors):
         given = iter(tensors)
         return fn(*[None if t is None else next(given) for t in args])
 
-    if transforms():  # under torch.func (grad of grad, hessian): its vjp, which composes with the transforms around it
+    if torch._C._functorch.get_interpreter_stack():  # torch.func (grad of grad, hessian): its vjp composes
         out, pullback = torch.func.vjp(of_present, *(args[i] for i in present))
     else:  # plain autograd, whose saved-tensor hooks (save_on_cpu) torch.func refuses: the replay's own graph
         inputs = [args[i] if args[i].requires_grad else args[i].detach().requires_grad_() for i in present]
@@ -91,18 +63,14 @@ def replayed_vjp(fn, args: tuple, cotangents: tuple) -> list:
         def pullback(cotangents):
             return torch.autograd.grad(out, inputs, cotangents, create_graph=True, allow_unused=True,
                                        materialize_grads=True)
-    found = pullback(tuple(torch.zeros_like(o) if g is None else g for o, g in zip(out, cotangents)))
-    found = iter(found)
+    found = iter(pullback(tuple(torch.zeros_like(o) if g is None else g for o, g in zip(out, cotangents))))
     return [None if t is None else next(found) for t in args]
 
 
 @dataclass(frozen=True)
 class SequenceOptions:
-    """Per-call options every backend receives (validated by the functional layer).
-
-    ``compute_dtype`` and ``matmul_precision`` only affect the ``triton`` backend; the others
-    compute in the dtype of the params at full precision and ignore them.
-    """
+    """Per-call options every backend receives (validated by the functional layer). ``compute_dtype`` and
+    ``matmul_precision`` are ``triton``'s; the others compute in the params' dtype at full precision."""
 
     dropout: float = 0.0
     training: bool = False
@@ -110,12 +78,11 @@ class SequenceOptions:
     compute_dtype: torch.dtype | None = None  # operand dtype of the recurrent matmul (triton)
     matmul_precision: str | None = None  # see rnn_functional.precision (triton)
     segment_states: bool = False  # also return the per-step carries (exact at segment ends)
-    context: CallContext = EAGER  # where the call runs, read once by the functional layer
+    context: CallContext = CONTEXTS[False, False, False, False]  # where the call runs
 
     def without_segment_states(self) -> SequenceOptions:
         """These options asking for no per-step carries (themselves when they ask for none: most calls)."""
-        # the fields by position: dataclasses.replace is slower on a tiny call, and torch 2.11's Dynamo cannot trace a
-        # dataclass's __dict__
+        # by position: dataclasses.replace is slower on a tiny call, and Dynamo cannot trace a dataclass's __dict__
         if not self.segment_states:
             return self
         return SequenceOptions(self.dropout, self.training, self.recompute, self.compute_dtype, self.matmul_precision,
@@ -123,9 +90,8 @@ class SequenceOptions:
 
 
 def backends_for(cell: Cell) -> list[str]:
-    """The backends that can run ``cell``: ``reference`` and ``scan`` run any cell (its step and
-    step backward); ``pad`` needs its ATen kernels, ``triton`` its Triton kernel family, ``parallel`` a cell
-    linear in its state."""
+    """The backends that can run ``cell``: ``reference`` and ``scan`` any; ``pad`` needs its ATen kernels,
+    ``triton`` its Triton kernel family, ``parallel`` a cell linear in its state."""
     hooks = {"pad": cell.aten, "triton": cell.triton, "parallel": cell.linear_in_state or None}
     return [name for name in BACKENDS if hooks.get(name, True) is not None]
 
@@ -135,7 +101,5 @@ def no_kernel_for(backend: str, cell: Cell, serving: list[str] | None = None) ->
     ``serving``: the backends to name (default: every one that runs the cell, :func:`backends_for`)."""
     why = (f"it solves recurrences linear in the state (h' = a * h + b, a and b from the input alone: minGRU, RG-LRU), "
            f"and the {cell.title}'s is not" if backend == "parallel" else f"it has no {backend} kernel for it")
-    return ValueError(
-        f"backend {backend!r} cannot serve the {cell.title} cell: {why}. "
-        f"Use one of {serving or backends_for(cell)} (or backend='auto', which picks one that can)."
-    )
+    return ValueError(f"backend {backend!r} cannot serve the {cell.title} cell: {why}. Use one of "
+                      f"{serving or backends_for(cell)} (or backend='auto', which picks one that can).")

@@ -2,15 +2,14 @@
 
 Under ``torch.compile`` with gradients, a vmapped ``scan`` cannot be differentiated ("Expected init and carry to have
 same metadata") nor Dynamo vmap the hand-written layer ("You tried to vmap over ApplyTemplate"). So such a layer calls
-the op ``rnn_functional::scan_ensemble_layer``, whose vmap rule folds every vmapped dim into a leading ensemble dim;
-the op runs :class:`~.scan_parts.HandWrittenLayer` with ``members=E`` on plain tensors (no ``scan`` ever vmapped).
-Inside the op (``e``: ``E`` or 1, shared): ``inp [e, N, T, F]``, ``mask [e, T, N]``, ``carry0 [e, N, S]``,
-``reset [e, T, N, S]``, weights ``[e, ...]``; output: the carry after every step, ``[E, T, N, S]``.
+the op ``rnn_functional::scan_ensemble_layer``, whose vmap rule folds every vmapped dim into a leading ensemble dim
+(``e``: ``E`` or 1, shared), and which runs :class:`~.scan_parts.HandWrittenLayer` over the members on plain tensors.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.utils._pytree as pytree
 
 from ..cells import CELLS, Carry, Cell
 from .scan_parts import HandWrittenLayer, Members, split_inputs
@@ -21,8 +20,7 @@ _OP = "rnn_functional::scan_ensemble_layer"
 
 
 def serves(recompute: bool, *tensors: torch.Tensor | None) -> bool:
-    """For a compiled call (the caller checks): a vmapped input, and autograd on or ``recompute`` (a vmapped tensor
-    reports ``requires_grad=False`` whatever its base)."""
+    """Compiled: a vmapped input, and autograd on or ``recompute`` (vmapped tensors report no ``requires_grad``)."""
     return (recompute or torch.is_grad_enabled()) and any(
         t is not None and torch._C._functorch.is_batchedtensor(t) for t in tensors)
 
@@ -32,38 +30,38 @@ def layer_states(cell: Cell, recompute: bool, n_carry: int, has_reset: bool, inp
     if CELLS.get(cell.name) is not cell:
         raise ValueError(f"the {cell.title} cell has no compiled ensemble path: register it where it is made "
                          f"(rnn_functional.cells.register).")
-    lead = lambda t: None if t is None else t.unsqueeze(0)  # noqa: E731 - the one-member ensemble dim
+    lead = lambda t: None if t is None else t.unsqueeze(0)
     carry0, reset, weights = split_inputs(rest, n_carry, has_reset)
-    states = torch.ops.rnn_functional.scan_ensemble_layer(
-        cell.name, recompute, lead(inp), lead(mask), [lead(s) for s in carry0],
-        None if reset is None else [lead(r) for r in reset], [lead(t) for t in weights],
-    )
+    states = torch.ops.rnn_functional.scan_ensemble_layer(cell.name, recompute, lead(inp), lead(mask),
+        [lead(s) for s in carry0], None if reset is None else [lead(r) for r in reset], [lead(t) for t in weights])
     return tuple(s.squeeze(0) for s in states)
 
 
 def _layer_impl(cell: str, recompute: bool, inp, mask, carry0, reset, weights):
-    """The op on plain tensors: the ``scan`` backend's layer, its math vmapped over the members."""
-    tensors = (inp, mask, *carry0, *(reset or ()), *weights)
-    members = max(t.shape[0] for t in tensors if t is not None)
-    # one member runs as one model (size-1 members dims in a scan's carry break Inductor's stride checks)
-    one = (lambda t: None if t is None else t.squeeze(0)) if members == 1 else (lambda t: t)
-    outs = HandWrittenLayer.apply(
-        CELLS[cell], recompute, Members(0 if members == 1 else members, static_shapes=True), len(carry0),
-        reset is not None, *map(one, tensors),
-    )
+    """The op: ``inp [e, T, N, F]``, ``mask [e, T, N]``, ``carry0 [e, N, S]``, ``reset [e, T, N, S]``, weights
+    ``[e, ...]`` -> the carry after every step, ``[E, T, N, S]`` each."""
+    args = (inp, mask, reset, carry0, weights)
+    count = max(t.shape[0] for t in pytree.tree_leaves(args) if t is not None)
+    if count == 1:  # one model (size-1 members dims in a scan's carry break Inductor's stride checks)
+        inp, mask, reset, carry0, weights = pytree.tree_map(lambda t: None if t is None else t.squeeze(0), args)
+    else:  # the layer's members dim is after time; every member has its carry
+        inp, mask, reset = pytree.tree_map(lambda t: None if t is None else t.movedim(1, 0), (inp, mask, reset))
+        carry0 = [s.expand(count, *s.shape[1:]) for s in carry0]
+    outs = HandWrittenLayer.apply(CELLS[cell], recompute, Members(0 if count == 1 else count, static_shapes=True),
+                                  len(carry0), reset is not None, inp, mask, *carry0, *(reset or ()), *weights)
     # [T, N, S] -> [1, T, N, S], or [T, E, N, S] -> [E, T, N, S]
-    return [s.unsqueeze(0) if members == 1 else s.transpose(0, 1) for s in outs[: len(carry0)]]
+    return [s.unsqueeze(0) if count == 1 else s.transpose(0, 1) for s in outs[: len(carry0)]]
 
 
 def _fold_vmapped_dim(info, in_dims, cell, recompute, inp, mask, carry0, reset, weights):
     """vmap rule: ``[B, e] -> [B * e]``; a tensor shared at one level only is expanded, at both stays ``e = 1``."""
     batch = info.batch_size
-    _, _, in_inp, in_mask, in_carry, in_reset, in_w = (
-        _per_entry(v, d) for v, d in zip((cell, recompute, inp, mask, carry0, reset, weights), in_dims)
-    )
-    pairs = ((inp, in_inp), (mask, in_mask), *zip(carry0, in_carry), *zip(reset or (), in_reset or ()),
-             *zip(weights, in_w))
-    inner = max(t.shape[0] if d is None else t.movedim(d, 0).shape[1] for t, d in pairs if t is not None)
+    args = (inp, mask, carry0, reset, weights)
+    # a list argument's dims, one per entry (vmap may give one None for the list)
+    dims = tuple([d] * len(v) if isinstance(v, (list, tuple)) and not isinstance(d, (list, tuple)) else d
+                 for v, d in zip(args, in_dims[2:]))
+    (leaves, spec), dims = pytree.tree_flatten(args), pytree.tree_leaves(dims)
+    inner = max(t.shape[0] if d is None else t.movedim(d, 0).shape[1] for t, d in zip(leaves, dims) if t is not None)
 
     def fold(t, d):
         if t is None:
@@ -78,24 +76,13 @@ def _fold_vmapped_dim(info, in_dims, cell, recompute, inp, mask, carry0, reset, 
             t = t.expand(batch, inner, *t.shape[2:])
         return t.reshape(batch * inner, *t.shape[2:])
 
-    states = torch.ops.rnn_functional.scan_ensemble_layer(
-        cell, recompute, fold(inp, in_inp), fold(mask, in_mask), [fold(s, d) for s, d in zip(carry0, in_carry)],
-        None if reset is None else [fold(r, d) for r, d in zip(reset, in_reset)],
-        [fold(t, d) for t, d in zip(weights, in_w)],
-    )
+    folded = pytree.tree_unflatten([fold(t, d) for t, d in zip(leaves, dims)], spec)
+    states = torch.ops.rnn_functional.scan_ensemble_layer(cell, recompute, *folded)
     return [s.reshape(batch, inner, *s.shape[1:]) for s in states], [0] * len(states)
 
 
-def _per_entry(value, dim):  # a list argument's vmapped dims, one per entry (vmap may give one None)
-    if isinstance(value, (list, tuple)) and not isinstance(dim, (list, tuple)):
-        return [dim] * len(value)
-    return dim
-
-
 _LIB = torch.library.Library("rnn_functional", "FRAGMENT")
-_LIB.define(
-    "scan_ensemble_layer(str cell, bool recompute, Tensor inp, Tensor? mask, Tensor[] carry0, Tensor[]? reset, "
-    "Tensor?[] weights) -> Tensor[]"
-)
+_LIB.define("scan_ensemble_layer(str cell, bool recompute, Tensor inp, Tensor? mask, Tensor[] carry0, Tensor[]? reset, "
+            "Tensor?[] weights) -> Tensor[]")
 _LIB.impl("scan_ensemble_layer", _layer_impl, "CompositeImplicitAutograd")
 torch.library.register_vmap(_OP, _fold_vmapped_dim, lib=_LIB)

@@ -1,10 +1,7 @@
-"""``pad``: ATen's fused kernels of a cell (cuDNN on CUDA, oneDNN/native on CPU), for cells with
-:class:`~rnn_functional.cells.AtenKernels` (LSTM, GRU).
-
-:func:`sequence` runs a call without interior resets as one :func:`kernel` call; a call with interior resets runs
-on a layout of its segments (:mod:`.segments`: packed, length buckets, whole slices), which call :func:`kernel`.
-Eager only (the lengths are host-side counts; ATen's kernels have no vmap rule): the functional layer routes ``pad``
-to ``scan`` under ``torch.compile`` and to ``reference`` under eager ``torch.vmap``.
+"""``pad``: ATen's fused kernels of a cell with :class:`~rnn_functional.cells.AtenKernels` (cuDNN on CUDA,
+oneDNN/native on CPU): one :func:`kernel` call, or with interior resets a layout of the segments (:mod:`.segments`).
+Eager only (host-side lengths; no vmap rule): the functional layer routes it to ``scan`` compiled, ``reference``
+under eager ``torch.vmap``.
 """
 
 from __future__ import annotations
@@ -24,12 +21,9 @@ def aten_kernels(layout: Layout) -> AtenKernels:
 
 def kernel(layout: Layout, params, x: torch.Tensor, carry: Carry, opts: SequenceOptions,
            batch_sizes: torch.Tensor | None = None) -> tuple[torch.Tensor, Carry]:
-    """ATen's sequence kernel over all layers: ``x [N, T, F]`` (or, with ``batch_sizes``, the steps of rows sorted by
-    decreasing length packed time-major, ``batch_sizes [Lmax]`` int64 on the CPU), ``carry`` a tuple of ``[N, L, S]``
-    -> ``(y, the carry after each row's last step)``.
-
-    cuDNN keeps what its backward needs only in training mode ("cudnn RNN backward can only be called in training
-    mode"), so a call that records gradients runs in it, with dropout only where ``opts.training`` asks for it.
+    """ATen's sequence kernel over all layers: ``x [N, T, F]`` (or packed, with ``batch_sizes [Lmax]`` int64 on the
+    CPU), ``carry`` ``[N, L, S]`` each -> ``(y, the carry after each row's last step)``. cuDNN keeps what its backward
+    needs only in training mode, so a call recording gradients runs in it (dropout only if ``opts.training``).
     """
     train = bool(opts.training) or (x.is_cuda and torch.is_grad_enabled())
     hx = tuple([s.transpose(0, 1).contiguous() for s in carry])  # the kernels' layer-major carries
@@ -39,9 +33,7 @@ def kernel(layout: Layout, params, x: torch.Tensor, carry: Carry, opts: Sequence
 
 
 def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
-    """``x [N, T, F]`` -> ``(y [N, T, P], carry, per-step carries)``; see :mod:`.base`. Reads ``is_init[:, 0]``
-    alone: a call with interior resets runs on a layout of :mod:`.segments`. The per-step carries hold the final
-    carry at every step."""
+    """The canonical call (:mod:`.base`) reading ``is_init[:, 0]`` alone; per-step carries: the final one."""
     if is_init is not None:
         carry = apply_reset(carry, is_init[:, 0], None if reset is None else tuple([r[:, 0] for r in reset]))
     y, final = kernel(layout, params, x, carry, opts)
@@ -51,8 +43,7 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
 
 
 def step(layout: Layout, params, x: torch.Tensor, carry: Carry) -> tuple[torch.Tensor, Carry]:
-    """One step over all layers with the cell's fused ATen step (``lstm_cell`` / ``gru_cell``): ``x [N, F]``, carry
-    tensors ``[N, L, S]``. Eager only (no vmap rule); no projection."""
+    """All layers' fused ATen step (``lstm_cell``/``gru_cell``; eager, no projection): ``x [N, F]``, ``[N, L, S]``."""
     run = layout.cell.aten.step  # resolve_step checked that the cell has it
     if layout.num_layers == 1:  # views in and out: a policy step's cost is its op count
         squeezed, out = [], []

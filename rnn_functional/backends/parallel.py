@@ -1,8 +1,7 @@
-"""``parallel``: cells linear in their state (``h_t = a_t * h_{t-1} + b_t``) solved in parallel over time by
-:func:`linear_scan`, a chunked scan that never divides by a product of ``a`` (``docs/linear_recurrences.md``).
-Eagerly the scan is :class:`LinearScan` (preallocated buffers, its backward the same scan in reverse); compiled and
-in forward mode the plain ops run under autograd (Dynamo cannot vmap the Function under a compiled ensemble, nor
-trace one with a ``jvp``).
+"""``parallel``: cells linear in their state (``h_t = a_t * h_{t-1} + b_t``) solved by :func:`linear_scan`, a
+chunked scan that never divides by a product of ``a`` (``docs/linear_recurrences.md``). Eagerly :class:`LinearScan`
+(preallocated buffers, its backward the same scan in reverse); compiled and in forward mode plain ops under autograd
+(Dynamo cannot vmap the Function under a compiled ensemble, nor trace one with a ``jvp``).
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..cells import Carry, Cell, Layout, between_layers
-from .base import SequenceOptions, forward_mode, no_kernel_for
+from .base import SequenceOptions, no_kernel_for
 
 __all__ = ["LinearScan", "check_cell", "linear_scan", "sequence"]
 
@@ -29,8 +28,8 @@ def _chunks(t: torch.Tensor, count: int) -> torch.Tensor:
 
 def _step(b: torch.Tensor, a: torch.Tensor, h: torch.Tensor, cut: torch.Tensor | None, select: bool,
           out: torch.Tensor | None = None) -> torch.Tensor:
-    """``a * h + b``; ``b`` alone where ``cut`` (a reset reads nothing of ``h``, not even a NaN). ``select``: pick the
-    result (no autograd through these ops); else zero the state first, so autograd's derivatives stay finite."""
+    """``a * h + b``; ``b`` alone where ``cut`` (not even a NaN ``h`` read). ``select``: pick the result (no autograd
+    here); else zero the state first, so autograd's derivatives stay finite."""
     if cut is None:
         return torch.addcmul(b, a, h, out=out)
     if select:
@@ -40,9 +39,8 @@ def _step(b: torch.Tensor, a: torch.Tensor, h: torch.Tensor, cut: torch.Tensor |
 
 def _solve(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reverse: bool,
            out: torch.Tensor | None = None, cut: torch.Tensor | None = None, select: bool = True) -> torch.Tensor:
-    """The chunked scan; shapes as :func:`linear_scan`; ``out``: a buffer to write ``h`` into (eager, autograd off),
-    else the steps are stacked. The first ``count * chunk`` steps (the last in reverse) run chunked: (1) every chunk
-    from a zero start, (2) the state entering each chunk, (3) every chunk again from it; the rest one by one."""
+    """The chunked scan (shapes as :func:`linear_scan`) into ``out`` (eager, autograd off) or stacked: (1) every
+    chunk from a zero start, (2) the state entering each chunk, (3) every chunk again from it; the rest one by one."""
     t_len = a.shape[1]
     if t_len == 0:
         return b.clone() if out is None else out
@@ -153,14 +151,13 @@ class LinearScan(torch.autograd.Function):
 
 
 def linear_scan(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None = None, reverse: bool = False,
-                cut: torch.Tensor | None = None) -> torch.Tensor:
-    """``h_t = a_t * h_{t-1} + b_t`` from ``h_{-1} = init`` (``None``: zeros); with ``reverse``,
-    ``h_t = a_t * h_{t+1} + b_t`` from ``h_T = init``; ``h_t = b_t`` where ``cut`` (a reset; nothing of the previous
-    state is read, a NaN included).
-
-    ``a, b [N, T, ...]`` (time is dim 1), ``init [N, ...]``, ``cut`` bool ``[N, T, 1]`` or ``None`` -> ``h``, like ``b``.
+                cut: torch.Tensor | None = None, plain_ops: bool = False) -> torch.Tensor:
+    """``h_t = a_t * h_{t-1} + b_t`` from ``h_{-1} = init`` (``None``: zeros), or with ``reverse`` from ``h_T``
+    backwards; ``h_t = b_t`` where ``cut`` (a reset: not even a NaN state is read). ``a, b [N, T, ...]``,
+    ``init [N, ...]``, ``cut`` bool ``[N, T, 1]`` -> ``h`` like ``b``. ``plain_ops``: no :class:`LinearScan`
+    (compiled, forward-mode AD: see the module docstring).
     """
-    if torch.compiler.is_compiling() or forward_mode():  # see the module docstring
+    if plain_ops:
         return _solve(a, b, init, reverse, cut=cut, select=False)
     return LinearScan.apply(a, b, init, reverse, cut)
 
@@ -176,7 +173,7 @@ def _project(inp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> tor
 
 def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
     """``x [N, T, F]`` -> ``(y [N, T, H], carry, per-step carries)``; see :mod:`.base`."""
-    cell = layout.cell  # linear in its state: checked when the route was chosen
+    cell, ctx = layout.cell, opts.context  # the cell is linear in its state: checked when the route was chosen
     mask = None if is_init is None else is_init.unsqueeze(-1)  # [N, T, 1]
     inp, finals, states = x, [], []
     for k in range(layout.num_layers):
@@ -188,7 +185,7 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
         if mask is not None and reset is not None:  # a reset restarts from reset_state: h_t = a_t reset_t + b_t
             start = torch.where(mask, reset[0][:, :, k], 0.0)  # elsewhere never read, NaN included
             b = torch.where(mask, torch.addcmul(b, a, start), b)
-        h = linear_scan(a, b, carry[0][:, k], cut=mask)  # where is_init, no h_{t-1}: h_t = b_t
+        h = linear_scan(a, b, carry[0][:, k], cut=mask, plain_ops=ctx.compiling or ctx.forward)  # is_init: h_t = b_t
         finals.append(h[:, -1])
         states.append(h)
         inp = between_layers(h, k, layout, opts.dropout, opts.training)

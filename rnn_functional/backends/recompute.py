@@ -1,6 +1,6 @@
-"""``recompute="full"`` for the eager-loop backends: chunks of about ``sqrt(T)`` steps, each under non-reentrant
-checkpointing: peak activation memory ``O(sqrt(T))`` steps. The RNG state is replayed, so the backward's dropout
-masks are the forward's (``parallel``'s chunks each draw their own masks)."""
+"""``recompute="full"`` for the eager-loop backends: chunks of about ``sqrt(T)`` steps under non-reentrant
+checkpointing: peak activation memory ``O(sqrt(T))`` steps. The RNG state is replayed: the backward's dropout masks
+are the forward's (``parallel``'s chunks each draw their own)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ def _slice(t, sl: slice):
 
 
 def checkpointed(impl: Callable) -> Callable:
-    """Wrap a backend's ``sequence`` so that its backward recomputes activations chunk by chunk (not for ``scan``,
-    around which checkpointing is unsupported; it recomputes inside its own backward)."""
+    """A backend's ``sequence`` whose backward recomputes chunk by chunk (``scan`` recomputes in its own)."""
 
     def sequence(layout, params, x, carry, is_init, reset, opts: SequenceOptions):
         inner = dataclasses.replace(opts, recompute="none")
@@ -35,10 +34,8 @@ def checkpointed(impl: Callable) -> Callable:
         ys, per_step = [], []
         for t0 in range(0, t_len, chunk):
             sl = slice(t0, t0 + chunk)
-            y, carry, states = checkpoint(
-                impl, layout, params, x[:, sl], carry, _slice(is_init, sl), _slice(reset, sl), inner,
-                use_reentrant=False,
-            )
+            y, carry, states = checkpoint(impl, layout, params, x[:, sl], carry, _slice(is_init, sl), _slice(reset, sl),
+                                          inner, use_reentrant=False)
             ys.append(y)
             per_step.append(states)
         states = tuple(torch.cat(parts, dim=1) for parts in zip(*per_step)) if opts.segment_states else None

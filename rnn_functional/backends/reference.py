@@ -11,8 +11,7 @@ from .base import SequenceOptions
 def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
     """``x [N, T, F]`` -> ``(y [N, T, P], carry, per-step carries)``; see :mod:`.base`."""
     outputs, states = [], []
-    # One unbind per tensor, not x[:, t] per step: each index's backward adds a zero-filled [N, T, F] gradient,
-    # which made a backward over T steps quadratic in T.
+    # one unbind per tensor, not x[:, t] per step: each index's backward zero-fills an [N, T, F] gradient (O(T^2))
     x_t = x.unbind(1)
     masks = (None,) * len(x_t) if is_init is None else is_init.unbind(1)
     resets = (None,) * len(x_t) if reset is None else tuple(zip(*(r.unbind(1) for r in reset)))

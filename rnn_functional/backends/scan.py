@@ -1,12 +1,11 @@
-"""``scan``: one layer at a time, the input projected in one GEMM, then the recurrence over time
-(:func:`~.scan_parts.time_loop`): torch's ``scan`` under ``torch.compile`` (traced once), a Python loop over the same
-step eagerly (eager ``scan`` retraces every call and cannot run under ``torch.func.grad``).
+"""``scan``: one layer at a time, time-major, the input projected in one GEMM, then the recurrence
+(:func:`~.scan_parts.time_loop`): torch's ``scan`` under ``torch.compile``, a Python loop eagerly (eager ``scan``
+retraces every call and cannot run under ``torch.func.grad``).
 
-When autograd records a layer it runs through :class:`~.scan_parts.HandWrittenLayer`, whose backward is a
-hand-written reverse scan: ``recompute="none"`` keeps every step's activations, ``"full"`` only the carries
-(``torch.utils.checkpoint`` around ``scan`` is unsupported). That backward is differentiable (a replayed vjp), so
-higher orders are exact; forward-mode AD runs the plain loop. Never torch's own scan autograd: Inductor miscompiles
-its backward (silently wrong gradients, pytorch/pytorch#153679).
+When autograd records a layer it runs :class:`~.scan_parts.HandWrittenLayer`, whose backward is a hand-written
+reverse scan (``recompute="full"`` keeps only the carries: checkpointing around ``scan`` is unsupported), itself
+differentiable (a replayed vjp); forward-mode AD runs the plain loop. Never torch's own scan autograd: Inductor
+miscompiles its backward (silently wrong gradients, pytorch/pytorch#153679).
 """
 
 from __future__ import annotations
@@ -17,12 +16,11 @@ import torch.nn.functional as F
 from ..cells import Carry, Layout, between_layers
 from . import ensemble_scan
 from .base import SequenceOptions
-from .scan_parts import HandWrittenLayer, scan_states, traced_under_grad
+from .scan_parts import ONE_MODEL, HandWrittenLayer, scan_states, traced_under_grad
 
 
 def _distinct(values: tuple) -> tuple:
-    """``values`` with each repeated tensor (tied params) replaced by a view: Dynamo refuses an
-    ``autograd.Function`` given one tensor twice; the gradients still sum."""
+    """``values``, a repeated tensor (tied params) as a view: Dynamo refuses a Function given one twice."""
     out = []
     for v in values:
         out.append(v.view_as(v) if isinstance(v, torch.Tensor) and any(v is u for u in out) else v)
@@ -30,35 +28,39 @@ def _distinct(values: tuple) -> tuple:
 
 
 def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
-    """``x [N, T, F]`` -> ``(y [N, T, P], carry, per-step carries)``; see :mod:`.base`."""
-    cell, inp, finals, per_step = layout.cell, x, [], []
-    mask_t = None if is_init is None else is_init.transpose(0, 1)  # [T, N]
-    recompute, ctx = opts.recompute == "full", opts.context
+    """``x [N, T, F]`` -> ``(y [N, T, P], carry, per-step carries)``; see :mod:`.base`. The layers run time-major."""
+    cell, ctx, recompute = layout.cell, opts.context, opts.recompute == "full"
+    inp = x.transpose(0, 1)  # [T, N, F]
+    mask = None if is_init is None else is_init.transpose(0, 1)  # [T, N]
+    finals, per_step = [], []
     for k in range(layout.num_layers):
         w = cell.layer_weights(params, layout, k)
         layer_carry = tuple([s[:, k] for s in carry])
         reset_k = () if reset is None else tuple([r[:, :, k].transpose(0, 1) for r in reset])  # [T, N, S]
-        tensors = (inp, mask_t, *layer_carry, *reset_k, *w.tensors())
+        weights = w.tensors()
+        tensors = (inp, mask, *layer_carry, *reset_k, *weights)
+        layer_inputs = (len(layer_carry), bool(reset_k), *tensors)
+        states = None
         if ctx.compiling and ensemble_scan.serves(recompute, *tensors):
             # compiled torch.vmap with autograd: the ensemble op (torch cannot vmap the layer below there)
-            states = ensemble_scan.layer_states(cell, recompute, len(layer_carry), bool(reset_k), *tensors)
-            final, ys = tuple([s[-1] for s in states]), states
+            states = ensemble_scan.layer_states(cell, recompute, *layer_inputs)
         elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors) \
                 and not ctx.forward and not (ctx.compiling and traced_under_grad()):  # autograd records the layer
-            layer_inputs = (len(layer_carry), bool(reset_k), *tensors)
             if ctx.compiling:
                 layer_inputs = _distinct(layer_inputs)
-            states = HandWrittenLayer.apply(cell, recompute, 0, *layer_inputs)[: len(layer_carry)]
-            final, ys = tuple([s[-1] for s in states]), states
+            states = HandWrittenLayer.apply(cell, recompute, ONE_MODEL, *layer_inputs)[: len(layer_carry)]
         else:
-            gi = F.linear(inp, w.weight_ih, w.bias_ih).transpose(0, 1)  # [T, N, G*H]
             keep = "states" if opts.segment_states else "h"
-            final, ys = scan_states(cell, w.tensors(), layer_carry, gi, mask_t, reset_k or None, keep)
-        # ``* 1``: each final carry's backward hands the scan a cotangent of its own, where a loss such as
-        # ``(h_T + c_T).sum()`` gives views of one tensor, which scan rejects ("scan might be aliasing")
-        finals.append(tuple([s * 1 for s in final]))
-        if opts.segment_states:
-            per_step.append(tuple([s.transpose(0, 1) for s in ys]))  # [N, T, S]
-        inp = between_layers(ys[0].transpose(0, 1), k, layout, opts.dropout, opts.training)
-    states = tuple([torch.stack(parts, dim=2) for parts in zip(*per_step)]) if opts.segment_states else None
-    return inp, tuple([torch.stack(parts, dim=1) for parts in zip(*finals)]), states
+            gi = F.linear(inp, w.weight_ih, w.bias_ih)  # [T, N, G*H]
+            final, ys = scan_states(cell, weights, layer_carry, gi, mask, reset_k, keep)
+        if states is not None:
+            # ``* 1``: each final carry's backward hands the scan a cotangent of its own, where a loss such as
+            # ``(h_T + c_T).sum()`` gives views of one tensor, which scan rejects ("scan might be aliasing")
+            final, ys = tuple([s[-1] * 1 for s in states]), states
+        finals.append(final)
+        per_step.append(ys)
+        inp = between_layers(ys[0], k, layout, opts.dropout, opts.training)
+    final = tuple([torch.stack(parts, dim=1) for parts in zip(*finals)])
+    if not opts.segment_states:
+        return inp.transpose(0, 1), final, None
+    return inp.transpose(0, 1), final, tuple([torch.stack(parts, dim=2).transpose(0, 1) for parts in zip(*per_step)])

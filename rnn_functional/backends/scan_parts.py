@@ -1,6 +1,5 @@
-"""The ``scan`` backend's layer over time (time loop, forward scan, :class:`HandWrittenLayer` with its hand-written
-reverse scan), shared by :mod:`.scan` and :mod:`.ensemble_scan`: written for one model, :class:`Members` applies it
-directly or vmapped over a leading members dim."""
+"""The ``scan`` backend's layer over time and :class:`HandWrittenLayer` (its hand-written reverse scan), for one
+model or, through :class:`Members`, an ensemble (:mod:`.ensemble_scan`)."""
 
 from __future__ import annotations
 
@@ -12,13 +11,13 @@ import torch.utils._pytree as pytree
 from torch._C._functorch import TransformType
 from torch._higher_order_ops import scan
 
-from ..cells import Carry, Cell, LayerWeights, apply_reset, broadcast_mask
+from ..cells import Carry, Cell, LayerWeights, apply_reset
 from .base import replayed_vjp
 
-__all__ = ["HandWrittenLayer", "Members", "contiguous_copy", "scan_states", "split_inputs", "time_loop"]
+__all__ = ["ONE_MODEL", "HandWrittenLayer", "Members", "contiguous_copy", "scan_states", "split_inputs", "time_loop"]
 
-# Inductor's donated buffers let a compiled backward through this layer overwrite memory it does not
-# own, giving silently wrong gradients (compile_tests/test_compile_donated_buffers.py). Read when a graph compiles.
+# Inductor's donated buffers let a compiled backward through this layer overwrite memory it does not own: silently
+# wrong gradients (compile_tests/test_compile_donated_buffers.py). Read when a graph compiles.
 torch._functorch.config.donated_buffer = False
 
 
@@ -38,15 +37,11 @@ def _outer_sum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Members:
-    """``count == 0``: one model (``inp [N, T, F]``, time-major ``[T, N, ...]``); ``count == E``: an ensemble, every
-    tensor with a leading members dim of ``E`` or 1 (shared)."""
+    """``count == 0``: one model (time-major ``[T, N, ...]``); ``count == E``: an ensemble, every tensor with a
+    members dim of ``E`` or 1 (shared), first (weights, carries) or after time (``[T, e, N, ...]``)."""
 
     count: int = 0
     static_shapes: bool = False  # scan with static shapes (the ensemble op's layers, see :func:`time_loop`)
-
-    @staticmethod
-    def of(members: int | Members) -> Members:
-        return members if isinstance(members, Members) else Members(members)
 
     def map(self, fn, *args):
         """``fn`` on each member's share of ``args`` (pytrees, members dim first; a members dim of 1 is shared)."""
@@ -62,7 +57,7 @@ class Members:
     def linear(self, inp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """Each member's ``F.linear``; a shared input meeting per-member weights is copied per member first (a batched
         GEMM with batch stride 0 is slow on CPU)."""
-        if self.count and inp.shape[0] == 1 and weight.shape[0] != 1:
+        if inp.shape[0] == 1 and weight.shape[0] != 1:
             inp = inp.expand(weight.shape[0], *inp.shape[1:]).contiguous()
         return self.map(F.linear, inp, weight, bias)
 
@@ -72,12 +67,6 @@ class Members:
     def members_first(self, t: torch.Tensor) -> torch.Tensor:  # [T, e, ...] <-> [e, T, ...]
         return t.movedim(1, 0) if self.count else t
 
-    def time_major(self, t: torch.Tensor | None, time_dim: int) -> torch.Tensor | None:  # per-member time_dim first
-        return None if t is None else t.movedim(time_dim + bool(self.count), 0)
-
-    def from_time_major(self, t: torch.Tensor, time_dim: int) -> torch.Tensor:  # inverse of time_major
-        return t.movedim(0, time_dim + bool(self.count))
-
     def rows_by_member(self, step_out: torch.Tensor) -> torch.Tensor:
         """A step's ``[E, N, G]`` as a fresh ``[N, E, G]``: stacked over time, each member's rows are equally spaced
         for the whole-sequence GEMMs (no layout copy)."""
@@ -86,11 +75,11 @@ class Members:
     def from_rows_by_member(self, stacked: torch.Tensor) -> torch.Tensor:  # [T, N, E, G] -> [T, E, N, G], a view
         return stacked.transpose(1, 2) if self.count else stacked
 
-    def expand(self, t: torch.Tensor) -> torch.Tensor:  # a carry [e, N, S] for every member
-        return t.expand(self.count, *t.shape[1:]) if self.count else t
+    def like(self, grad: torch.Tensor, t: torch.Tensor, dim: int = 0) -> torch.Tensor:  # summed where t is shared
+        return grad.sum(dim, keepdim=True) if self.count and t.shape[dim] == 1 and grad.shape[dim] != 1 else grad
 
-    def like(self, grad: torch.Tensor, t: torch.Tensor) -> torch.Tensor:  # summed over members where t is shared
-        return grad.sum(0, keepdim=True) if self.count and t.shape[0] == 1 and grad.shape[0] != 1 else grad
+
+ONE_MODEL = Members()
 
 
 def _batched_like_step(init, *reads: torch.Tensor | None):
@@ -101,19 +90,15 @@ def _batched_like_step(init, *reads: torch.Tensor | None):
     return pytree.tree_map(lambda s: contiguous_copy(s) + zero, init)
 
 
-def time_loop(step, init, xs: tuple, reads=(), reverse: bool = False, members: Members = Members()):
-    """``step(carry, xs_t) -> (carry, out_t)`` over the leading (time) dim of the tensors ``xs`` (``xs_t``: a tuple of
-    tensors, ``out_t``: a tuple of tuples of tensors); returns ``(final carry, outputs stacked on a new dim 0)``, with
-    ``reverse`` in the order run (index 0 = last step).
-
-    Compiled, torch's ``scan`` (``reads``: tensors the step closes over); eagerly a Python loop. An ensemble layer
-    (``members.static_shapes``) always scans, over time indices with static shapes: it is traced inside the ensemble
-    op, where Inductor's subgraph pass rejects symbolic sizes."""
+def time_loop(step, init, xs: tuple, reads=(), reverse: bool = False, members: Members = ONE_MODEL):
+    """``step(carry, xs_t) -> (carry, out_t)`` (``out_t`` a tuple of tuples) over dim 0 of ``xs`` -> ``(final carry,
+    outputs stacked in the order run)``: compiled, torch's ``scan`` (``reads``: the step's closed-over tensors), the
+    ensemble op's layers over time indices with static shapes (Inductor rejects symbolic sizes there); eagerly a loop."""
     if members.static_shapes:
         return _indexed_scan(step, init, xs, reads, reverse)
     if torch.compiler.is_compiling() and not traced_under_grad():
         return _scan(step, _batched_like_step(init, *reads), tuple([t.flip(0) for t in xs]) if reverse else xs)
-    per_step = list(zip(*[t.unbind(0) for t in xs]))  # [T] of each step's tensors: one unbind per tensor
+    per_step = list(zip(*map(torch.unbind, xs)))  # [T] of each step's tensors: one unbind per tensor
     carry, outs = init, []
     for xs_t in (per_step[::-1] if reverse else per_step):
         carry, out = step(carry, xs_t)
@@ -122,17 +107,15 @@ def time_loop(step, init, xs: tuple, reads=(), reverse: bool = False, members: M
 
 
 def traced_under_grad() -> bool:
-    """Whether ``torch.compile`` traces this call under ``torch.func.grad``/``vjp``/``jacrev`` (innermost): ``scan``
-    cannot be traced there ("Expected FakeTensor") nor a Function vmapped, so the loop unrolls over plain ops."""
-    if not torch.compiler.is_compiling():
-        return False
+    """Whether a compiled call (the caller checks) is traced under ``torch.func.grad``/``vjp``/``jacrev``
+    (innermost): ``scan`` cannot be traced there ("Expected FakeTensor") nor a Function vmapped: the loop unrolls."""
     return torch._C._are_functorch_transforms_active() and \
         torch._functorch.pyfunctorch.retrieve_current_functorch_interpreter().key() == TransformType.Grad
 
 
 def _indexed_scan(step, init, xs, reads, reverse: bool):
-    """:func:`time_loop` for an ensemble layer: a static-shape ``scan`` over time indices, each step reading its
-    slice of ``xs`` from the closure (fused indexed loads; scanning over ``xs`` would clone or flip them per call)."""
+    """A static-shape ``scan`` over time indices, each step reading its slice of ``xs`` from the closure (fused
+    indexed loads; scanning over ``xs`` would clone or flip them per call)."""
     count = xs[0].shape[0]
     order = (torch.arange(count - 1, -1, -1) if reverse else torch.arange(count)).to(xs[0].device)
 
@@ -161,30 +144,34 @@ def _scan(step, init, xs):
 
 
 def scan_states(cell: Cell, weights: tuple, carry: Carry, gi: torch.Tensor, mask, reset, keep: str,
-                members: Members = Members(), project: bool = False):
-    """Run one layer over time-major ``gi [T, N, G*H]`` (with ``project``: the layer's input ``[T, N, F]``, each
-    step projecting its own slice) from ``carry`` (tuple of ``[N, S]``); ``mask [T, N]`` / ``reset`` (tuple of
-    ``[T, N, S]``) apply the resets. Returns ``(final carry, ys)``, ``ys`` a tuple per ``keep``: ``"h"`` the output
-    ``[T, N, P]``, ``"states"`` every per-step carry, ``"saved"`` those and the activations each step saves for its
-    backward (``[T, N, ·]`` each). An ensemble puts the members dim before every ``N``.
-    """
-    xs = (gi,) if mask is None else (gi, broadcast_mask(mask, gi), *(reset or ()))  # mask [T, N, 1]
-    # compiled, outputs that alias nothing (scan's rule)
-    own = (lambda ts: tuple(map(contiguous_copy, ts))) if torch.compiler.is_compiling() or members.static_shapes \
-        else tuple
-    step_saving = lambda gi_t, c, wts, *start: cell.layer_step_saving(  # noqa: E731
-        gi_t, c, LayerWeights.from_tensors(wts), *start)
+                members: Members = ONE_MODEL):
+    """One layer over ``gi [T, N, G*H]`` from ``carry`` (``[N, S]`` each), ``mask [T, N]`` and ``reset``
+    (``[T, N, S]`` each) applying the resets -> ``(final carry, ys)``; ``ys`` per ``keep``: ``"h"`` the output,
+    ``"states"`` every step's carry, ``"saved"`` those and the activations the backward reads. An ensemble passes
+    its input ``[T, e, N, F]`` as ``gi``, each step projecting its own slice."""
+    xs = (gi,) if mask is None else (gi, mask.unsqueeze(-1), *(reset or ()))  # mask [T, N, 1]
+    copies = torch.compiler.is_compiling() or members.static_shapes  # compiled, outputs alias nothing (scan's rule)
+    w = LayerWeights.from_tensors(weights)
     reads_starts = mask is not None and cell.reads_starts  # the step's start mask [N, 1] is its reset mask
+
+    def member_step(gi_t, c, wts, *start):
+        return cell.layer_step_saving(gi_t, c, LayerWeights.from_tensors(wts), *start)
 
     def step(layer_carry, xs_t):  # xs_t: (gi, mask, *reset) or (gi,)
         if len(xs_t) > 1:
             layer_carry = apply_reset(layer_carry, xs_t[1], xs_t[2:] if len(xs_t) > 2 else None)
-        gi_t = members.linear(xs_t[0], *weights[:2]) if project else xs_t[0]
-        new, saved = members.map(step_saving, gi_t, layer_carry, weights, *xs_t[1:2 if reads_starts else 1])
-        return own(new), (own({"h": new[:1], "states": new, "saved": (*new, *saved)}[keep]),)
+        start = xs_t[1:2] if reads_starts else ()
+        if members.count:
+            gi_t = members.linear(xs_t[0], *weights[:2])
+            new, saved = members.map(member_step, gi_t, layer_carry, weights, *start)
+        else:
+            new, saved = cell.layer_step_saving(xs_t[0], layer_carry, w, *start)
+        out = {"h": new[:1], "states": new, "saved": (*new, *saved)}[keep]
+        if copies:
+            return tuple(map(contiguous_copy, new)), (tuple(map(contiguous_copy, out)),)
+        return new, (out,)
 
-    init = tuple(map(members.expand, carry))
-    carry, (ys,) = time_loop(step, init, xs, reads=(gi, *weights[2:], mask, *(reset or ())), members=members)
+    carry, (ys,) = time_loop(step, carry, xs, reads=(gi, *weights[2:], mask, *(reset or ())), members=members)
     return carry, ys
 
 
@@ -195,39 +182,32 @@ def split_inputs(rest, n_carry: int, has_reset: bool):
 
 
 class HandWrittenLayer(torch.autograd.Function):
-    """One layer over time whose backward is a hand-written reverse scan (see :mod:`.scan`).
-
-    ``apply(cell, recompute, members, n_carry, has_reset, inp [N, T, F], mask [T, N] | None, *carry0 ([N, S]),
-    *reset ([T, N, S], if has_reset), *LayerWeights.tensors())`` (``members``: 0, E or a :class:`Members`) returns
-    the carry after every step (``[T, (E,) N, S]`` each), then, unless ``recompute``, the saved activations.
-
-    The backward runs in reversed time, each step applying the cell's ``step_backward_saved`` (or ``step_backward``,
-    recomputing); weight, ``extra`` weight (not summed in the scan's carry: Inductor gave wrong gradients) and input
+    """One layer over time whose backward is a hand-written reverse scan (see :mod:`.scan`):
+    ``apply(cell, recompute, members, n_carry, has_reset, inp [T, N, F], mask [T, N] | None, *carry0 ([N, S]),
+    *reset ([T, N, S], if has_reset), *LayerWeights.tensors())`` -> the carry after every step (``[T, N, S]`` each),
+    then, unless ``recompute``, the saved activations. An ensemble has a members dim after ``T`` (``[E, N, S]``
+    carries). The backward steps the cell's ``step_backward_saved`` (or ``step_backward``) in reversed time; weight
+    gradients (``extra`` ones too: not summed in the scan's carry, where Inductor gave wrong ones) and input
     gradients are whole-sequence GEMMs after the loop. Not ``torch.func.vjp``, which refuses saved-tensor hooks.
     """
 
     generate_vmap_rule = True  # eager torch.vmap over stacked params runs forward and backward batched
 
     @staticmethod
-    def forward(cell: Cell, recompute: bool, members: int | Members, n_carry: int, has_reset: bool, inp, mask, *rest):
+    def forward(cell: Cell, recompute: bool, members: Members, n_carry: int, has_reset: bool, inp, mask, *rest):
         carry0, reset, weights = split_inputs(rest, n_carry, has_reset)
-        members = Members.of(members)
         # an ensemble projects step by step: the whole sequence's [T, E, N, G*H] would be allocated on every call
-        project = bool(members.count)
-        gi = members.time_major(inp if project else members.linear(inp, *weights[:2]), 1)  # [T, (e,) N, F or G*H]
-        mask, reset = members.time_major(mask, 0), reset and tuple([members.time_major(r, 0) for r in reset])
-        return scan_states(cell, weights, carry0, gi, mask, reset, "states" if recompute else "saved", members, project)[1]
+        gi = inp if members.count else F.linear(inp, *weights[:2])
+        return scan_states(cell, weights, carry0, gi, mask, reset, "states" if recompute else "saved", members)[1]
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        cell, recompute, members, n_carry, has_reset, inp, mask, *rest = inputs
-        carry0, reset, weights = split_inputs(rest, n_carry, has_reset)
-        saved = output[n_carry:]
-        ctx.mark_non_differentiable(*saved)
-        ctx.cell, ctx.members, ctx.n_carry, ctx.n_weights, ctx.n_reset = cell, Members.of(members), n_carry, len(weights), len(reset or ())
+        cell, _, members, n_carry, has_reset, inp, mask, *rest = inputs
+        ctx.mark_non_differentiable(*output[n_carry:])
+        ctx.cell, ctx.members, ctx.n_carry, ctx.has_reset, ctx.n_inputs = cell, members, n_carry, has_reset, len(rest)
         device = inp.device.type
         ctx.amp = device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)
-        ctx.save_for_backward(inp, mask, *carry0, *weights, *output, *(reset or ()))
+        ctx.save_for_backward(inp, mask, *rest, *output)
 
     @staticmethod
     def backward(ctx, *grad_outputs):
@@ -240,16 +220,15 @@ class HandWrittenLayer(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, grad_outputs):
+        n, cell, members = ctx.n_carry, ctx.cell, ctx.members
+        x, mask, *rest = ctx.saved_tensors  # x [T, (e,) N, F]
+        inputs, outputs = rest[: ctx.n_inputs], rest[ctx.n_inputs :]
         if torch.is_grad_enabled():  # create_graph=True (or torch.func.grad): this backward is differentiated too
-            return _replayed_backward(ctx, grad_outputs[: ctx.n_carry])
-        n, n_w, cell, members = ctx.n_carry, ctx.n_weights, ctx.cell, ctx.members
-        inp, mask, *rest = ctx.saved_tensors
-        carry0, weights, outputs = rest[:n], tuple(rest[n : n + n_w]), rest[n + n_w : len(rest) - ctx.n_reset]
-        reset = tuple(members.time_major(r, 0) for r in rest[len(rest) - ctx.n_reset :])
+            return _replayed_backward(ctx, x, mask, inputs, grad_outputs[:n])
+        carry0, reset, weights = split_inputs(inputs, n, ctx.has_reset)
+        reset = reset or ()
         states, saved, grad_states = outputs[:n], tuple(outputs[n:]), grad_outputs[:n]
         w = LayerWeights.from_tensors(weights)
-        mask_t = members.time_major(mask, 0)
-        x = members.time_major(inp, 1)  # [T, (e,) N, F]
         # Eagerly, one model runs the reverse scan in spans (:func:`_spans`) whose buffers stay in cache; compiled,
         # and for an ensemble, one span, each step's factors computed inside the scan's body.
         eager = not members.count and not torch.compiler.is_compiling()
@@ -259,8 +238,8 @@ class HandWrittenLayer(torch.autograd.Function):
         key = "x" if len(saved) == 0 else "factors" if eager else "saved"  # len: Dynamo cannot trace bool(tuple)
         # scan needs the carry in init's layout: vmap (and a block GRU with one-unit blocks) leaves it transposed
         own = contiguous_copy if members.count or torch.compiler.is_compiling() else (lambda t: t)
-        recomputes_starts = key == "x" and mask_t is not None and cell.reads_starts
-        n_mask = int(mask_t is not None)
+        recomputes_starts = key == "x" and mask is not None and cell.reads_starts
+        n_mask = int(mask is not None)
 
         def member_back(inputs, pre_t, wts, d_new, *start):
             wl = LayerWeights.from_tensors(wts)
@@ -273,7 +252,7 @@ class HandWrittenLayer(torch.autograd.Function):
             return tuple(grads.d_carry), grads.d_gi, d_gh, tuple(d for d in grads.d_extra if d is not None)
 
         def back_step(d_carry, xs_t):  # xs_t: (mask?, *pre, *g, *inputs) -> ((d_gi, d_gh?), d_reset, d_extra)
-            m = xs_t[0] if n_mask else None
+            m = xs_t[0] if n_mask else None  # [(e,) N, 1]
             pre_t, g_t = xs_t[n_mask : n_mask + n], xs_t[n_mask + n : n_mask + 2 * n]
             d_new = tuple(a + b for a, b in zip(d_carry, g_t))
             # the start mask where the step is recomputed (else among the saved activations)
@@ -281,8 +260,8 @@ class HandWrittenLayer(torch.autograd.Function):
             d_pre, d_gi, d_gh, d_extra = members.map(member_back, xs_t[n_mask + 2 * n :], pre_t, weights, d_new, *start)
             d_reset = ()
             if m is not None:  # where the carry was reset, its cotangent goes to reset_state (or nowhere)
-                d_reset = tuple(torch.where(broadcast_mask(m, d), d, 0.0) for d in d_pre[: len(reset)])
-                d_pre = tuple(torch.where(broadcast_mask(m, d), 0.0, d) for d in d_pre)
+                d_reset = tuple(torch.where(m, d, 0.0) for d in d_pre[: len(reset)])
+                d_pre = tuple(torch.where(m, 0.0, d) for d in d_pre)
             if torch.compiler.is_compiling():  # fresh: a cell's per-row factors may be views of the step's inputs
                 d_extra = tuple(map(contiguous_copy, d_extra))
             return tuple(map(own, d_pre)), (tuple(map(members.rows_by_member, (d_gi, *d_gh))), d_reset, d_extra)
@@ -294,29 +273,25 @@ class HandWrittenLayer(torch.autograd.Function):
             if start:
                 pre = tuple(s[start - 1 : end - 1] for s in states)
             else:  # one step more, then cut: a traced ``s[: end - 1]`` guards ``T - 1 != 1`` (T = 2 recompiled)
-                pre = tuple(torch.cat([members.expand(c0).unsqueeze(0), s[:end]])[:end]
-                            for c0, s in zip(carry0, states))
-            pre = apply_reset(pre, None if mask_t is None else mask_t[start:end], tuple(r[start:end] for r in reset) or None)
+                pre = tuple(torch.cat([c0.unsqueeze(0), s[:end]])[:end] for c0, s in zip(carry0, states))
+            pre = apply_reset(pre, None if mask is None else mask[start:end], tuple(r[start:end] for r in reset) or None)
             if key == "x":
                 inputs = (x[start:end],)
             else:
                 inputs = tuple(s[start:end] for s in saved)
                 inputs = cell.backward_factors(inputs, pre, w) if key == "factors" else inputs
-            masks = () if mask_t is None else (broadcast_mask(mask_t[start:end], x),)  # [C, N, 1]
+            masks = () if mask is None else (mask[start:end].unsqueeze(-1),)  # [C, (e,) N, 1]
             xs = (*masks, *pre, *(g[start:end] for g in grad_states), *inputs)
-            reads = (inp, mask, *pre, *grad_states, *reset, *saved, *(wt for wt in weights if wt is not None))
+            reads = (x, mask, *pre, *grad_states, *reset, *saved, *(wt for wt in weights if wt is not None))
             # reversed time: index 0 = step end - 1 (compiled, no ``reverse`` flips of the gate cotangents)
             acc, outs = time_loop(back_step, acc, xs, reads, reverse=True, members=members)
             weight_grads, part = _span_grads(cell, w, members, *outs, x[start:end], pre[0])
             totals = weight_grads if totals is None else [None if a is None else a + b for a, b in zip(totals, weight_grads)]
             parts.append(part)
-        time_dim = int(bool(members.count))  # of reset_state per member (x: after N)
-        d_x = _in_time_order([p[0] for p in parts], 1 + time_dim)
-        d_reset = tuple(members.like(_in_time_order([p[i] for p in parts], time_dim), r)
-                        for i, r in enumerate(rest[len(rest) - ctx.n_reset :], start=1))
+        # the time-major inputs' members dim is 1
+        d_x, *d_reset = (members.like(_in_time_order(pieces), t, 1) for pieces, t in zip(zip(*parts), (x, *reset)))
         d_weights = tuple(None if d is None else members.like(d, t) for d, t in zip(totals, weights))
-        d_carry0 = tuple(members.like(d, c) for d, c in zip(acc, carry0))
-        return (None, None, None, None, None, members.like(d_x, inp), None, *d_carry0, *d_reset, *d_weights)
+        return (None, None, None, None, None, d_x, None, *acc, *d_reset, *d_weights)
 
 
 CHUNK_BYTES = 256 * 1024
@@ -333,9 +308,7 @@ def _spans(steps: int, state_step: torch.Tensor) -> tuple[tuple[int, int], ...]:
 
 def _span_grads(cell: Cell, w: LayerWeights, members: Members, d_gates: tuple, d_reset: tuple, d_extra: tuple,
                 x: torch.Tensor, pre_h: torch.Tensor):
-    """One span's gradients from its reversed-time ``(d_gi, d_gh?)``, ``d_reset``, ``d_extra``, input
-    ``x [C, (e,) N, F]`` and first carry tensor before each step ``pre_h``: ``(weight gradients, summed by the caller
-    over spans, (d_x, *d_reset))``."""
+    """One span's ``(weight gradients, (d_x, *d_reset))`` from its reversed-time step outputs and inputs."""
     d_gi = members.from_rows_by_member(d_gates[0])  # [C, (E,) N, G*H], reversed time
     d_gh = members.from_rows_by_member(d_gates[-1])
     d_extra = iter(members.map_time_major(cell.reduce_extra_grads, *d_extra) if d_extra else ())
@@ -348,33 +321,27 @@ def _span_grads(cell: Cell, w: LayerWeights, members: Members, d_gates: tuple, d
         *(None if t is None else next(d_extra) for t in w.extra),
     ]
     d_x = members.map(torch.matmul, members.members_first(d_gi), w.weight_ih)  # [(E,) C, N, F], reversed time
-    d_x = members.from_time_major(members.members_first(d_x).flip(0), 1)
-    return weight_grads, (d_x, *(members.from_time_major(d.flip(0), 0) for d in d_reset))
+    return weight_grads, (members.members_first(d_x).flip(0), *(d.flip(0) for d in d_reset))
 
 
-def _in_time_order(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
-    """The spans' pieces (last span first) joined along their time ``dim``."""
-    return parts[0] if len(parts) == 1 else torch.cat(parts[::-1], dim=dim)
+def _in_time_order(parts) -> torch.Tensor:
+    """The spans' time-major pieces (last span first) joined."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts[::-1])
 
 
-def _replayed_backward(ctx, grad_states: tuple) -> tuple:
+def _replayed_backward(ctx, inp, mask, inputs: tuple, grad_states: tuple) -> tuple:
     """The backward when autograd records it (``create_graph=True``, ``torch.func``): :func:`~.base.replayed_vjp`
     of the plain steps (the hand-written scan treats saved activations as constants)."""
     if ctx.members.count:
-        raise RuntimeError(
-            "backend 'scan' under a compiled torch.vmap ensemble has no higher-order gradients (create_graph=True): "
-            "its backward is compiled once. Use backend='reference' for these derivatives of an ensemble."
-        )
-    n = ctx.n_carry
-    inp, mask, *rest = ctx.saved_tensors
-    reset = tuple(rest[len(rest) - ctx.n_reset :])
+        raise RuntimeError("backend 'scan' under a compiled torch.vmap ensemble has no higher-order gradients "
+                           "(create_graph=True): its backward is compiled once. Use backend='reference' for these "
+                           "derivatives of an ensemble.")
 
-    def states(x, *tensors):  # inp, *carry0, *reset, *weights: the forward's differentiable arguments, in order
-        carry0, reset_t, weights = split_inputs(tensors, n, ctx.n_reset > 0)
-        gi = F.linear(x, *weights[:2]).transpose(0, 1)  # [T, N, G*H], as the forward projects it
-        return scan_states(ctx.cell, weights, carry0, gi, mask, reset_t, "states")[1]
+    def states(x, *tensors):  # the forward's differentiable arguments, in order
+        carry0, reset, weights = split_inputs(tensors, ctx.n_carry, ctx.has_reset)
+        return scan_states(ctx.cell, weights, carry0, F.linear(x, *weights[:2]), mask, reset, "states")[1]
 
-    grads = replayed_vjp(states, (inp, *rest[:n], *reset, *rest[n : n + ctx.n_weights]), grad_states)
+    grads = replayed_vjp(states, (inp, *inputs), grad_states)
     needs = (ctx.needs_input_grad[5], *ctx.needs_input_grad[7:])
     grads = [g if need else None for g, need in zip(grads, needs)]
     return (None, None, None, None, None, grads[0], None, *grads[1:])

@@ -1,15 +1,10 @@
 """How a call runs: the :class:`Route` the functional layer picks (a backend, and how a call with interior resets
 lays out its segments), and those layouts (``docs/backends.md``, "Segment layouts").
 
-A *segment* is a maximal run of steps of one row between resets: it starts at ``t = 0`` or where ``is_init`` is
-True. No state crosses a reset, so the segments are independent sequences, each from its own initial carry (the
-incoming carry, reset where ``is_init[:, 0]``, for a segment at ``t = 0``; ``reset_state`` at its first step, or
-zeros, for the others). Re-batched, ``N`` rows of ``T`` steps become ``S`` rows of at most ``Lmax`` steps and no
-interior reset. ``buckets`` keeps unpacked calls, hence the fused CPU kernel (oneDNN's LSTM) and a backward linear
-in the steps, where a packed call's CPU backward zero-fills the whole input-projection gradient at every step.
-
-Segment counts and lengths come from the call's one host read of its mask (:func:`plan`): eager only. Under
-``torch.compile`` the one layout is ``aligned`` over a :func:`static_plan`.
+A *segment* is a maximal run of steps of one row between resets. No state crosses a reset, so re-batched, ``N`` rows
+of ``T`` steps become ``S`` independent rows of at most ``Lmax`` steps, each from its own initial carry. Counts and
+lengths come from the call's one host read of its mask (:func:`plan`): eager only; under ``torch.compile`` the one
+layout is ``aligned`` over a :func:`static_plan`.
 """
 
 from __future__ import annotations
@@ -37,9 +32,8 @@ _CHECKPOINTED = ("reference", "parallel")  # recompute="full" by activation chec
 
 
 class Result(NamedTuple):
-    """What a run returns: ``y [N, T, P]``, the ``final`` carry after the last step, the ``per_step`` carries
-    ``[N, T, L, ·]`` (``None`` unless ``opts.segment_states``) and whether those hold the segment-end states already
-    (each segment's final carry at its last step, zeros elsewhere)."""
+    """``y [N, T, P]``, the ``final`` carry, the ``per_step`` carries ``[N, T, L, ·]`` (with ``opts.segment_states``)
+    and whether those are the segment-end states already (zeros elsewhere)."""
 
     y: torch.Tensor
     final: Carry
@@ -51,13 +45,11 @@ class Result(NamedTuple):
 class SegmentPlan:
     """Where the segments of an ``[N, T]`` call lie: ``count`` segments, the longest ``max_len`` steps.
 
-    On the call's device: ``first [S]`` (each segment's first step, row-major over ``N * T``), ``lengths [S]`` and
-    ``last [N]`` (the segment that ends each row). From the call's one host read, NumPy arrays: ``lengths_host``,
-    ``order`` (the segments by decreasing length, stable) and ``rank`` (each segment's place in that order). ``slice_len``: ``L`` when every row is whole slices of
-    ``L < T`` steps from ``t = 0`` (the last one ``T mod L`` steps where ``L`` does not divide ``T``), else ``None``.
-    :attr:`seg_of` and :attr:`pos` (``[N, T]``: each step's segment and its index within it) are derived on first use.
-    ``static``: a :func:`static_plan`, without host values.
-    """
+    On the device: ``first [S]`` (each segment's first step, row-major over ``N * T``), ``lengths [S]``, ``last [N]``
+    (the segment ending each row). NumPy, from the host read: ``lengths_host``, ``order`` (by decreasing length,
+    stable), its inverse ``rank``. ``slice_len``: ``L`` when every row is whole slices of ``L < T`` steps from
+    ``t = 0``, else ``None``. :attr:`seg_of` and :attr:`pos` (``[N, T]``: each step's segment, its index in it) are
+    derived on first use. ``static``: a :func:`static_plan` (no host values)."""
 
     shape: tuple[int, int]
     first: torch.Tensor
@@ -91,8 +83,8 @@ class SegmentPlan:
 
 
 def segment_starts(is_init: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(first, lengths)``: every segment's first step (row-major flat index) and step count, of a call with resets
-    ``is_init [N, T]`` (a bool NumPy array, ``N, T > 0``; a row's first step starts a segment)."""
+    """``(first, lengths)``: every segment's first step (row-major flat index) and step count, of ``is_init [N, T]``
+    (a bool NumPy array; a row's first step starts a segment)."""
     starts = is_init.copy()
     starts[:, 0] = True
     first = np.flatnonzero(starts)
@@ -100,8 +92,7 @@ def segment_starts(is_init: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def plan(is_init: np.ndarray, device: torch.device) -> SegmentPlan | None:
-    """The segments of a call with resets ``is_init [N, T]`` (a bool NumPy array read from the call's mask), ``None``
-    without interior resets; the device tensors are copied to ``device`` (no read back)."""
+    """The segments of ``is_init [N, T]`` (a bool NumPy array), ``None`` without interior resets."""
     (n, t_len) = is_init.shape
     if t_len < 2 or not is_init[:, 1:].any():
         return None
@@ -116,15 +107,13 @@ def plan(is_init: np.ndarray, device: torch.device) -> SegmentPlan | None:
         regular = bool((lengths.reshape(n, per_row) == pattern).all())
     last = np.searchsorted(first, np.arange(1, n + 1) * t_len) - 1
     order = np.argsort(-lengths, kind="stable")
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
+    rank = np.argsort(order)  # the inverse permutation
     return SegmentPlan(is_init.shape, _to(first, device), _to(lengths, device), _to(last, device), lengths,
                        int(lengths.max()), len(first), length if regular else None, order, rank)
 
 
 def _to(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    """``a`` as an int64 tensor on ``device``. To CUDA through pinned memory, without waiting: a copy from pageable
-    memory synchronises the stream."""
+    """``a`` as an int64 tensor on ``device``; to CUDA through pinned memory (a pageable copy syncs the stream)."""
     t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
     return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 
@@ -144,8 +133,7 @@ def segment_lengths(seg_of: torch.Tensor, bound: int) -> torch.Tensor:
 
 def static_plan(is_init: torch.Tensor, slice_len: int, num_slices: int) -> SegmentPlan:
     """The segments of ``is_init [N, T]`` in a ``[num_slices, slice_len]`` block, from static shapes only (under
-    ``torch.compile``). Indices are clamped into the block, so a batch beyond the bounds (which the hint's check
-    rejects) never indexes out of it; rows of the block past the last segment hold no step."""
+    ``torch.compile``); indices clamped into the block, so a batch beyond the bounds never indexes out of it."""
     n, t_len = is_init.shape
     clamped = segment_index(is_init).clamp(max=num_slices - 1)
     lengths = segment_lengths(clamped, num_slices).clamp(1, slice_len)
@@ -177,8 +165,7 @@ class Route:
 
 def _initial_carries(p: SegmentPlan, carry: Carry, is_init: torch.Tensor, reset: Carry | None,
                      order: torch.Tensor | None = None) -> Carry:
-    """Every segment's carry before its first step, tuple of ``[S, L, ·]`` (in ``order`` where given): its row's
-    incoming carry, or ``reset`` (or zeros) where ``is_init`` is True at its first step (always, past ``t = 0``)."""
+    """Every segment's carry before its first step, ``[S, L, ·]`` each (in ``order``), reset where ``is_init``."""
     first = p.first if order is None else p.first[order]
     row, start = first // p.shape[1], first % p.shape[1]
     fill = None if reset is None else tuple([r[row, start] for r in reset])
@@ -197,10 +184,9 @@ def _dest(p: SegmentPlan, base: torch.Tensor) -> torch.Tensor:
 
 def _scatter(p: SegmentPlan, y_rows: torch.Tensor, dest: torch.Tensor, seg_final: Carry, opts: SequenceOptions,
              order: tuple[torch.Tensor, torch.Tensor] | None = None) -> Result:
-    """Block results back to the call's rows: ``y_rows [rows, P]`` (step ``i`` at row ``dest[i]``) and each
-    segment's final carry ``seg_final [S, L, ·]``, in segment order or, with ``order = (order, rank)``, in the order
-    ``order`` (``rank`` its inverse). The per-step carries are the segment-end states, but for a static plan, whose
-    per-step carries hold every step's segment final carry (its clamped ends can lie past the real segments)."""
+    """Block results back to the call's rows: ``y_rows [rows, P]`` (step ``i`` at row ``dest[i]``), each segment's
+    final carry ``seg_final [S, L, ·]`` (in segment order, or ``order = (order, rank)``), the segment-end states (a
+    static plan's: every step's segment final carry, as its clamped ends can lie past the real segments)."""
     n, t_len = p.shape
     y = y_rows.index_select(0, dest).view(n, t_len, -1)
     last = p.last if order is None else order[1][p.last]
@@ -251,9 +237,8 @@ def alive_per_step(p: SegmentPlan) -> np.ndarray:
 
 
 def buckets(lengths_sorted: np.ndarray) -> list[tuple[int, int, int, int]]:
-    """The buckets :func:`bucketed` runs for segments of these lengths (sorted, decreasing): ``(first, end, steps,
-    full)`` ranges cut where the length halves (at most 2x padded steps, about ``log2(Lmax)`` calls), ``full`` the
-    count of rows that end at the bucket's last step."""
+    """:func:`bucketed`'s ``(first, end, steps, full)`` ranges of these lengths (sorted, decreasing), cut where the
+    length halves (at most 2x padded steps); ``full``: the rows that end at the bucket's last step."""
     lengths, cut, first = lengths_sorted.tolist(), [], 0
     while first < len(lengths):
         end = first + 1
@@ -267,12 +252,9 @@ def buckets(lengths_sorted: np.ndarray) -> list[tuple[int, int, int, int]]:
 def bucketed(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, reset,
              opts: SequenceOptions) -> Result:
     """ATen's kernel (``pad``, one layer) on the segments of ``p`` in length buckets (:func:`buckets`), one unpacked
-    call each on its left-aligned block ``[S_b, L_b, F]``; the blocks lie one after the other in one buffer, filled by
-    one ``index_copy`` and read back by one ``index_select``.
-
-    Outputs at real steps are exact (padding follows them). A segment's final ``h`` is its output at its last step;
-    its other carry parts (the LSTM's ``c``), where it ends before its bucket, are recomputed from the outputs by the
-    cell (:meth:`~rnn_functional.cells.Cell.carry_rest_given_h`).
+    call each (keeping oneDNN's fused LSTM and a backward linear in the steps) on its left-aligned block, the blocks
+    in one buffer. A segment's final ``h`` is its output at its last step; where it ends before its bucket, its other
+    carry parts (the LSTM's ``c``) are recomputed from the outputs (:meth:`~rnn_functional.cells.Cell.carry_rest_given_h`).
     """
     lengths_sorted = p.lengths_host[p.order]
     cut = buckets(lengths_sorted)
@@ -285,8 +267,7 @@ def bucketed(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: C
     lengths_d = _to(lengths_sorted, x.device)
     dest = _dest(p, _to(base, x.device))
     h0 = _initial_carries(p, carry, is_init, reset, order)
-    # The buckets' inputs by one split each, not a slice per bucket: a slice's backward zero-fills a gradient of the
-    # whole buffer, once per bucket.
+    # one split, not a slice per bucket: each slice's backward would zero-fill a gradient of the whole buffer
     x_rows = x.new_zeros(int(steps_sorted.sum()), x.shape[-1]).index_copy(0, dest, x.reshape(-1, x.shape[-1]))
     x_b = x_rows.split((rows * steps).tolist())
     h0_b = list(zip(*[s.split(rows.tolist()) for s in h0]))
@@ -309,9 +290,8 @@ def bucketed(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: C
 
 
 def _other_finals(layout: Layout, params, x_block, h0: Carry, y_block, lengths: torch.Tensor) -> Carry:
-    """The carry parts after ``h`` after each row's last step, one layer: ``x_block [R, T, F]`` and ``y_block [R, T,
-    P]`` the rows' inputs and outputs, ``h0`` their initial carries ``[R, 1, ·]``, ``lengths [R]`` their step counts.
-    The cell follows its other parts from ``h0`` with ``h`` read from the outputs (they depend on nothing else)."""
+    """The carry parts after ``h`` after each row's last step (one layer), from the rows' inputs ``x_block [R, T, F]``,
+    outputs ``y_block [R, T, P]``, initial carries ``h0`` (``[R, 1, ·]``) and step counts ``lengths [R]``."""
     cell = layout.cell
     w = cell.layer_weights(params, layout, 0)
     gi = F.linear(x_block, w.weight_ih, w.bias_ih)
@@ -322,8 +302,7 @@ def _other_finals(layout: Layout, params, x_block, h0: Carry, y_block, lengths: 
 
 
 def slice_carries(slice_len: int, k: int, carry: Carry, reset: Carry | None) -> Carry:
-    """The carry before each of the ``k`` slices of every row, ``[N * k, ...]``: the call's for the first slice and,
-    for the others, the slice's reset state at its first step (zeros without ``reset``)."""
+    """The carry before each of the ``k`` slices of every row, ``[N * k, ...]``: the call's, then reset states."""
     n = carry[0].shape[0]
     later = (tuple([s.new_zeros(n, k - 1, *s.shape[1:]) for s in carry]) if reset is None
              else tuple([r[:, slice_len:k * slice_len:slice_len] for r in reset]))
@@ -331,8 +310,7 @@ def slice_carries(slice_len: int, k: int, carry: Carry, reset: Carry | None) -> 
 
 
 def merge_slices(n: int, t_len: int, y: torch.Tensor, final: Carry, per_step: Carry | None) -> Result:
-    """Results of ``[N * K, T / K]`` slices back to their rows: ``y [N, T, P]``, each row's last slice's final carry
-    and the per-step carries ``[N, T, ...]``."""
+    """Results of ``[N * K, T / K]`` slices back to their ``N`` rows."""
     k = final[0].shape[0] // n
     y = y.reshape(n, t_len, y.shape[-1])
     final = tuple([s.reshape(n, k, *s.shape[1:])[:, -1] for s in final])
@@ -343,11 +321,10 @@ def merge_slices(n: int, t_len: int, y: torch.Tensor, final: Carry, per_step: Ca
 
 def whole_slices(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: Carry, is_init, reset,
                  opts: SequenceOptions) -> Result:
-    """``pad`` on rows of slices of ``L = p.slice_len`` steps from ``t = 0`` (the last one ``T mod L`` steps where
-    ``L`` does not divide ``T``): the whole slices as one kernel call on the view ``[N * T // L, L]``, the shorter last
-    ones as a second call or, where the carry is ``h`` alone over one layer (the GRU: ``h`` is the output),
-    zero-padded to ``L`` steps in the same call (its final ``h`` is its output at ``T - 1``). No gather: every other
-    slice ends at its call's last step, so the kernel's final carries are the slices'."""
+    """``pad`` on rows of slices of ``L = p.slice_len`` steps from ``t = 0``: the whole slices as one kernel call on
+    the view ``[N * T // L, L]``; the shorter last ones (``T mod L`` steps) as a second call or, where the carry is
+    ``h`` alone over one layer, zero-padded in the same call (its final ``h`` is its output at ``T - 1``). Every other
+    slice ends at its call's last step: the kernel's final carries are the slices'."""
     slice_len = p.slice_len
     n, t_len = p.shape
     tail = t_len % slice_len
