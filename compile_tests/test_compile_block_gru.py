@@ -8,10 +8,13 @@ Sizes are tiny to keep the compiles few and short.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from compile_helpers import FAST, compile_stats
 from tensordict import TensorDict
+from torch import nn
 
 import rnn_functional as rf
 
@@ -156,3 +159,64 @@ def test_one_block_and_one_unit_blocks_compile_on_scan(num_blocks: int, compiler
     torch.testing.assert_close(got, want)
     for a, b in zip(torch.autograd.grad(got, list(params.values())), torch.autograd.grad(want, list(params.values()))):
         torch.testing.assert_close(a, b)
+
+
+_NEW_EPS = itertools.count(1)  # a new norm_eps per case: a cell no other test made
+
+
+# every kind of activation under fullgraph; the default compile and dynamic=True (its floats: SymFloats) once each
+@pytest.mark.parametrize("act,mode", [("tanh", "fullgraph"), ("lambda", "fullgraph"), ("torch.sin", "fullgraph"),
+                                      ("Sigmoid", "fullgraph"), ("Sigmoid", "default"), ("lambda", "dynamic")])
+def test_cell_first_made_inside_compile_fwd_bwd(act: str, mode: str) -> None:
+    """Block GRU and RSSM core, sequence and step, with hyperparameters first seen by a compiled call: their cells are
+    made at trace time, one graph without breaks, outputs and gradients equal eager (fp64). A traced table lookup
+    ahead of the maker left Dynamo a copy of the table without the cell the maker then made (fullgraph: KeyError;
+    default: graph breaks), and under ``dynamic=True`` the floats reached the constant-marked maker as ``SymFloat``
+    (refused)."""
+    activation = {"tanh": "tanh", "lambda": lambda v: torch.nn.functional.gelu(v), "torch.sin": torch.sin,
+                  "Sigmoid": nn.Sigmoid()}[act]
+    norm_eps, update_bias = 1e-4 * (1 + next(_NEW_EPS)), -0.5  # closure floats: SymFloats under dynamic=True
+    block = _params(layers=1)
+    g = torch.Generator().manual_seed(3)
+    rssm = rf.init_rssm_core_params(state_dim=2, action_dim=1, hidden_dim=P, belief_dim=H, num_blocks=NB,
+                                    dtype=torch.float64, generator=g).apply(lambda t: t.requires_grad_())
+    x = _case()[0]
+    xr = torch.randn(B, T, 3, generator=g, dtype=torch.float64).requires_grad_()
+
+    def fn(x, xr, block, rssm):
+        y, _ = rf.block_gru_sequence(x, None, block, activation=activation, norm_eps=norm_eps, update_bias=update_bias)
+        y1, _ = rf.block_gru_step(x[:, 0], None, block, activation=activation, norm_eps=norm_eps,
+                                  update_bias=update_bias)
+        b, _ = rf.rssm_core_sequence(xr, None, rssm, activation=activation, norm_eps=norm_eps)
+        b1, _ = rf.rssm_core_step(xr[:, 0], None, rssm, activation=activation, norm_eps=norm_eps)
+        return y.pow(2).sum() + y1.sum() + b.pow(2).sum() + b1.sum(), y, y1, b, b1
+
+    leaves = [x, xr, *block.values(), *rssm.values()]
+    compiled = torch.compile(fn, fullgraph=mode != "default", dynamic=mode == "dynamic", backend=FAST)
+    with compile_stats() as stats:
+        got = [_with_grads(compiled, leaves, x, xr, block, rssm) for _ in range(2)]  # the second: no recompile
+    assert stats.breaks == 0 and stats.graphs == 1, stats
+    want = _with_grads(fn, leaves, x, xr, block, rssm)
+    torch.testing.assert_close(got, [want, want])
+
+
+def test_modules_cell_first_made_inside_compile_fwd_bwd() -> None:
+    """``DreamerV3BlockGRU`` and ``DreamerV3BlockGRUCell`` with activations no call has seen yet, compiled fullgraph
+    with ``dynamic=True`` (their ``norm_eps``, ``update_bias``: ``SymFloat`` attributes): one graph, outputs and
+    gradients equal eager."""
+    torch.manual_seed(0)
+    kw = {"projection_size": P, "num_blocks": NB, "norm_eps": 1e-4 * (1 + next(_NEW_EPS))}
+    seq = rf.DreamerV3BlockGRU(F_IN, H, activation_class=nn.GELU, **kw).double()
+    cell = rf.DreamerV3BlockGRUCell(F_IN, H, activation_class=nn.Softsign(), **kw).double()
+    x, h0 = _case()[:2]
+
+    def fn(x, h0):
+        y, h = seq(x, h0[:, 0])
+        h1 = cell(x[:, 0], h0[:, 0])
+        return y.pow(2).sum() + h.sum() + h1.pow(2).sum(), y, h, h1
+
+    leaves = [x, h0, *seq.parameters(), *cell.parameters()]
+    with compile_stats() as stats:
+        got = _with_grads(torch.compile(fn, fullgraph=True, dynamic=True, backend=FAST), leaves, x, h0)
+    assert stats.breaks == 0 and stats.graphs == 1, stats
+    torch.testing.assert_close(got, _with_grads(fn, leaves, x, h0))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import types
 from collections.abc import Callable, Mapping
 
 import torch
@@ -328,6 +329,7 @@ def _block_outer(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 _CELLS: dict[tuple, BlockGRUCell] = {}
+_MADE = types.SimpleNamespace()  # the cells as attributes c<id>: Dynamo reads one as it is, a dict as it first saw it
 
 
 def block_gru_cell(activation: str | Callable = "silu", norm_eps: float = 1e-4, update_bias: float = -1.0,
@@ -335,23 +337,26 @@ def block_gru_cell(activation: str | Callable = "silu", norm_eps: float = 1e-4, 
     """The cell of ``kind`` (block GRU or RSSM core) for these hyperparameters, made on first use (a plain dict: Dynamo
     does not trace ``functools.cache``). ``activation``: a name of :data:`ACTIVATIONS` or an elementwise callable."""
     key = (kind, activation, float(norm_eps), float(update_bias))
-    cell = _CELLS.get(key)  # first: under torch.compile(dynamic=True) the floats are symbolic, which _make_cell refuses
-    if cell is None:
-        _make_cell(*key)
-        cell = _CELLS[key]
+    # traced, not _CELLS.get: Dynamo would guard on a miss that the cell _make_cell makes at once breaks
+    cell = None if torch.compiler.is_compiling() else _CELLS.get(key)
+    if cell is None:  # the floats as hex: under dynamic=True they are SymFloats, which .hex() specializes (guarded)
+        cell = getattr(_MADE, _make_cell(kind, activation, key[2].hex(), key[3].hex()))
     return cell
 
 
 @mark_constant_result
-def _make_cell(kind: type[BlockGRUCell], activation, *floats: float) -> None:
-    """Make the cell of these hyperparameters unless it exists, for real even while Dynamo traces: its constants
-    (:func:`_floats`) are read at trace time, before Dynamo would replay the writes."""
-    if (kind, activation, *floats) in _CELLS:
-        return
-    if not (activation in ACTIVATIONS if isinstance(activation, str) else callable(activation)):
-        raise ValueError(f"activation: expected one of {sorted(ACTIVATIONS)} or an elementwise callable (e.g. "
-                         f"torch.sin, nn.Sigmoid()), got {activation!r}.")
-    _CELLS[(kind, activation, *floats)] = register(kind(activation, *floats))
+def _make_cell(kind: type[BlockGRUCell], activation, *floats: str) -> str:
+    """The ``_MADE`` attribute of the cell of these hyperparameters (floats as hex), made unless it exists, for real
+    even while Dynamo traces: its constants (:func:`_floats`) are read at trace time."""
+    key = (kind, activation, *map(float.fromhex, floats))
+    cell = _CELLS.get(key)
+    if cell is None:
+        if not (activation in ACTIVATIONS if isinstance(activation, str) else callable(activation)):
+            raise ValueError(f"activation: expected one of {sorted(ACTIVATIONS)} or an elementwise callable (e.g. "
+                             f"torch.sin, nn.Sigmoid()), got {activation!r}.")
+        cell = _CELLS[key] = register(kind(activation, *key[2:]))
+        setattr(_MADE, f"c{id(cell)}", cell)
+    return f"c{id(cell)}"
 
 
 BLOCK_GRU = block_gru_cell()  # the other activations' default cells: in .rssm, with the RSSM core's
