@@ -1,14 +1,10 @@
-"""``triton``: fused LSTM/GRU layer kernels with in-kernel resets.
+"""``triton``: fused LSTM/GRU layer kernels with in-kernel resets; variants in docs/backends.md ("Triton kernels").
 
-Per layer, one op (:mod:`.ops`): one GEMM projects the input for all steps, then one kernel launch runs the whole
-time loop (recurrent matmul, gates, state update, the resets of ``is_init`` / ``reset_state``); its backward is one
-reverse-loop kernel plus whole-sequence GEMMs for the weight and input gradients. Layers compose in Python.
-``recompute="full"`` saves no per-step gates and replays the forward in the backward. The two kernel variants
-(persistent, streamed) are described in :mod:`.kernels`, picked by :func:`variant_for` (forced by
-:func:`kernel_variant`); their compiled resources are in ``benchmarks/results/`` (docs/backends.md).
-
-Limits: no ``proj_size``; params fp32, bf16 (fp32 accumulation and state) or fp64;
-``E * N * (T + 1) * 4 * H < 2**31`` (32-bit indexing). ``triton`` is imported only when a kernel runs.
+Per layer, one op (:mod:`.ops`): one GEMM projects the input for all steps, one kernel launch runs the time loop
+(recurrent matmul, gates, state update, the resets); its backward is one reverse-loop kernel plus whole-sequence
+GEMMs. ``recompute="full"`` saves no per-step gates and replays the forward in the backward. Limits: no
+``proj_size``; params fp32, bf16 (fp32 accumulation and state) or fp64; ``E * N * (T + 1) * 4 * H < 2**31`` (32-bit
+indexing). ``triton`` is imported only when a kernel runs.
 """
 
 from __future__ import annotations
@@ -29,7 +25,6 @@ __all__ = ["is_available", "check_supported", "kernel_variant", "serves", "varia
 # (a fullgraph compile of a CUDA call failed on it, docs/gpu.md).
 _INSTALLED = importlib.util.find_spec("triton") is not None
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-_DTYPES = (torch.float32, torch.bfloat16, torch.float64)
 _COMPUTE = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float64: "float64"}
 
 
@@ -61,7 +56,7 @@ def check_supported(layout: Layout, opts: SequenceOptions) -> None:
     if layout.proj_size:
         raise ValueError(f"backend 'triton' does not support proj_size (got proj_size={layout.proj_size}); "
                          f"use one of {others}.")
-    if layout.dtype not in _DTYPES:
+    if layout.dtype not in _COMPUTE:
         raise ValueError(f"backend 'triton' does not support params of dtype {layout.dtype} (supported: fp32, bf16, "
                          f"fp64); use one of {others}, or convert the params.")
     cdt = _compute_dtype(layout, opts)
@@ -84,31 +79,26 @@ def serves(layout: Layout, device: torch.device, opts: SequenceOptions | None = 
     return True
 
 
-def _layer_call(layout: Layout, params, k: int, inp: torch.Tensor, carry: Carry,
-                is_init, reset, opts: SequenceOptions, save: bool):
-    """Run layer ``k`` over ``inp [N, T, F_k]``. Returns ``(hs, cs)``, each ``[N, T+1, H]`` in ``inp``'s
-    dtype: the state before step 0 and after every step (``cs`` empty for GRU)."""
+def sequence(layout: Layout, params, x: torch.Tensor, carry: Carry, is_init, reset, opts: SequenceOptions):
+    """``x [N, T, F]`` -> ``(y [N, T, H], carry, per-step carries or None)``; see :mod:`..base`. One fused op per
+    layer, on ``[N, T, F_k]`` with an ensemble dim ``E=1``, returns ``(hs, cs)``, each ``[N, T+1, H]``: the state
+    before step 0 and after every step (``cs`` empty for GRU)."""
     from .ops import layer_ops
 
     lstm = kernel_family(layout).is_lstm
-    w = layout.cell.layer_weights(params, layout, k)
+    fwd = layer_ops(x.device).fwd
+    compute = _COMPUTE[_compute_dtype(layout, opts)]
+    precision = resolve_matmul_precision(opts.matmul_precision, x.device)
     one = lambda t: None if t is None else t.unsqueeze(0)  # noqa: E731 - the ensemble dim E=1
-    rh = None if reset is None else reset[0][:, :, k]
-    rc = None if (reset is None or not lstm) else reset[1][:, :, k]
-    hs, cs, _ = layer_ops(inp.device).fwd(
-        one(inp), one(w.weight_ih), one(w.bias_ih), one(w.weight_hh), one(w.bias_hh),
-        one(carry[0][:, k]), one(carry[1][:, k]) if lstm else None, one(is_init), one(rh), one(rc), lstm, save,
-        _COMPUTE[_compute_dtype(layout, opts)], resolve_matmul_precision(opts.matmul_precision, inp.device),
-    )
-    return hs[0].to(inp.dtype), cs[0].to(inp.dtype)  # states come in the accumulation dtype
-
-
-def sequence(layout: Layout, params, x: torch.Tensor, carry: Carry, is_init, reset, opts: SequenceOptions):
-    """``x [N, T, F]`` -> ``(y [N, T, H], carry, per-step carries or None)``; see :mod:`..base`."""
-    lstm = kernel_family(layout).is_lstm
     inp, per_layer = x, []  # (hs, cs) of every layer
     for k in range(layout.num_layers):
-        hs, cs = _layer_call(layout, params, k, inp, carry, is_init, reset, opts, opts.recompute == "none")
+        w = layout.cell.layer_weights(params, layout, k)
+        rh = None if reset is None else reset[0][:, :, k]
+        rc = None if (reset is None or not lstm) else reset[1][:, :, k]
+        hs, cs, _ = fwd(one(inp), one(w.weight_ih), one(w.bias_ih), one(w.weight_hh), one(w.bias_hh),
+                        one(carry[0][:, k]), one(carry[1][:, k]) if lstm else None, one(is_init), one(rh), one(rc),
+                        lstm, opts.recompute == "none", compute, precision)
+        hs, cs = hs[0].to(inp.dtype), cs[0].to(inp.dtype)  # states come in the accumulation dtype
         per_layer.append((hs, cs) if lstm else (hs,))
         inp = between_layers(hs[:, 1:], k, layout, opts.dropout, opts.training)
     new_carry = tuple(torch.stack([states[i][:, -1] for states in per_layer], dim=1) for i in range(len(carry)))

@@ -146,14 +146,16 @@ TILE = 32  # tile width of the streamed kernels (wider spills: benchmarks/triton
 
 
 @triton.jit
-def _w_tile(w_base, sw, g, H, ka, jb, TRANSPOSE: tl.constexpr, CDT: tl.constexpr, ACC: tl.constexpr,
-            UPCAST: tl.constexpr):
-    """Tile of gate ``g``: transposed ``[k, j] = w[g*H + j, k]`` (ka = k, jb = j) or ``[j, k] = w[g*H + j, k]``."""
+def _w_dot(a, w_base, sw, g, H, ka, jb, TRANSPOSE: tl.constexpr, CDT: tl.constexpr, ACC: tl.constexpr,
+           UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """``a`` times the tile of gate ``g``: transposed ``[k, j] = w[g*H + j, k]`` (ka = k, jb = j) or
+    ``[j, k] = w[g*H + j, k]``."""
     if TRANSPOSE:
         ptr = w_base + (g * H + jb[None, :]) * sw + ka[:, None]
     else:
         ptr = w_base + (g * H + ka[:, None]) * sw + jb[None, :]
-    return _operand(tl.load(ptr, mask=(ka[:, None] < H) & (jb[None, :] < H), other=0.0), CDT, ACC, UPCAST)
+    tile = _operand(tl.load(ptr, mask=(ka[:, None] < H) & (jb[None, :] < H), other=0.0), CDT, ACC, UPCAST)
+    return tl.dot(a, tile, input_precision=PREC, out_dtype=ACC)
 
 
 @triton.jit
@@ -215,15 +217,11 @@ def _rnn_fwd_tiled_kernel(
                 hk = _carry_in(hs_row + t * H + ck[None, :], rh_row + t * s_rh_t + ck[None, :], mk, init2,
                                HAS_INIT, HAS_RESET, ACC)
                 hk = _operand(hk, CDT, ACC, UPCAST)
-                a0 += tl.dot(hk, _w_tile(w_base, s_w_r, 0, H, ck, cj, True, CDT, ACC, UPCAST),
-                             input_precision=PREC, out_dtype=ACC)
-                a1 += tl.dot(hk, _w_tile(w_base, s_w_r, 1, H, ck, cj, True, CDT, ACC, UPCAST),
-                             input_precision=PREC, out_dtype=ACC)
-                a2 += tl.dot(hk, _w_tile(w_base, s_w_r, 2, H, ck, cj, True, CDT, ACC, UPCAST),
-                             input_precision=PREC, out_dtype=ACC)
+                a0 += _w_dot(hk, w_base, s_w_r, 0, H, ck, cj, True, CDT, ACC, UPCAST, PREC)
+                a1 += _w_dot(hk, w_base, s_w_r, 1, H, ck, cj, True, CDT, ACC, UPCAST, PREC)
+                a2 += _w_dot(hk, w_base, s_w_r, 2, H, ck, cj, True, CDT, ACC, UPCAST, PREC)
                 if IS_LSTM:
-                    a3 += tl.dot(hk, _w_tile(w_base, s_w_r, 3, H, ck, cj, True, CDT, ACC, UPCAST),
-                                 input_precision=PREC, out_dtype=ACC)
+                    a3 += _w_dot(hk, w_base, s_w_r, 3, H, ck, cj, True, CDT, ACC, UPCAST, PREC)
             if HAS_BIAS:
                 a0 += tl.load(b_base + cj, mask=cj < H, other=0.0).to(ACC)[None, :]
                 a1 += tl.load(b_base + H + cj, mask=cj < H, other=0.0).to(ACC)[None, :]
@@ -343,22 +341,18 @@ def _rnn_bwd_tiled_kernel(
                 m = rmask[:, None] & (cj < H)[None, :]
                 dgx_t = dgx_row + t * G * H + cj[None, :]
                 da = _operand(tl.load(dgx_t, mask=m, other=0.0), CDT, ACC, UPCAST)
-                acc += tl.dot(da, _w_tile(w_base, s_w_r, 0, H, cj, ck, False, CDT, ACC, UPCAST),
-                              input_precision=PREC, out_dtype=ACC)
+                acc += _w_dot(da, w_base, s_w_r, 0, H, cj, ck, False, CDT, ACC, UPCAST, PREC)
                 da = _operand(tl.load(dgx_t + H, mask=m, other=0.0), CDT, ACC, UPCAST)
-                acc += tl.dot(da, _w_tile(w_base, s_w_r, 1, H, cj, ck, False, CDT, ACC, UPCAST),
-                              input_precision=PREC, out_dtype=ACC)
+                acc += _w_dot(da, w_base, s_w_r, 1, H, cj, ck, False, CDT, ACC, UPCAST, PREC)
                 # GRU's third product is with the grad of W_hn h + b_hn, not of the input projection
                 if IS_LSTM:
                     da = _operand(tl.load(dgx_t + 2 * H, mask=m, other=0.0), CDT, ACC, UPCAST)
                 else:
                     da = _operand(tl.load(dgh_row + t * H + cj[None, :], mask=m, other=0.0), CDT, ACC, UPCAST)
-                acc += tl.dot(da, _w_tile(w_base, s_w_r, 2, H, cj, ck, False, CDT, ACC, UPCAST),
-                              input_precision=PREC, out_dtype=ACC)
+                acc += _w_dot(da, w_base, s_w_r, 2, H, cj, ck, False, CDT, ACC, UPCAST, PREC)
                 if IS_LSTM:
                     da = _operand(tl.load(dgx_t + 3 * H, mask=m, other=0.0), CDT, ACC, UPCAST)
-                    acc += tl.dot(da, _w_tile(w_base, s_w_r, 3, H, cj, ck, False, CDT, ACC, UPCAST),
-                                  input_precision=PREC, out_dtype=ACC)
+                    acc += _w_dot(da, w_base, s_w_r, 3, H, cj, ck, False, CDT, ACC, UPCAST, PREC)
             if HAS_INIT:
                 acc = _reset_grad(acc, drh_row + t * H + ck[None, :], mk, init2, HAS_RESET)
             tl.store(dh_row + ck[None, :], acc, mask=mk)

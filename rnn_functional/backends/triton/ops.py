@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ..base import replayed_vjp
 from . import kernels
-from .variant import variant_for
+from .variant import PLAN_SMS, variant_for
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # read once: triton.jit reads it at import too
 MAX_ELEMENTS = 2**31  # the kernels index their buffers with 32-bit integers
@@ -35,24 +35,11 @@ _LAUNCH_LOCK = threading.Lock() if INTERPRET else contextlib.nullcontext()
 
 def _opt(t: Optional[Tensor], dims: int, dummy: Tensor) -> tuple:
     """A pointer and its first ``dims`` strides, or a dummy pointer with zero strides."""
-    if t is None:
-        return (dummy,) + (0,) * dims
-    return (t,) + tuple(t.stride()[:dims])
+    return (dummy,) + (0,) * dims if t is None else (t,) + tuple(t.stride()[:dims])
 
 
 def _last_contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
     return t if t is None or t.stride(-1) == 1 else t.contiguous()
-
-
-def _kernel_dtypes(gx: Tensor, compute_dtype: str, precision: str) -> dict:
-    """Constexprs: accumulation dtype, operand dtype, ``tl.dot`` precision, operand upcast."""
-    return dict(
-        ACC=tl.float64 if gx.dtype == torch.float64 else tl.float32,
-        CDT=_TL[compute_dtype],
-        PREC=precision if compute_dtype == "float32" else "ieee",  # TF32 modes only apply to fp32 operands
-        # the interpreter's bf16 tl.dot is wrong: the bf16-rounded operands multiplied in fp32 (the same products)
-        UPCAST=INTERPRET and compute_dtype == "bfloat16",
-    )
 
 
 # (num_warps, num_stages) of the streamed kernels where the default (8, 3) spills, keyed by (cell, direction,
@@ -64,31 +51,42 @@ _STREAMED_LAUNCH = {
 }
 
 
-def _sms(device: torch.device) -> Optional[int]:
-    """SMs of a CUDA device (MIG slices count theirs), ``None`` elsewhere: the persistent grid's bound."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
-
-
-def _blocks(H: int, lstm: bool, compute_dtype: str, precision: str, direction: str, N: int = 0, E: int = 1,
-            sms: Optional[int] = None) -> tuple[str, dict]:
-    """The variant that serves this call (:func:`.variant.variant_for`) and its block-size and launch constexprs
-    (``direction``: ``"fwd"`` or ``"bwd"``), checked by the ahead-of-time build (``benchmarks/triton_aot.py``) to fit
-    shared memory without spills. Streamed: ``BLOCK_N``, ``BLOCK_T``; persistent: ``HS``, ``BK``, ``KC`` and the
-    grid's row-group programs ``P``, without prefetch across steps (``num_stages=1``)."""
+def _plan(direction: str, lstm: bool, H: int, N: int, E: int, dummy: Tensor, is_init: Optional[Tensor],
+          rh: Optional[Tensor], rc: Optional[Tensor], compute_dtype: str, precision: str,
+          sms: Optional[int]) -> tuple[Optional[int], tuple, dict]:
+    """What both launchers share: the persistent grid's row-group programs (``None``: the streamed kernels serve, see
+    :func:`.variant.variant_for`; on ``sms`` SMs, else this device's: MIG slices count theirs), the reset arguments
+    (``dummy`` where absent) and the constexprs: flags, dtypes, and block sizes checked by the ahead-of-time build
+    (``benchmarks/triton_aot.py``) to fit shared memory without spills. Streamed: ``BLOCK_N``, ``BLOCK_T``;
+    persistent: ``HS``, ``BK``, ``KC``, without prefetch across steps (``num_stages=1``), all steps in one launch
+    (``SYNC``)."""
+    init = None if is_init is None else is_init.to(torch.int8)
+    rh, rc = _last_contiguous(rh), _last_contiguous(rc)
+    resets = (*_opt(init, 3, dummy), *_opt(rh, 3, dummy), *_opt(rc, 3, dummy))
+    if not sms and dummy.device.type == "cuda":
+        sms = torch.cuda.get_device_properties(dummy.device).multi_processor_count
     G, itemsize = 4 if lstm else 3, _ITEMSIZE[compute_dtype]
-    variant = variant_for(H, G, itemsize, batch=N, ensemble=E, sms=sms)
-    if variant == "persistent":
-        from .variant import PLAN_SMS
-
+    programs = None
+    constexprs = dict(
+        IS_LSTM=lstm, HAS_INIT=init is not None, HAS_RESET=rh is not None,
+        ACC=tl.float64 if dummy.dtype == torch.float64 else tl.float32,  # the accumulation dtype
+        CDT=_TL[compute_dtype],  # the matmul operands'
+        PREC=precision if compute_dtype == "float32" else "ieee",  # TF32 modes only apply to fp32 operands
+        # the interpreter's bf16 tl.dot is wrong: the bf16-rounded operands multiplied in fp32 (the same products)
+        UPCAST=INTERPRET and compute_dtype == "bfloat16",
+    )
+    if variant_for(H, G, itemsize, batch=N, ensemble=E, sms=sms) == "persistent":
         hs, programs = kernels.persistent_plan(H, G, itemsize, N, E, sms or PLAN_SMS)
         # forward: [64, 64] carry chunks, one warpgroup; backward: [64, 128] output chunks, two (one spills)
         bk, warps = (min(H, 64), 4) if direction == "fwd" else (min(H, 128), 8)
-        return variant, dict(HS=hs, BK=bk, KC=H // bk, ROWS=kernels.PERSISTENT_ROWS, P=programs, num_warps=warps,
-                             num_stages=1)
-    operands = "bfloat16" if compute_dtype == "bfloat16" else precision
-    warps, stages = _STREAMED_LAUNCH.get(("lstm" if lstm else "gru", direction, operands), (8, 3))
-    block_t = min(kernels.TILE, max(16, triton.next_power_of_2(H)))  # tl.dot needs every dim >= 16
-    return variant, dict(BLOCK_N=BLOCK_N, BLOCK_T=block_t, num_warps=warps, num_stages=stages)
+        constexprs.update(HS=hs, BK=bk, KC=H // bk, ROWS=kernels.PERSISTENT_ROWS, num_warps=warps, num_stages=1,
+                          SYNC=True)
+    else:
+        operands = "bfloat16" if compute_dtype == "bfloat16" else precision
+        warps, stages = _STREAMED_LAUNCH.get(("lstm" if lstm else "gru", direction, operands), (8, 3))
+        block_t = min(kernels.TILE, max(16, triton.next_power_of_2(H)))  # tl.dot needs every dim >= 16
+        constexprs.update(BLOCK_N=BLOCK_N, BLOCK_T=block_t, num_warps=warps, num_stages=stages)
+    return programs, resets, constexprs
 
 
 def _input_projection(x: Tensor, w_ih: Tensor, b_ih: Optional[Tensor]) -> Tensor:
@@ -119,16 +117,12 @@ def fwd_launch(
     """
     E, N, T = gx.shape[:3]
     H = w.shape[-1]
-    w, b, h0, c0, rh, rc = map(_last_contiguous, (w, b, h0, c0, rh, rc))
-    init = None if is_init is None else is_init.to(torch.int8)
-    variant, blocks = _blocks(H, lstm, compute_dtype, precision, "fwd", N, E, sms if sms else _sms(gx.device))
-    constexprs = dict(IS_LSTM=lstm, HAS_BIAS=b is not None, HAS_INIT=init is not None, HAS_RESET=rh is not None,
-                      SAVE=save, **_kernel_dtypes(gx, compute_dtype, precision), **blocks)
+    w, b, h0, c0 = map(_last_contiguous, (w, b, h0, c0))
+    programs, resets, constexprs = _plan("fwd", lstm, H, N, E, gx, is_init, rh, rc, compute_dtype, precision, sms)
+    constexprs.update(HAS_BIAS=b is not None, SAVE=save)
     weights = (gx, *gx.stride()[:3], w, *w.stride()[:2], *_opt(b, 1, gx))
-    resets = (*_opt(init, 3, gx), *_opt(rh, 3, gx), *_opt(rc, 3, gx))
     outs = (hs, cs if lstm else hs, gates if save else hs)
-    if variant == "persistent":
-        programs = constexprs.pop("P")
+    if programs:
         hs[:, :, 0] = h0
         if lstm:
             cs[:, :, 0] = c0
@@ -136,7 +130,7 @@ def fwd_launch(
         carry[:, 0] = h0 if is_init is None else torch.where(is_init[:, :, :1], 0.0 if rh is None else rh[:, :, 0], h0)
         flags = torch.zeros(E * programs, dtype=torch.int32, device=gx.device)
         args = (*weights, *resets, *outs, carry, flags, N, T, H, 0, T)
-        return kernels._rnn_fwd_persistent_kernel, (H // blocks["HS"], programs, E), args, {**constexprs, "SYNC": True}
+        return kernels._rnn_fwd_persistent_kernel, (H // constexprs["HS"], programs, E), args, constexprs
     args = (*weights, h0, *h0.stride()[:2], *_opt(c0, 2, gx), *resets, *outs, N, T, H)
     return kernels._rnn_fwd_tiled_kernel, (triton.cdiv(N, BLOCK_N), E), args, constexprs
 
@@ -149,28 +143,24 @@ def bwd_launch(
     """The backward kernel, grid, arguments and constexprs (``gates``, ``hs``, ``cs``, ``dhs``, ``dcs`` and ``outs``
     from :func:`_bwd_outputs` contiguous). The persistent kernels leave ``dh0``/``dc0`` without
     ``dhs/dcs[:, :, 0]``, which :func:`_make_bwd` adds."""
-    w, rh, rc = map(_last_contiguous, (w, rh, rc))
+    w = _last_contiguous(w)
     dgx, dgh, dh0, dc0, drh, drc = outs
     E, N, T1, H = hs.shape
-    init = None if is_init is None else is_init.to(torch.int8)
-    variant, blocks = _blocks(H, lstm, compute_dtype, precision, "bwd", N, E, sms if sms else _sms(hs.device))
-    constexprs = dict(IS_LSTM=lstm, HAS_INIT=init is not None, HAS_RESET=rh is not None,
-                      **_kernel_dtypes(hs, compute_dtype, precision), **blocks)
+    programs, resets, constexprs = _plan("bwd", lstm, H, N, E, gates, is_init, rh, rc, compute_dtype, precision, sms)
     args = (
-        gates, hs, cs, w, *w.stride()[:2], *_opt(init, 3, gates), *_opt(rh, 3, gates), *_opt(rc, 3, gates),
+        gates, hs, cs, w, *w.stride()[:2], *resets,
         dhs, dcs, dgx, dgh if not lstm else dgx, dh0, dc0 if lstm else dh0,
         drh if rh is not None else dgx, drc if (rc is not None and lstm) else dgx,
     )
-    if variant == "persistent":
-        programs = constexprs.pop("P")
+    if programs:
         dh0.zero_()
         dc0.zero_()
         args += (
-            hs.new_empty((E, 2, H // blocks["HS"], N, H)),  # every slice's part of dh_prev, by step parity
+            hs.new_empty((E, 2, H // constexprs["HS"], N, H)),  # every slice's part of dh_prev, by step parity
             torch.zeros(E * programs, dtype=torch.int32, device=hs.device), N, T1 - 1, H, 0, T1 - 1,
         )
-        constexprs.update(SYNC=True, PHASE_A=True, PHASE_B=True)
-        return kernels._rnn_bwd_persistent_kernel, (H // blocks["HS"], programs, E), args, constexprs
+        constexprs.update(PHASE_A=True, PHASE_B=True)
+        return kernels._rnn_bwd_persistent_kernel, (H // constexprs["HS"], programs, E), args, constexprs
     # the streamed kernel keeps GRU's direct term dh * z in a scratch row per batch entry
     args += (dh0.new_empty((E, N, H)) if not lstm else dgx, N, T1 - 1, H)
     return kernels._rnn_bwd_tiled_kernel, (triton.cdiv(N, BLOCK_N), E), args, constexprs
@@ -191,7 +181,9 @@ def _launch(run: Callable, kernel, grid: tuple, args: tuple, constexprs: dict) -
                 run(kernel)[grid](*args[:-2], t, t + 1, **{**constexprs, "SYNC": False, **phase})
 
 
-def _make_fwd(run: Callable) -> Callable:
+def _make_fwd(run: Optional[Callable]) -> Callable:
+    """The forward op launching through ``run``; ``None``: its fake implementation (the outputs, no launch)."""
+
     def layer_fwd(
         x: Tensor, w_ih: Tensor, b_ih: Optional[Tensor], w: Tensor, b: Optional[Tensor], h0: Tensor,
         c0: Optional[Tensor], is_init: Optional[Tensor], rh: Optional[Tensor], rc: Optional[Tensor],
@@ -199,6 +191,8 @@ def _make_fwd(run: Callable) -> Callable:
     ) -> tuple[Tensor, Tensor, Tensor]:
         E, N, T, _ = x.shape
         H = w.shape[-1]
+        if run is None:
+            return _fwd_outputs(x, H, lstm, save)
         if E * N * (T + 1) * 4 * H >= MAX_ELEMENTS:
             raise ValueError(f"backend 'triton': E*N*(T+1)*4*H = {E * N * (T + 1) * 4 * H} exceeds the kernels' "
                              f"32-bit indexing ({MAX_ELEMENTS}); split the batch or the sequence, or use one of "
@@ -212,29 +206,28 @@ def _make_fwd(run: Callable) -> Callable:
     return layer_fwd
 
 
-def _fwd_fake(x, w_ih, b_ih, w, b, h0, c0, is_init, rh, rc, lstm, save, compute_dtype, precision):
-    return _fwd_outputs(x, w.shape[-1], lstm, save)
-
-
 def _bwd_outputs(gates: Tensor, hs: Tensor, lstm: bool, has_reset: bool) -> tuple:
     E, N, T1, H = hs.shape
     T, G = T1 - 1, 4 if lstm else 3
-    acc = gates.dtype
     dgx = gates.new_empty((E, N, T, G * H))
     dgh = gates.new_empty((E, N, T, H) if not lstm else (E, 0))
     dh0 = gates.new_empty((E, N, H))
     dc0 = gates.new_empty((E, N, H) if lstm else (E, 0))
-    drh = gates.new_empty((E, N, T, H) if has_reset else (E, 0), dtype=acc)
-    drc = gates.new_empty((E, N, T, H) if has_reset and lstm else (E, 0), dtype=acc)
+    drh = gates.new_empty((E, N, T, H) if has_reset else (E, 0))
+    drc = gates.new_empty((E, N, T, H) if has_reset and lstm else (E, 0))
     return dgx, dgh, dh0, dc0, drh, drc
 
 
-def _make_bwd(run: Callable) -> Callable:
+def _make_bwd(run: Optional[Callable]) -> Callable:
+    """The backward op launching through ``run``; ``None``: its fake implementation."""
+
     def layer_bwd(
         gates: Tensor, hs: Tensor, cs: Tensor, w: Tensor, is_init: Optional[Tensor],
         rh: Optional[Tensor], rc: Optional[Tensor], dhs: Tensor, dcs: Tensor,
         lstm: bool, compute_dtype: str, precision: str,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        if run is None:
+            return _bwd_outputs(gates, hs, lstm, rh is not None)
         gates, hs, dhs = gates.contiguous(), hs.contiguous(), dhs.contiguous()
         cs, dcs = (cs.contiguous(), dcs.contiguous()) if lstm else (hs, dhs)
         outs = _bwd_outputs(gates, hs, lstm, rh is not None)
@@ -250,25 +243,17 @@ def _make_bwd(run: Callable) -> Callable:
     return layer_bwd
 
 
-def _bwd_fake(gates, hs, cs, w, is_init, rh, rc, dhs, dcs, lstm, compute_dtype, precision):
-    return _bwd_outputs(gates, hs, lstm, rh is not None)
-
-
-class LayerOps(NamedTuple):
-    """The forward and backward op of one registration flavour."""
-
-    fwd: Callable
-    bwd: Callable
+LayerOps = NamedTuple("LayerOps", [("fwd", Callable), ("bwd", Callable)])  # the ops of one registration flavour
 
 
 def _register(opaque: bool) -> LayerOps:
     suffix = "_opaque" if opaque else ""
     ops = []
-    for name, make, fake in (("fwd", _make_fwd, _fwd_fake), ("bwd", _make_bwd, _bwd_fake)):
+    for name, make in (("fwd", _make_fwd), ("bwd", _make_bwd)):
         qualname = f"rnn_functional::triton_layer_{name}{suffix}"
         if opaque:
             op = torch.library.custom_op(qualname, mutates_args=())(make(lambda kernel: kernel))
-            op.register_fake(fake)
+            op.register_fake(make(None))
         else:
             op = torch.library.triton_op(qualname, mutates_args=())(make(torch.library.wrap_triton))
         torch.library.register_vmap(op, _fold_ensemble(op))
@@ -276,15 +261,6 @@ def _register(opaque: bool) -> LayerOps:
     layer = LayerOps(*ops)
     torch.library.register_autograd(layer.fwd, _make_backward(layer), setup_context=_setup_context)
     return layer
-
-
-def _reset_prev(states: Tensor, is_init: Optional[Tensor], reset: Optional[Tensor]) -> Tensor:
-    """The carry entering every step: ``states[:, :, :-1]`` replaced by the reset values (or 0) where ``is_init``."""
-    prev = states[:, :, :-1]
-    if is_init is None:
-        return prev
-    fill = reset.to(prev.dtype) if reset is not None else prev.new_zeros(())
-    return torch.where(is_init[..., None], fill, prev)
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -307,10 +283,16 @@ def _weight_grad(d_out: Tensor, inp: Tensor) -> Tensor:
 
 def _make_backward(layer: LayerOps) -> Callable:
     def backward(ctx, dhs: Tensor, dcs: Tensor, _dgates: Tensor) -> tuple:
-        if torch.is_grad_enabled():  # create_graph=True: the kernels' backward has no derivative of its own
-            return _replayed_backward(ctx, dhs, dcs)
         x, w_ih, w, is_init, rh, rc, hs, cs, gates, b_ih, b, h0, c0 = ctx.saved_tensors
         lstm = ctx.lstm
+        if torch.is_grad_enabled():  # create_graph=True: the kernels' backward has no derivative of its own, so
+            # replayed_vjp of layer_ref from the saved inputs (one more forward, in plain ops), exact to every order
+            def states(x, w_ih, b_ih, w, b, h0, c0, rh, rc):
+                return layer_ref(x, w_ih, b_ih, w, b, h0, c0, is_init, rh, rc, lstm)[: 2 if lstm else 1]
+
+            grads = replayed_vjp(states, (x, w_ih, b_ih, w, b, h0, c0, rh, rc), (dhs, dcs)[: 2 if lstm else 1])
+            dx, dw_ih, db_ih, dw, db, dh0, dc0, drh, drc = grads
+            return dx, dw_ih, db_ih, dw, db, dh0, dc0, None, drh, drc, None, None, None, None
         if not ctx.save:  # replay the forward (projection + kernel) to regenerate the gates
             _, _, gates = layer.fwd(
                 x, w_ih, b_ih, w, b, h0, c0, is_init, rh, rc, lstm, True, ctx.compute_dtype, ctx.precision
@@ -322,7 +304,10 @@ def _make_backward(layer: LayerOps) -> Callable:
         )
         H = w.shape[-1]
         d_rec = dgx if lstm else torch.cat([dgx[..., : 2 * H], dgh], dim=-1)  # grad of h @ W_hh^T + b_hh
-        h_prev = _reset_prev(hs, is_init, rh)
+        h_prev = hs[:, :, :-1]  # the carry entering every step: reset to rh (or 0) where is_init
+        if is_init is not None:
+            fill = rh.to(h_prev.dtype) if rh is not None else h_prev.new_zeros(())
+            h_prev = torch.where(is_init[..., None], fill, h_prev)
         # weight grads: GEMMs over all N * T rows
         dw_ih, dw = _weight_grad(dgx, x), _weight_grad(d_rec, h_prev)
         dx = torch.matmul(dgx, w_ih.to(dgx.dtype).unsqueeze(1))
@@ -366,20 +351,6 @@ def layer_ref(x: Tensor, w_ih: Tensor, b_ih: Optional[Tensor], w: Tensor, b: Opt
         hs.append(h)
         cs.append(c)
     return torch.stack(hs, 2), (torch.stack(cs, 2) if lstm else hs[0].new_empty((hs[0].shape[0], 0)))
-
-
-def _replayed_backward(ctx, dhs: Optional[Tensor], dcs: Optional[Tensor]) -> tuple:
-    """The backward when autograd records it (``create_graph=True``): :func:`~..base.replayed_vjp` of
-    :func:`layer_ref` from the saved inputs (one more forward, in plain ops), exact to every order."""
-    x, w_ih, w, is_init, rh, rc, hs, cs, _, b_ih, b, h0, c0 = ctx.saved_tensors
-
-    def states(x, w_ih, b_ih, w, b, h0, c0, rh, rc):
-        hs_, cs_ = layer_ref(x, w_ih, b_ih, w, b, h0, c0, is_init, rh, rc, ctx.lstm)
-        return (hs_, cs_) if ctx.lstm else (hs_,)
-
-    grads = replayed_vjp(states, (x, w_ih, b_ih, w, b, h0, c0, rh, rc), (dhs, dcs)[: 2 if ctx.lstm else 1])
-    dx, dw_ih, db_ih, dw, db, dh0, dc0, drh, drc = grads
-    return dx, dw_ih, db_ih, dw, db, dh0, dc0, None, drh, drc, None, None, None, None
 
 
 def _fold_ensemble(op: Callable) -> Callable:
