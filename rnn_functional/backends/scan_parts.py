@@ -3,6 +3,7 @@ model or, through :class:`Members`, an ensemble (:mod:`.ensemble_scan`)."""
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, replace
 
 import torch
@@ -140,6 +141,13 @@ def _allow_scan_lowering() -> bool:
 
 def _scan(step, init, xs):
     _allow_scan_lowering()
+    if torch._C._are_functorch_transforms_active():
+        # vmapped, scan slices xs by the batching fallback (select_copy has no rule), which specializes dynamic sizes
+        # mid-trace: the body's inputs keep symbols Dynamo never lifts ("Batching rule not implemented for
+        # aten::sym_size.int"). ``operator.index`` specializes them first (a guard each), as that trace would.
+        for t in pytree.tree_leaves((init, xs)):
+            for size in t.shape:
+                operator.index(size)
     return scan(step, init, xs)
 
 
