@@ -62,13 +62,6 @@ def call_context() -> CallContext:
     return CONTEXTS[False, _VMAP in kinds, forward or _GRAD in kinds, forward]
 
 
-def compiled_autograd() -> bool:
-    """Whether torch's compiled autograd will trace the backward of the call being compiled (read under
-    ``torch.compile`` only). It cannot trace a ``scan`` in a backward graph ("UncapturedHigherOrderOpError"), so
-    :func:`choose` runs ``reference``'s loop there."""
-    return torch._dynamo.compiled_autograd.compiled_autograd_enabled
-
-
 def check_options(
     *,
     backend: str = "auto",
@@ -182,9 +175,9 @@ class Canonical:
     reset: Carry | None
 
 
-def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: bool) -> Canonical:
-    """The call checked (every error names the argument, the expected and the actual) and flattened: the one place
-    the functions check their inputs (the messages are built only on error: a policy step checks every call)."""
+def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: bool) -> tuple[Layout, dict]:
+    """The call checked (every error names the argument, the expected and the actual): ``(layout, params)`` for
+    :func:`flatten`. The one place the functions check their inputs (the messages are built only on error)."""
     if not isinstance(params, Mapping) and not hasattr(params, "items"):
         raise TypeError(f"params must be a TensorDict (or a mapping) with {cell.params_doc}, got "
                         f"{type(params).__name__}. Build one with {cell.init_function}(...).")
@@ -210,15 +203,11 @@ def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: 
         raise ValueError("reset_state was given without is_init: it is only read where is_init is True. Pass is_init "
                          "too, or drop reset_state.")
     names, n = cell.state_names, len(cell.state_names)
-    carries = []
     for arg, value, shape, where in (("state", state, batch_shape, "*B, L"), ("reset_state", reset_state,
                                                                            batch_shape + time, "*B, T, L")):
-        if value is None:
-            carries.append(None)
-            continue
-        carry = (value,) if n == 1 and isinstance(value, torch.Tensor) else \
-            tuple(value) if n > 1 and isinstance(value, (tuple, list)) and len(value) == n else ()
-        if len(carry) != n:
+        carry = () if value is None else (value,) if n == 1 and isinstance(value, torch.Tensor) else \
+            tuple(value) if n > 1 and isinstance(value, (tuple, list)) and len(value) == n else None
+        if carry is None:
             raise _carry_error(cell, value, arg)
         for name, t, size in zip(names, carry, layout.state_sizes):
             if not isinstance(t, torch.Tensor):
@@ -230,22 +219,22 @@ def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: 
             if (t.dtype != dtype and t.dtype != autocast_dtype(layout)) or t.device != device:
                 raise ValueError(f"{arg} ({name}): expected dtype {dtype} on {device} (the params'), got {t.dtype} on "
                                  f"{t.device}. Convert it with .to(dtype=..., device=...) or convert the params.")
-        carries.append(carry)
     if is_init is not None:
         want = batch_shape + time
-        if not isinstance(is_init, torch.Tensor) or is_init.dtype != torch.bool:
+        if not isinstance(is_init, torch.Tensor) or is_init.dtype != torch.bool or \
+                is_init.shape != want and is_init.shape != want + (1,):
             raise _mask_error(is_init, want)
-        if is_init.shape != want:
-            if is_init.shape != want + (1,):
-                raise _mask_error(is_init, want)
-            is_init = is_init.squeeze(-1)
-    return flatten(layout, params, x, carries[0], is_init, carries[1], sequence)
+    return layout, params
 
 
-def flatten(layout: Layout, params: dict[str, torch.Tensor], x: torch.Tensor, carry: Carry | None,
-            is_init: torch.Tensor | None, reset: Carry | None, sequence: bool = True) -> Canonical:
-    """A checked call (shapes against ``layout``, ``is_init`` ``[*B(, T)]`` or with a trailing 1) with its batch
-    dims ``*B`` flattened into ``N``; ``carry`` ``None`` for zeros."""
+def flatten(layout: Layout, params: Mapping[str, torch.Tensor], x: torch.Tensor, carry: Carry | torch.Tensor | None,
+            is_init: torch.Tensor | None, reset: Carry | torch.Tensor | None, sequence: bool = True) -> Canonical:
+    """A checked call (shapes against ``layout``, ``is_init`` ``[*B(, T)]`` or with a trailing 1; ``carry`` and
+    ``reset`` a tensor or a tuple of them, as the functions take them; ``carry`` ``None`` for zeros) with its batch
+    dims ``*B`` flattened into ``N``."""
+    params = params if isinstance(params, dict) else dict(params.items())
+    carry = (carry,) if isinstance(carry, torch.Tensor) else carry
+    reset = (reset,) if isinstance(reset, torch.Tensor) else None if reset is None else tuple(reset)
     if torch.compiler.is_compiling():
         if torch.compiler.is_exporting():
             # torch's ``scan`` clones the tensors its step reads to trace it, and under non-strict export fails on one
@@ -261,7 +250,11 @@ def flatten(layout: Layout, params: dict[str, torch.Tensor], x: torch.Tensor, ca
                     torch.Tensor, lambda t: t.clone() if t.is_inference() else t, (x, is_init, carry, reset))
                 break
     if layout.cell.aten is not None and torch.is_autocast_enabled(layout.device.type):
-        layout, params, x, carry, reset = in_autocast_dtype(layout, params, x, carry, reset)
+        dtype = autocast_dtype(layout)
+        if dtype is not None:  # cast as autocast casts an op's arguments: autograd records the casts, so gradients
+            # reach the params and inputs in their own dtypes
+            layout, params, x = replace(layout, dtype=dtype), {k: v.to(dtype) for k, v in params.items()}, x.to(dtype)
+            carry, reset = [None if ts is None else tuple([t.to(dtype) for t in ts]) for ts in (carry, reset)]
     lead = 2 if sequence else 1
     batch_shape = tuple(x.shape[:-lead])
     if len(batch_shape) == 1 and carry is not None:  # flat already: a policy step
@@ -277,18 +270,6 @@ def flatten(layout: Layout, params: dict[str, torch.Tensor], x: torch.Tensor, ca
         tuple([_flat(t, (n, L, t.shape[-1])) for t in carry])
     reset = None if reset is None else tuple([_flat(t, (n, *time, L, t.shape[-1])) for t in reset])
     return Canonical(layout, params, batch_shape, x, carry, is_init, reset)
-
-
-def in_autocast_dtype(layout: Layout, params: Mapping[str, torch.Tensor], x: torch.Tensor, carry: Carry | None,
-                      reset: Carry | None):
-    """The call as it is, or under ``torch.autocast`` cast to :func:`autocast_dtype` as autocast casts an op's
-    arguments: autograd records the casts, so gradients reach the params and inputs in their own dtypes."""
-    dtype = autocast_dtype(layout)
-    if dtype is None:
-        return layout, params, x, carry, reset
-    cast = (lambda ts: None if ts is None else tuple([t.to(dtype) for t in ts]))  # noqa: E731
-    return (replace(layout, dtype=dtype), {k: v.to(dtype) for k, v in params.items()}, x.to(dtype), cast(carry),
-            cast(reset))
 
 
 def _flat(t: torch.Tensor, shape: tuple) -> torch.Tensor:
@@ -394,9 +375,11 @@ def reads_segments(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOpt
 
 def _compiled_loop() -> str:
     """``auto`` and ``pad`` under ``torch.compile``: ``scan``, or ``reference``'s loop (unrolled in the graph, as
-    torch's decomposition of ``nn.LSTM`` unrolls its loop) where compiled autograd traces the backward, which cannot
-    hold a ``scan``. Grad mode, not ``records_grad``: a vmapped tensor reports ``requires_grad=False``."""
-    return "reference" if torch.is_grad_enabled() and compiled_autograd() else "scan"
+    torch's decomposition of ``nn.LSTM`` unrolls its loop) where compiled autograd traces the backward: it cannot
+    hold a ``scan`` ("UncapturedHigherOrderOpError"). Grad mode, not ``records_grad``: a vmapped tensor reports
+    ``requires_grad=False``."""
+    return "reference" if torch.is_grad_enabled() and torch._dynamo.compiled_autograd.compiled_autograd_enabled \
+        else "scan"
 
 
 def auto(layout: Layout, x: torch.Tensor, opts: SequenceOptions, plan: SegmentPlan | None, records_grad: bool,
@@ -538,7 +521,7 @@ def sequence_route(cell: str, x: torch.Tensor, params: Mapping[str, torch.Tensor
     ``cell``: the function's prefix (``"lstm"``, ...); ``records_grad``: autograd records the call (``auto``'s choice
     depends on it). Reads ``is_init`` on the host as the call would; runs nothing."""
     check_options(backend=backend, recompute=recompute, segment_layout=segment_layout)
-    c = _canonicalize(CELLS[cell], x, None, params, is_init, None, sequence=True)
+    c = flatten(*_canonicalize(CELLS[cell], x, None, params, is_init, None, sequence=True), x, None, is_init, None)
     ctx = call_context()
     opts = SequenceOptions(recompute=recompute, context=ctx)
     plan = None
@@ -628,10 +611,8 @@ def entries(cell: Cell) -> tuple[Callable, Callable]:
         if layout is None:
             if backend not in STEP_BACKENDS or dropout:  # the unknown-name error first; resolve_step rejects 'scan'
                 check_options(backend=backend, dropout=dropout)
-            c = _canonicalize(cell, x, state, params, is_init, None, sequence=False)
-        else:
-            carry = None if state is None else (state,) if isinstance(state, torch.Tensor) else tuple(state)
-            c = flatten(layout, params if isinstance(params, dict) else dict(params), x, carry, is_init, None, False)
+            layout, params = _canonicalize(cell, x, state, params, is_init, None, sequence=False)
+        c = flatten(layout, params, x, state, is_init, None, False)
         x = c.x if cell.prepare_input is None else cell.prepare_input(c.params, c.x)
         # a cell that reads where segments start gets is_init [N, 1] (only the reference step serves such a cell)
         start = None if c.is_init is None or not cell.reads_starts else c.is_init.unsqueeze(-1)
@@ -674,12 +655,8 @@ def entries(cell: Cell) -> tuple[Callable, Callable]:
         if layout is None:
             check_options(backend=backend, recompute=recompute, dropout=dropout, matmul_precision=matmul_precision,
                           compute_dtype=compute_dtype, segment_layout=segment_layout)
-            c = _canonicalize(cell, x, state, params, is_init, reset_state, sequence=True)
-        else:
-            carry = None if state is None else (state,) if isinstance(state, torch.Tensor) else tuple(state)
-            reset = None if reset_state is None else (reset_state,) if isinstance(reset_state, torch.Tensor) else \
-                tuple(reset_state)
-            c = flatten(layout, params if isinstance(params, dict) else dict(params), x, carry, is_init, reset)
+            layout, params = _canonicalize(cell, x, state, params, is_init, reset_state, sequence=True)
+        c = flatten(layout, params, x, state, is_init, reset_state)
         ctx = call_context()
         opts = SequenceOptions(dropout, training, recompute, compute_dtype, matmul_precision, return_segment_states, ctx)
         n, t_len = c.x.shape[:2]
