@@ -1,12 +1,6 @@
-"""The functional layer's one entry: a call is checked once, its context read once, its route chosen once and run.
-
-The step and sequence functions of a cell (:func:`entries`; :func:`public_functions` names and documents them as
-``{cell}_step`` / ``{cell}_sequence``) validate a call (:func:`_canonicalize`; the modules, which check their own
-inputs, pass ``layout``), flatten its batch dims ``*B`` into ``N`` and hand one backend the canonical call of
-:mod:`rnn_functional.backends.base`. Which backend, and how a call with interior resets lays out its segments, is
-:func:`choose`'s rule (``auto``, ``docs/backends.md``); a backend that cannot serve the cell or an option raises a
-``ValueError`` naming itself and those that can. Empty calls and the segment-end states are handled here, once.
-"""
+"""The functional layer's one entry (:func:`entries`): a call is checked once (the modules, which check their own
+inputs, pass ``layout``), its context read once, its batch dims flattened and its route chosen once (:func:`choose`,
+``docs/backends.md``) and run. Empty calls and the segment-end states are handled here, once."""
 
 from __future__ import annotations
 
@@ -278,9 +272,7 @@ def _flat(t: torch.Tensor, shape: tuple) -> torch.Tensor:
 
 
 def restore(batch_shape: tuple, tensors: Carry) -> Carry:
-    """``[N, ...]`` tensors back to ``[*B, ...]`` (as they are for one batch dim)."""
-    if len(batch_shape) == 1:
-        return tuple(tensors)
+    """``[N, ...]`` tensors back to ``[*B, ...]``."""
     return tuple([t.reshape(batch_shape + tuple(t.shape[1:])) for t in tensors])
 
 
@@ -291,8 +283,8 @@ def _route(backend: str, layout: Layout, plan: SegmentPlan | None, records_grad:
            cuda: bool) -> Route:
     """``backend``'s route for an eager call with the segments ``plan`` (``None``: no interior reset), laid out as
     ``forced`` (``segment_layout``) or by the rule: ``pad`` runs whole slices as a view, else length buckets (one
-    layer under autograd on a CPU-fused kernel: oneDNN's LSTM keeps its fused kernel), else one packed call; the
-    loops run right-aligned segments where that at least halves the steps, else the rows."""
+    layer under autograd on a CPU-fused kernel), else one packed call; the loops run right-aligned segments where
+    that at least halves the steps, else the rows."""
     if plan is None:
         return Route(backend)
     if forced == "auto":
@@ -303,13 +295,13 @@ def _route(backend: str, layout: Layout, plan: SegmentPlan | None, records_grad:
         else:
             fused = layout.cell.aten.fused_on_cpu and not cuda
             forced = "buckets" if records_grad and layout.num_layers == 1 and fused else "packed"
-    why = {"buckets": f"it serves one layer (these params have {layout.num_layers})",
-           "slices": "this batch is not whole slices of one length from t = 0 (SliceSampler(strict_length=True))",
-           "aligned": f"the {layout.cell.title} reads where segments start, and right-aligned, a segment that "
-                      f"continues the incoming state would start with a reset"}
     serves = {"buckets": layout.num_layers == 1, "slices": plan.slice_len is not None,
               "aligned": not layout.cell.reads_starts}
     if forced not in LAYOUTS_OF[backend] or not serves.get(forced, True):
+        why = {"buckets": f"it serves one layer (these params have {layout.num_layers})",
+               "slices": "this batch is not whole slices of one length from t = 0 (SliceSampler(strict_length=True))",
+               "aligned": f"the {layout.cell.title} reads where segments start, and right-aligned, a segment that "
+                          f"continues the incoming state would start with a reset"}
         layouts = [name for name in LAYOUTS_OF[backend] if serves.get(name, True)]
         raise ValueError(f"segment_layout={forced!r} cannot serve this call on backend {backend!r}: "
                          f"{why.get(forced, '')}. Use one of {layouts} or segment_layout='auto'.")
@@ -317,10 +309,8 @@ def _route(backend: str, layout: Layout, plan: SegmentPlan | None, records_grad:
 
 
 def _check_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, step: bool = False) -> None:
-    """Raise unless ``triton`` has kernels for the cell (checked first: no device would serve it), runs on ``x``'s
-    device, the call is not differentiated in forward mode (its kernels have a reverse-mode backward
-    only: tangents would be dropped) and the kernels serve the params and ``opts`` (proj_size, dtype).
-    ``step``: the call is a step function's (the errors name the step backends)."""
+    """Raise unless ``triton`` has kernels for the cell, runs on ``x``'s device, the call is neither forward-mode AD nor
+    under ``torch.func``'s grad/vjp, and the kernels serve the params and ``opts``. ``step``: a step function's call."""
     triton_backend.kernel_family(layout)
 
     def serving() -> list[str]:  # for the errors only: not on the call's path
@@ -352,9 +342,8 @@ def _check_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, step: 
 
 
 def _auto_runs_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, ctx: CallContext) -> bool:
-    """Whether ``auto`` runs ``triton`` on CUDA ``x``: where it serves the call under ``torch.compile`` or ``torch.vmap``
-    (it compiles whole and vmaps in one launch), but not in plain eager mode where cuDNN (``pad``) serves it faster
-    (docs/gpu.md). The callers check ``x.is_cuda`` first: a CPU call asks nothing more."""
+    """Whether ``auto`` runs ``triton`` on CUDA ``x`` (the callers check ``x.is_cuda``): where it serves the call under
+    ``torch.compile`` or ``torch.vmap``, not in plain eager mode where cuDNN (``pad``) is faster (docs/gpu.md)."""
     if ctx.differentiated:
         return False
     cudnn = not ctx.traced and opts.recompute == "none" and layout.cell.aten is not None
@@ -364,8 +353,7 @@ def _auto_runs_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, ct
 def reads_segments(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, ctx: CallContext,
                    segment_layout: str = "auto") -> bool:
     """Whether an eager call with ``is_init`` reads it on the host to choose its route: ``pad``, ``auto`` (but not
-    where it runs ``triton`` or ``parallel``) and a forced ``segment_layout``. The others apply every reset on the
-    device."""
+    where it runs ``triton`` or ``parallel``) and a forced ``segment_layout``."""
     if segment_layout != "auto":
         return True
     if name == "auto":
@@ -489,9 +477,8 @@ def _step_backends(layout: Layout, x: torch.Tensor) -> list[str]:
 
 
 def _empty_call(c: Canonical, time: tuple) -> tuple[torch.Tensor, Carry, Carry]:
-    """A call in which no step runs (``N = 0`` or ``T = 0``): ``(y, carry, per-step carries)``, fresh tensors, the
-    carry the incoming one. An exact zero reading every input connects them to autograd, so a loss over an empty
-    batch backpropagates zeros into every input and parameter, as ``torch.nn`` does."""
+    """A call in which no step runs (``N = 0`` or ``T = 0``): ``(y, carry, per-step carries)``. An exact zero reading
+    every input connects them to autograd: an empty batch backpropagates zeros into every input, as ``torch.nn``."""
     inputs = (c.x, *c.carry, *(c.reset or ()), *c.params.values())
     zero = sum(t.flatten()[:0].sum() for t in inputs)
     n = c.x.shape[0]
