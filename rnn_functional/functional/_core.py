@@ -636,9 +636,8 @@ def entries(cell: Cell) -> tuple[Callable, Callable]:
         segment_layout: str = "auto",
         layout: Layout | None = None,
     ):
-        # Eager pad and auto (but not where auto runs triton or parallel), and a forced segment_layout, read is_init
-        # on the host once (reads_segments): a call whose resets all lie at t = 0 runs reset-free, one with interior
-        # resets gets the plan of its segments. The other backends apply every reset on the device.
+        # where reads_segments says so, is_init is read on the host once: resets all at t = 0 run reset-free, interior
+        # ones get the plan of their segments; the other backends apply every reset on the device
         if layout is None:
             check_options(backend=backend, recompute=recompute, dropout=dropout, matmul_precision=matmul_precision,
                           compute_dtype=compute_dtype, segment_layout=segment_layout)
@@ -680,11 +679,10 @@ def entries(cell: Cell) -> tuple[Callable, Callable]:
             y, final, per_step, ends = route.run(c.layout, c.params, *call,
                                                 opts if call[2] is not None else opts.without_segment_states())
             seg = None
-            if opts.segment_states:
-                if call[2] is None:  # no interior reset: the segment states are the final carry at the last step
-                    seg = final_at_last_step(final, call[0].shape[1])
-                else:
-                    seg = per_step if ends else keep_segment_ends(per_step, call[2])
+            if opts.segment_states and call[2] is None:  # no interior reset: the final carry at the last step
+                seg = final_at_last_step(final, call[0].shape[1])
+            elif opts.segment_states:
+                seg = per_step if ends else keep_segment_ends(per_step, call[2])
             if reshaped:
                 y, final, seg, _ = segments.merge_slices(n, t_len, y, final, seg)
             if records_grad:  # the final carry can be the last step's own, read by y and seg: a node of its own, as
