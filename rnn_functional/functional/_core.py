@@ -191,9 +191,7 @@ def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: 
                          f"with x.to(dtype=..., device=...) or convert the params.")
     batch_shape = tuple(x.shape[:-lead])
     time = tuple(x.shape[-2:-1]) if sequence else ()
-    if reset_state is not None and (not sequence or is_init is None):
-        if not sequence:
-            raise TypeError("reset_state is only accepted by the sequence functions.")
+    if reset_state is not None and is_init is None:  # (the step functions take no reset_state)
         raise ValueError("reset_state was given without is_init: it is only read where is_init is True. Pass is_init "
                          "too, or drop reset_state.")
     names, n = cell.state_names, len(cell.state_names)
