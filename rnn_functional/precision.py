@@ -1,13 +1,6 @@
-"""Precision of the recurrent matmul in the ``triton`` backend (``docs/backends.md``, "Precision").
-
-Modes: ``"ieee"`` (IEEE fp32 products), ``"tf32"`` (one TF32 product, cuDNN's default), ``"tf32x3"`` (three TF32
-products compensating the rounding); presets ``"fast"`` / ``"high-prec"`` (``"tf32"`` / ``"tf32x3"`` where the GPU
-has TF32, else ``"ieee"``); ``"auto"`` defers to the next source. Sources, first set and not ``"auto"`` wins: the
-call's ``matmul_precision``, :func:`set_recurrent_matmul_precision`, the environment variable
-``RNN_FUNCTIONAL_PRECISION`` (also torch's names), torch's fp32 matmul precision when changed from ``"highest"``
-(``get_float32_matmul_precision()`` or ``torch.backends.cuda.matmul.fp32_precision``), and last cuDNN's RNN rule:
-``"fast"`` while ``torch.backends.cudnn.allow_tf32`` (``cudnn.rnn.fp32_precision``), else ``"ieee"``.
-"""
+"""Precision of the recurrent matmul in the ``triton`` backend: ``"ieee"`` (IEEE fp32 products), ``"tf32"`` (one TF32
+product, cuDNN's default), ``"tf32x3"`` (three TF32 products compensating the rounding); presets ``"fast"`` /
+``"high-prec"``; ``"auto"`` defers to the next source (the order: ``docs/backends.md``, "Precision")."""
 
 from __future__ import annotations
 
@@ -35,7 +28,7 @@ def check_mode(mode: str, arg: str = "matmul_precision") -> str:
 
 
 def set_recurrent_matmul_precision(mode: str) -> None:
-    """Set the process-wide recurrent matmul precision (``"auto"`` clears it). See the module doc."""
+    """Set the process-wide recurrent matmul precision (``"auto"`` clears it). See ``docs/backends.md``, "Precision"."""
     global _global_mode
     _global_mode = check_mode(mode, "set_recurrent_matmul_precision(mode)")
 
@@ -59,9 +52,8 @@ def _env_mode() -> str | None:
 
 def _from_torch() -> str:
     """torch's own settings as a mode: its fp32 matmul precision where the user changed it, else cuDNN's RNN rule
-    (TF32 while cuDNN's RNNs may use it). ``cudnn.rnn.fp32_precision`` follows both of torch's TF32 APIs, but
-    ``get_float32_matmul_precision()`` raises once the user has set the per-backend API
-    (``torch.backends.cuda.matmul.fp32_precision``): that setting is then read instead, its ``"tf32"`` as ``"fast"``."""
+    (TF32 while cuDNN's RNNs may use it). ``get_float32_matmul_precision()`` raises once the user has set the
+    per-backend API: ``torch.backends.cuda.matmul.fp32_precision`` is then read instead."""
     try:
         torch_mode = torch.get_float32_matmul_precision()
     except RuntimeError:  # "mix of the legacy and new APIs"

@@ -1,9 +1,4 @@
-"""The public step and sequence functions: one line per cell registers it and builds them.
-
-``{name}_step(x, state, params, *, is_init=None, backend="auto")`` and ``{name}_sequence(x,
-state, params, *, is_init=None, reset_state=None, backend="auto", dropout=0.0, ...)`` for
-every cell; see :mod:`._core`.
-"""
+"""The public ``{name}_step`` and ``{name}_sequence`` functions: one line per cell builds them (see :mod:`._core`)."""
 
 from ..cells.gru import GRU
 from ..cells.lstm import LSTM

@@ -1,12 +1,6 @@
-"""The functional layer's one entry: a call is checked once, its context read once, its route chosen once and run.
-
-The step and sequence functions of a cell (:func:`entries`; :func:`public_functions` names and documents them as
-``{cell}_step`` / ``{cell}_sequence``) validate a call (:func:`_canonicalize`; the modules, which check their own
-inputs, pass ``layout``), flatten its batch dims ``*B`` into ``N`` and hand one backend the canonical call of
-:mod:`rnn_functional.backends.base`. Which backend, and how a call with interior resets lays out its segments, is
-:func:`choose`'s rule (``auto``, ``docs/backends.md``); a backend that cannot serve the cell or an option raises a
-``ValueError`` naming itself and those that can. Empty calls and the segment-end states are handled here, once.
-"""
+"""The functional layer's one entry (:func:`entries`): a call is checked once (the modules, which check their own
+inputs, pass ``layout``), its context read once, its batch dims flattened and its route chosen once (:func:`choose`,
+``docs/backends.md``) and run. Empty calls and the segment-end states are handled here, once."""
 
 from __future__ import annotations
 
@@ -60,13 +54,6 @@ def call_context() -> CallContext:
     kinds = {interpreter.key() for interpreter in stack}
     forward = dual or _JVP in kinds
     return CONTEXTS[False, _VMAP in kinds, forward or _GRAD in kinds, forward]
-
-
-def compiled_autograd() -> bool:
-    """Whether torch's compiled autograd will trace the backward of the call being compiled (read under
-    ``torch.compile`` only). It cannot trace a ``scan`` in a backward graph ("UncapturedHigherOrderOpError"), so
-    :func:`choose` runs ``reference``'s loop there."""
-    return torch._dynamo.compiled_autograd.compiled_autograd_enabled
 
 
 def check_options(
@@ -182,9 +169,9 @@ class Canonical:
     reset: Carry | None
 
 
-def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: bool) -> Canonical:
-    """The call checked (every error names the argument, the expected and the actual) and flattened: the one place
-    the functions check their inputs (the messages are built only on error: a policy step checks every call)."""
+def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: bool) -> tuple[Layout, dict]:
+    """The call checked (every error names the argument, the expected and the actual): ``(layout, params)`` for
+    :func:`flatten`. The one place the functions check their inputs (the messages are built only on error)."""
     if not isinstance(params, Mapping) and not hasattr(params, "items"):
         raise TypeError(f"params must be a TensorDict (or a mapping) with {cell.params_doc}, got "
                         f"{type(params).__name__}. Build one with {cell.init_function}(...).")
@@ -204,21 +191,15 @@ def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: 
                          f"with x.to(dtype=..., device=...) or convert the params.")
     batch_shape = tuple(x.shape[:-lead])
     time = tuple(x.shape[-2:-1]) if sequence else ()
-    if reset_state is not None and (not sequence or is_init is None):
-        if not sequence:
-            raise TypeError("reset_state is only accepted by the sequence functions.")
+    if reset_state is not None and is_init is None:  # (the step functions take no reset_state)
         raise ValueError("reset_state was given without is_init: it is only read where is_init is True. Pass is_init "
                          "too, or drop reset_state.")
     names, n = cell.state_names, len(cell.state_names)
-    carries = []
     for arg, value, shape, where in (("state", state, batch_shape, "*B, L"), ("reset_state", reset_state,
                                                                            batch_shape + time, "*B, T, L")):
-        if value is None:
-            carries.append(None)
-            continue
-        carry = (value,) if n == 1 and isinstance(value, torch.Tensor) else \
-            tuple(value) if n > 1 and isinstance(value, (tuple, list)) and len(value) == n else ()
-        if len(carry) != n:
+        carry = () if value is None else (value,) if n == 1 and isinstance(value, torch.Tensor) else \
+            tuple(value) if n > 1 and isinstance(value, (tuple, list)) and len(value) == n else None
+        if carry is None:
             raise _carry_error(cell, value, arg)
         for name, t, size in zip(names, carry, layout.state_sizes):
             if not isinstance(t, torch.Tensor):
@@ -230,22 +211,22 @@ def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: 
             if (t.dtype != dtype and t.dtype != autocast_dtype(layout)) or t.device != device:
                 raise ValueError(f"{arg} ({name}): expected dtype {dtype} on {device} (the params'), got {t.dtype} on "
                                  f"{t.device}. Convert it with .to(dtype=..., device=...) or convert the params.")
-        carries.append(carry)
     if is_init is not None:
         want = batch_shape + time
-        if not isinstance(is_init, torch.Tensor) or is_init.dtype != torch.bool:
+        if not isinstance(is_init, torch.Tensor) or is_init.dtype != torch.bool or \
+                is_init.shape != want and is_init.shape != want + (1,):
             raise _mask_error(is_init, want)
-        if is_init.shape != want:
-            if is_init.shape != want + (1,):
-                raise _mask_error(is_init, want)
-            is_init = is_init.squeeze(-1)
-    return flatten(layout, params, x, carries[0], is_init, carries[1], sequence)
+    return layout, params
 
 
-def flatten(layout: Layout, params: dict[str, torch.Tensor], x: torch.Tensor, carry: Carry | None,
-            is_init: torch.Tensor | None, reset: Carry | None, sequence: bool = True) -> Canonical:
-    """A checked call (shapes against ``layout``, ``is_init`` ``[*B(, T)]`` or with a trailing 1) with its batch
-    dims ``*B`` flattened into ``N``; ``carry`` ``None`` for zeros."""
+def flatten(layout: Layout, params: Mapping[str, torch.Tensor], x: torch.Tensor, carry: Carry | torch.Tensor | None,
+            is_init: torch.Tensor | None, reset: Carry | torch.Tensor | None, sequence: bool = True) -> Canonical:
+    """A checked call (shapes against ``layout``, ``is_init`` ``[*B(, T)]`` or with a trailing 1; ``carry`` and
+    ``reset`` a tensor or a tuple of them, as the functions take them; ``carry`` ``None`` for zeros) with its batch
+    dims ``*B`` flattened into ``N``."""
+    params = params if isinstance(params, dict) else dict(params.items())
+    carry = (carry,) if isinstance(carry, torch.Tensor) else carry
+    reset = (reset,) if isinstance(reset, torch.Tensor) else None if reset is None else tuple(reset)
     if torch.compiler.is_compiling():
         if torch.compiler.is_exporting():
             # torch's ``scan`` clones the tensors its step reads to trace it, and under non-strict export fails on one
@@ -261,7 +242,11 @@ def flatten(layout: Layout, params: dict[str, torch.Tensor], x: torch.Tensor, ca
                     torch.Tensor, lambda t: t.clone() if t.is_inference() else t, (x, is_init, carry, reset))
                 break
     if layout.cell.aten is not None and torch.is_autocast_enabled(layout.device.type):
-        layout, params, x, carry, reset = in_autocast_dtype(layout, params, x, carry, reset)
+        dtype = autocast_dtype(layout)
+        if dtype is not None:  # cast as autocast casts an op's arguments: autograd records the casts, so gradients
+            # reach the params and inputs in their own dtypes
+            layout, params, x = replace(layout, dtype=dtype), {k: v.to(dtype) for k, v in params.items()}, x.to(dtype)
+            carry, reset = [None if ts is None else tuple([t.to(dtype) for t in ts]) for ts in (carry, reset)]
     lead = 2 if sequence else 1
     batch_shape = tuple(x.shape[:-lead])
     if len(batch_shape) == 1 and carry is not None:  # flat already: a policy step
@@ -279,27 +264,13 @@ def flatten(layout: Layout, params: dict[str, torch.Tensor], x: torch.Tensor, ca
     return Canonical(layout, params, batch_shape, x, carry, is_init, reset)
 
 
-def in_autocast_dtype(layout: Layout, params: Mapping[str, torch.Tensor], x: torch.Tensor, carry: Carry | None,
-                      reset: Carry | None):
-    """The call as it is, or under ``torch.autocast`` cast to :func:`autocast_dtype` as autocast casts an op's
-    arguments: autograd records the casts, so gradients reach the params and inputs in their own dtypes."""
-    dtype = autocast_dtype(layout)
-    if dtype is None:
-        return layout, params, x, carry, reset
-    cast = (lambda ts: None if ts is None else tuple([t.to(dtype) for t in ts]))  # noqa: E731
-    return (replace(layout, dtype=dtype), {k: v.to(dtype) for k, v in params.items()}, x.to(dtype), cast(carry),
-            cast(reset))
-
-
 def _flat(t: torch.Tensor, shape: tuple) -> torch.Tensor:
     """``t`` reshaped to ``shape``; ``t`` itself when it has that shape (one batch dim: no new view per call)."""
     return t if t.shape == shape else t.reshape(shape)
 
 
 def restore(batch_shape: tuple, tensors: Carry) -> Carry:
-    """``[N, ...]`` tensors back to ``[*B, ...]`` (as they are for one batch dim)."""
-    if len(batch_shape) == 1:
-        return tuple(tensors)
+    """``[N, ...]`` tensors back to ``[*B, ...]``."""
     return tuple([t.reshape(batch_shape + tuple(t.shape[1:])) for t in tensors])
 
 
@@ -310,8 +281,8 @@ def _route(backend: str, layout: Layout, plan: SegmentPlan | None, records_grad:
            cuda: bool) -> Route:
     """``backend``'s route for an eager call with the segments ``plan`` (``None``: no interior reset), laid out as
     ``forced`` (``segment_layout``) or by the rule: ``pad`` runs whole slices as a view, else length buckets (one
-    layer under autograd on a CPU-fused kernel: oneDNN's LSTM keeps its fused kernel), else one packed call; the
-    loops run right-aligned segments where that at least halves the steps, else the rows."""
+    layer under autograd on a CPU-fused kernel), else one packed call; the loops run right-aligned segments where
+    that at least halves the steps, else the rows."""
     if plan is None:
         return Route(backend)
     if forced == "auto":
@@ -322,13 +293,13 @@ def _route(backend: str, layout: Layout, plan: SegmentPlan | None, records_grad:
         else:
             fused = layout.cell.aten.fused_on_cpu and not cuda
             forced = "buckets" if records_grad and layout.num_layers == 1 and fused else "packed"
-    why = {"buckets": f"it serves one layer (these params have {layout.num_layers})",
-           "slices": "this batch is not whole slices of one length from t = 0 (SliceSampler(strict_length=True))",
-           "aligned": f"the {layout.cell.title} reads where segments start, and right-aligned, a segment that "
-                      f"continues the incoming state would start with a reset"}
     serves = {"buckets": layout.num_layers == 1, "slices": plan.slice_len is not None,
               "aligned": not layout.cell.reads_starts}
     if forced not in LAYOUTS_OF[backend] or not serves.get(forced, True):
+        why = {"buckets": f"it serves one layer (these params have {layout.num_layers})",
+               "slices": "this batch is not whole slices of one length from t = 0 (SliceSampler(strict_length=True))",
+               "aligned": f"the {layout.cell.title} reads where segments start, and right-aligned, a segment that "
+                          f"continues the incoming state would start with a reset"}
         layouts = [name for name in LAYOUTS_OF[backend] if serves.get(name, True)]
         raise ValueError(f"segment_layout={forced!r} cannot serve this call on backend {backend!r}: "
                          f"{why.get(forced, '')}. Use one of {layouts} or segment_layout='auto'.")
@@ -336,10 +307,8 @@ def _route(backend: str, layout: Layout, plan: SegmentPlan | None, records_grad:
 
 
 def _check_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, step: bool = False) -> None:
-    """Raise unless ``triton`` has kernels for the cell (checked first: no device would serve it), runs on ``x``'s
-    device, the call is not differentiated in forward mode (its kernels have a reverse-mode backward
-    only: tangents would be dropped) and the kernels serve the params and ``opts`` (proj_size, dtype).
-    ``step``: the call is a step function's (the errors name the step backends)."""
+    """Raise unless ``triton`` has kernels for the cell, runs on ``x``'s device, the call is neither forward-mode AD nor
+    under ``torch.func``'s grad/vjp, and the kernels serve the params and ``opts``. ``step``: a step function's call."""
     triton_backend.kernel_family(layout)
 
     def serving() -> list[str]:  # for the errors only: not on the call's path
@@ -371,9 +340,8 @@ def _check_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, step: 
 
 
 def _auto_runs_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, ctx: CallContext) -> bool:
-    """Whether ``auto`` runs ``triton`` on CUDA ``x``: where it serves the call under ``torch.compile`` or ``torch.vmap``
-    (it compiles whole and vmaps in one launch), but not in plain eager mode where cuDNN (``pad``) serves it faster
-    (docs/gpu.md). The callers check ``x.is_cuda`` first: a CPU call asks nothing more."""
+    """Whether ``auto`` runs ``triton`` on CUDA ``x`` (the callers check ``x.is_cuda``): where it serves the call under
+    ``torch.compile`` or ``torch.vmap``, not in plain eager mode where cuDNN (``pad``) is faster (docs/gpu.md)."""
     if ctx.differentiated:
         return False
     cudnn = not ctx.traced and opts.recompute == "none" and layout.cell.aten is not None
@@ -383,8 +351,7 @@ def _auto_runs_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, ct
 def reads_segments(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, ctx: CallContext,
                    segment_layout: str = "auto") -> bool:
     """Whether an eager call with ``is_init`` reads it on the host to choose its route: ``pad``, ``auto`` (but not
-    where it runs ``triton`` or ``parallel``) and a forced ``segment_layout``. The others apply every reset on the
-    device."""
+    where it runs ``triton`` or ``parallel``) and a forced ``segment_layout``."""
     if segment_layout != "auto":
         return True
     if name == "auto":
@@ -394,9 +361,11 @@ def reads_segments(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOpt
 
 def _compiled_loop() -> str:
     """``auto`` and ``pad`` under ``torch.compile``: ``scan``, or ``reference``'s loop (unrolled in the graph, as
-    torch's decomposition of ``nn.LSTM`` unrolls its loop) where compiled autograd traces the backward, which cannot
-    hold a ``scan``. Grad mode, not ``records_grad``: a vmapped tensor reports ``requires_grad=False``."""
-    return "reference" if torch.is_grad_enabled() and compiled_autograd() else "scan"
+    torch's decomposition of ``nn.LSTM`` unrolls its loop) where compiled autograd traces the backward: it cannot
+    hold a ``scan`` ("UncapturedHigherOrderOpError"). Grad mode, not ``records_grad``: a vmapped tensor reports
+    ``requires_grad=False``."""
+    return "reference" if torch.is_grad_enabled() and torch._dynamo.compiled_autograd.compiled_autograd_enabled \
+        else "scan"
 
 
 def auto(layout: Layout, x: torch.Tensor, opts: SequenceOptions, plan: SegmentPlan | None, records_grad: bool,
@@ -506,9 +475,8 @@ def _step_backends(layout: Layout, x: torch.Tensor) -> list[str]:
 
 
 def _empty_call(c: Canonical, time: tuple) -> tuple[torch.Tensor, Carry, Carry]:
-    """A call in which no step runs (``N = 0`` or ``T = 0``): ``(y, carry, per-step carries)``, fresh tensors, the
-    carry the incoming one. An exact zero reading every input connects them to autograd, so a loss over an empty
-    batch backpropagates zeros into every input and parameter, as ``torch.nn`` does."""
+    """A call in which no step runs (``N = 0`` or ``T = 0``): ``(y, carry, per-step carries)``. An exact zero reading
+    every input connects them to autograd: an empty batch backpropagates zeros into every input, as ``torch.nn``."""
     inputs = (c.x, *c.carry, *(c.reset or ()), *c.params.values())
     zero = sum(t.flatten()[:0].sum() for t in inputs)
     n = c.x.shape[0]
@@ -538,7 +506,7 @@ def sequence_route(cell: str, x: torch.Tensor, params: Mapping[str, torch.Tensor
     ``cell``: the function's prefix (``"lstm"``, ...); ``records_grad``: autograd records the call (``auto``'s choice
     depends on it). Reads ``is_init`` on the host as the call would; runs nothing."""
     check_options(backend=backend, recompute=recompute, segment_layout=segment_layout)
-    c = _canonicalize(CELLS[cell], x, None, params, is_init, None, sequence=True)
+    c = flatten(*_canonicalize(CELLS[cell], x, None, params, is_init, None, sequence=True), x, None, is_init, None)
     ctx = call_context()
     opts = SequenceOptions(recompute=recompute, context=ctx)
     plan = None
@@ -628,10 +596,8 @@ def entries(cell: Cell) -> tuple[Callable, Callable]:
         if layout is None:
             if backend not in STEP_BACKENDS or dropout:  # the unknown-name error first; resolve_step rejects 'scan'
                 check_options(backend=backend, dropout=dropout)
-            c = _canonicalize(cell, x, state, params, is_init, None, sequence=False)
-        else:
-            carry = None if state is None else (state,) if isinstance(state, torch.Tensor) else tuple(state)
-            c = flatten(layout, params if isinstance(params, dict) else dict(params), x, carry, is_init, None, False)
+            layout, params = _canonicalize(cell, x, state, params, is_init, None, sequence=False)
+        c = flatten(layout, params, x, state, is_init, None, False)
         x = c.x if cell.prepare_input is None else cell.prepare_input(c.params, c.x)
         # a cell that reads where segments start gets is_init [N, 1] (only the reference step serves such a cell)
         start = None if c.is_init is None or not cell.reads_starts else c.is_init.unsqueeze(-1)
@@ -668,18 +634,13 @@ def entries(cell: Cell) -> tuple[Callable, Callable]:
         segment_layout: str = "auto",
         layout: Layout | None = None,
     ):
-        # Eager pad and auto (but not where auto runs triton or parallel), and a forced segment_layout, read is_init
-        # on the host once (reads_segments): a call whose resets all lie at t = 0 runs reset-free, one with interior
-        # resets gets the plan of its segments. The other backends apply every reset on the device.
+        # where reads_segments says so, is_init is read on the host once: resets all at t = 0 run reset-free, interior
+        # ones get the plan of their segments; the other backends apply every reset on the device
         if layout is None:
             check_options(backend=backend, recompute=recompute, dropout=dropout, matmul_precision=matmul_precision,
                           compute_dtype=compute_dtype, segment_layout=segment_layout)
-            c = _canonicalize(cell, x, state, params, is_init, reset_state, sequence=True)
-        else:
-            carry = None if state is None else (state,) if isinstance(state, torch.Tensor) else tuple(state)
-            reset = None if reset_state is None else (reset_state,) if isinstance(reset_state, torch.Tensor) else \
-                tuple(reset_state)
-            c = flatten(layout, params if isinstance(params, dict) else dict(params), x, carry, is_init, reset)
+            layout, params = _canonicalize(cell, x, state, params, is_init, reset_state, sequence=True)
+        c = flatten(layout, params, x, state, is_init, reset_state)
         ctx = call_context()
         opts = SequenceOptions(dropout, training, recompute, compute_dtype, matmul_precision, return_segment_states, ctx)
         n, t_len = c.x.shape[:2]
@@ -716,11 +677,10 @@ def entries(cell: Cell) -> tuple[Callable, Callable]:
             y, final, per_step, ends = route.run(c.layout, c.params, *call,
                                                 opts if call[2] is not None else opts.without_segment_states())
             seg = None
-            if opts.segment_states:
-                if call[2] is None:  # no interior reset: the segment states are the final carry at the last step
-                    seg = final_at_last_step(final, call[0].shape[1])
-                else:
-                    seg = per_step if ends else keep_segment_ends(per_step, call[2])
+            if opts.segment_states and call[2] is None:  # no interior reset: the final carry at the last step
+                seg = final_at_last_step(final, call[0].shape[1])
+            elif opts.segment_states:
+                seg = per_step if ends else keep_segment_ends(per_step, call[2])
             if reshaped:
                 y, final, seg, _ = segments.merge_slices(n, t_len, y, final, seg)
             if records_grad:  # the final carry can be the last step's own, read by y and seg: a node of its own, as

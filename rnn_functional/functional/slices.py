@@ -1,14 +1,6 @@
-"""Trajectory slices with static shapes under ``torch.compile``: ``slice_len`` (and ``num_slices``), the
-``SliceSampler``'s own settings, give every shape in advance where the segment layout would be read on the host.
-
-* ``slice_len=L`` (whole slices of exactly ``L`` steps, ``strict_length=True``): a call ``[N, T]`` (``T`` a multiple
-  of ``L``) runs as ``[N * T / L, L]``, a reshape (:func:`split`); slice ``(n, k > 0)`` is reset at its first step,
-  the call's semantics when ``is_init`` is True at every multiple of ``L``, which is checked.
-* ``slice_len=L, num_slices=K`` (``strict_length=False``: at most ``K`` slices of at most ``L`` steps): compiled,
-  the segments run right-aligned in a zero-padded ``[K, L]`` block; eagerly the call takes the usual route.
-
-The checks raise a ``ValueError`` eagerly and are in-graph ``torch._assert_async`` ops compiled (no host sync).
-"""
+"""Trajectory slices with static shapes under ``torch.compile`` (``docs/compile.md``): ``slice_len`` (and
+``num_slices``), the ``SliceSampler``'s own settings, give every shape in advance where the segment layout would be
+read on the host. The checks raise a ``ValueError`` eagerly and are in-graph ``torch._assert_async`` ops compiled."""
 
 from __future__ import annotations
 
