@@ -184,12 +184,6 @@ def register(cell: Cell) -> Cell:
 # ----------------------------------------------------------------------------- shared math
 
 
-def broadcast_mask(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``mask`` with trailing singleton dims so that it broadcasts against ``like`` (a view fits any strides)."""
-    missing = like.ndim - mask.ndim
-    return mask.view(*mask.shape, *(1,) * missing) if missing else mask
-
-
 def apply_reset(carry: Carry, mask: torch.Tensor | None, reset: Carry | None) -> Carry:
     """``carry`` replaced by ``reset`` (or zeros) where ``mask`` (the carry tensors' leading dims) is True."""
     if mask is None:
