@@ -177,6 +177,7 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
     mask = None if is_init is None else is_init.unsqueeze(-1)  # [N, T, 1]
     inp, finals, states = x, [], []
     for k in range(layout.num_layers):
+        inp = between_layers(inp, opts.dropout, opts.training) if k else inp
         w = cell.layer_weights(params, layout, k)
         # in the state's dtype: under autocast the projection is autocast's, the recurrence the params' (as reference)
         gi = _project(inp, w.weight_ih, w.bias_ih)
@@ -188,6 +189,6 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
         h = linear_scan(a, b, carry[0][:, k], cut=mask, plain_ops=ctx.compiling or ctx.forward)  # is_init: h_t = b_t
         finals.append(h[:, -1])
         states.append(h)
-        inp = between_layers(h, k, layout, opts.dropout, opts.training)
+        inp = h
     per_step = (torch.stack(states, dim=2),) if opts.segment_states else None
     return inp, (torch.stack(finals, dim=1),), per_step

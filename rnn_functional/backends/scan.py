@@ -34,6 +34,7 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
     mask = None if is_init is None else is_init.transpose(0, 1)  # [T, N]
     finals, per_step = [], []
     for k in range(layout.num_layers):
+        inp = between_layers(inp, opts.dropout, opts.training) if k else inp
         w = cell.layer_weights(params, layout, k)
         layer_carry = tuple([s[:, k] for s in carry])
         reset_k = () if reset is None else tuple([r[:, :, k].transpose(0, 1) for r in reset])  # [T, N, S]
@@ -59,7 +60,7 @@ def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: Sequ
             final, ys = tuple([s[-1] * 1 for s in states]), states
         finals.append(final)
         per_step.append(ys)
-        inp = between_layers(ys[0], k, layout, opts.dropout, opts.training)
+        inp = ys[0]
     final = tuple([torch.stack(parts, dim=1) for parts in zip(*finals)])
     if not opts.segment_states:
         return inp.transpose(0, 1), final, None

@@ -219,11 +219,10 @@ def final_at_last_step(final: Carry, t_len: int) -> Carry:
     return tuple([F.pad(s.unsqueeze(1), before) for s in final])
 
 
-def between_layers(y: torch.Tensor, k: int, layout: Layout, dropout: float, training: bool) -> torch.Tensor:
-    """Dropout on layer ``k``'s output when another layer follows (``torch.nn.LSTM``'s rule)."""
-    if k < layout.num_layers - 1 and dropout > 0 and training:
-        return F.dropout(y, dropout, training=True)
-    return y
+def between_layers(y: torch.Tensor, dropout: float, training: bool) -> torch.Tensor:
+    """Dropout on a layer's output that the next layer reads (``torch.nn.LSTM``'s rule: in training only); the
+    callers call it before every layer but the first, so a one-layer call never does."""
+    return F.dropout(y, dropout, training=True) if dropout > 0 and training else y
 
 
 def multi_layer_step(layout: Layout, params: Mapping[str, torch.Tensor], x: torch.Tensor, carry: Carry,
@@ -236,11 +235,12 @@ def multi_layer_step(layout: Layout, params: Mapping[str, torch.Tensor], x: torc
     inp = x
     starts = () if start is None else (start,)
     for k in range(layout.num_layers):
+        inp = between_layers(inp, dropout, training) if k else inp
         w = cell.layer_weights(params, layout, k)
         gi = F.linear(inp, w.weight_ih, w.bias_ih)
         layer_carry = cell.layer_step_saving(gi, tuple([s[:, k] for s in carry]), w, *starts)[0]
         new_layers.append(layer_carry)
-        inp = between_layers(layer_carry[0], k, layout, dropout, training) if dropout else layer_carry[0]
+        inp = layer_carry[0]
     return inp, tuple([torch.stack(parts, dim=1) for parts in zip(*new_layers)])
 
 

@@ -92,6 +92,7 @@ def sequence(layout: Layout, params, x: torch.Tensor, carry: Carry, is_init, res
     one = lambda t: None if t is None else t.unsqueeze(0)  # noqa: E731 - the ensemble dim E=1
     inp, per_layer = x, []  # (hs, cs) of every layer
     for k in range(layout.num_layers):
+        inp = between_layers(inp, opts.dropout, opts.training) if k else inp
         w = layout.cell.layer_weights(params, layout, k)
         rh = None if reset is None else reset[0][:, :, k]
         rc = None if (reset is None or not lstm) else reset[1][:, :, k]
@@ -100,7 +101,7 @@ def sequence(layout: Layout, params, x: torch.Tensor, carry: Carry, is_init, res
                         lstm, opts.recompute == "none", compute, precision)
         hs, cs = hs[0].to(inp.dtype), cs[0].to(inp.dtype)  # states come in the accumulation dtype
         per_layer.append((hs, cs) if lstm else (hs,))
-        inp = between_layers(hs[:, 1:], k, layout, opts.dropout, opts.training)
+        inp = hs[:, 1:]
     new_carry = tuple(torch.stack([states[i][:, -1] for states in per_layer], dim=1) for i in range(len(carry)))
     per_step = tuple(torch.stack([states[i][:, 1:] for states in per_layer], dim=2)
                      for i in range(len(carry))) if opts.segment_states else None
