@@ -1,8 +1,7 @@
 """``triton``: fused LSTM/GRU layer kernels with in-kernel resets; variants in docs/backends.md ("Triton kernels").
 
-Per layer, one op (:mod:`.ops`): one GEMM projects the input for all steps, one kernel launch runs the time loop
-(recurrent matmul, gates, state update, the resets); its backward is one reverse-loop kernel plus whole-sequence
-GEMMs. ``recompute="full"`` saves no per-step gates and replays the forward in the backward. Limits: no
+Per layer, one op (:mod:`.ops`): a GEMM projects the input for all steps, one launch runs the time loop; the backward
+is one reverse-loop kernel plus whole-sequence GEMMs (``recompute="full"`` replays the forward). Limits: no
 ``proj_size``; params fp32, bf16 (fp32 accumulation and state) or fp64; ``E * N * (T + 1) * 4 * H < 2**31`` (32-bit
 indexing). ``triton`` is imported only when a kernel runs.
 """
@@ -32,14 +31,8 @@ def is_available(device: torch.device | str | None = None) -> bool:
     """True on CUDA with triton installed, and on CPU when ``TRITON_INTERPRET=1``."""
     if not _INSTALLED:  # the package stays importable without it
         return False
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    if device.type == "cuda":
-        return torch.cuda.is_available()
-    return device.type == "cpu" and _INTERPRETED
-
-
-def _compute_dtype(layout: Layout, opts: SequenceOptions) -> torch.dtype:
-    return opts.compute_dtype if opts.compute_dtype is not None else layout.dtype
+    device = torch.device("cpu" if device is None else device)
+    return torch.cuda.is_available() if device.type == "cuda" else device.type == "cpu" and _INTERPRETED
 
 
 def kernel_family(layout: Layout) -> TritonKernels:
@@ -59,7 +52,7 @@ def check_supported(layout: Layout, opts: SequenceOptions) -> None:
     if layout.dtype not in _COMPUTE:
         raise ValueError(f"backend 'triton' does not support params of dtype {layout.dtype} (supported: fp32, bf16, "
                          f"fp64); use one of {others}, or convert the params.")
-    cdt = _compute_dtype(layout, opts)
+    cdt = opts.compute_dtype or layout.dtype  # a torch.dtype or None (the functional layer checks)
     allowed = (torch.float64,) if layout.dtype == torch.float64 else (torch.float32, torch.bfloat16)
     if cdt not in allowed:
         raise ValueError(f"compute_dtype: backend 'triton' with {layout.dtype} params accepts {list(allowed)}, "
@@ -87,7 +80,7 @@ def sequence(layout: Layout, params, x: torch.Tensor, carry: Carry, is_init, res
 
     lstm = kernel_family(layout).is_lstm
     fwd = layer_ops(x.device).fwd
-    compute = _COMPUTE[_compute_dtype(layout, opts)]
+    compute = _COMPUTE[opts.compute_dtype or layout.dtype]
     precision = resolve_matmul_precision(opts.matmul_precision, x.device)
     one = lambda t: None if t is None else t.unsqueeze(0)  # noqa: E731 - the ensemble dim E=1
     inp, per_layer = x, []  # (hs, cs) of every layer

@@ -1,8 +1,6 @@
 """Triton kernels of one LSTM/GRU layer over a whole sequence (forward and backward), one launch for all ``T``
-steps. Persistent kernels (all SMs, the recurrent weights on chip for the whole sequence, one flag per step) and
-streamed ones (``BLOCK_N`` rows per program, weight tiles streamed per step) where those cannot serve
-(:func:`.variant.variant_for`); both share each cell's gate math (``_lstm_fwd_gates``, ...). The state is kept in
-the accumulation dtype (fp32, or fp64 for fp64 params); ``gx = x @ W_ih^T + b_ih`` comes precomputed.
+steps: persistent and streamed variants (docs/backends.md, "Triton kernels") sharing each cell's gate math. The state
+is kept in the accumulation dtype (fp32, or fp64 for fp64 params); ``gx = x @ W_ih^T + b_ih`` comes precomputed.
 
 Layouts (a leading ensemble dim ``E``, stride 0 where shared): ``gx [E, N, T, G*H]``, ``w [E, G*H, H]``,
 ``b [E, G*H]``, ``h0/c0 [E, N, H]``, ``is_init [E, N, T]`` (int8), ``rh/rc [E, N, T, H]`` (reset states),
@@ -72,9 +70,8 @@ def _reset_grad(d, dr_ptr, mask, init2, HAS_RESET: tl.constexpr):
     return tl.where(init2, 0.0, d)
 
 
-# Gate math of one step on a tile, shared by both variants (their loads and stores around it are ordered for the
-# fewest registers). ``a_k``: recurrent pre-activations ``h W_k^T + b_k``; ``x_k``: the input projection's;
-# ``q_k``: the saved activations.
+# Gate math of one step on a tile, shared by both variants. ``a_k``: recurrent pre-activations ``h W_k^T + b_k``;
+# ``x_k``: the input projection's; ``q_k``: the saved activations.
 
 
 @triton.jit
@@ -138,9 +135,8 @@ def _gru_bwd_gates(dh, h_prev, q0, q1, q2, q3):
     return da2 * q3 * q0 * (1.0 - q0), da1, da2, dhn, dh * q1
 
 
-# Streamed (any H): the state lives in the output buffers (L1/L2-resident), ``TILE x TILE`` weight tiles are
-# streamed per step, one program per ``BLOCK_N`` rows; each step ends with a barrier so the next step's tiles read
-# the state the other threads wrote.
+# Streamed (any H): one program per ``BLOCK_N`` rows, the state in the output buffers, weight tiles streamed per
+# step; each step ends with a barrier so the next step's tiles read the state the other threads wrote.
 
 TILE = 32  # tile width of the streamed kernels (wider spills: benchmarks/triton_aot.py)
 
@@ -368,13 +364,10 @@ def _rnn_bwd_tiled_kernel(
             tl.store(dc_row + cj[None, :], dc, mask=m)
 
 
-# Persistent (all SMs). Grid ``(S, P, E)``: program ``(s, p, e)`` owns the ``HS = H / S`` hidden units
-# ``[s*HS, (s+1)*HS)`` of every gate and the 64-row groups ``p, p + P, ...`` of member ``e``. Its slice of ``W_hh``
-# is loaded once, in ``KC`` chunks of ``BK`` rows (a tuple indexed statically), and stays in shared memory for all
-# steps; each step multiplies ``[64, H] x [H, HS]`` per gate, the shape wgmma (sm_90) and mma (sm_80) take. The
-# carry entering a step lives in a ping-pong buffer ``carry [E, 2, N, H]`` (reset by its owner in registers); the
-# ``S`` programs of a row group meet once per step at a release/acquire flag, so the grid must be co-resident (sized
-# to the SM count). ``SYNC=False`` runs without the flag, one step per launch (the interpreter cannot spin).
+# Persistent (all SMs, co-resident). Grid ``(S, P, E)``: program ``(s, p, e)`` owns the ``HS = H / S`` hidden units
+# ``[s*HS, (s+1)*HS)`` of every gate and the 64-row groups ``p, p + P, ...`` of member ``e``; its slice of ``W_hh``
+# stays on chip in ``KC`` chunks of ``BK`` rows (a tuple indexed statically). The carry entering a step lives in a
+# ping-pong buffer ``carry [E, 2, N, H]``. ``SYNC=False``: no flag, one step per launch (the interpreter cannot spin).
 
 PERSISTENT_ROWS = 64  # batch rows per group: the M of one wgmma
 PERSISTENT_BYTES = 128 * 1024  # budget for one program's slice of the recurrent weights
@@ -387,10 +380,9 @@ def persistent_plan(hidden: int, gates: int, itemsize: int, batch: int, ensemble
     if hidden < 16 or hidden > 1024 or hidden & (hidden - 1):
         return None
     groups = max(1, -(-batch // PERSISTENT_ROWS))
-    fit = hidden // 16  # the most slices: 16 units each, the narrowest tl.dot
-    while fit >= 1 and gates * hidden * (hidden // fit) * itemsize <= PERSISTENT_BYTES:
-        fit //= 2
-    least = fit * 2  # the fewest slices whose weights fit
+    least = 1  # the fewest slices whose weights fit, at most hidden // 16 (16 units each, the narrowest tl.dot)
+    while gates * hidden * (hidden // least) * itemsize > PERSISTENT_BYTES:
+        least *= 2
     if least > hidden // 16:
         return None
     share = max(1, sms // (ensemble * groups))
@@ -548,14 +540,11 @@ def _rnn_bwd_persistent_kernel(
     HS: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr, ROWS: tl.constexpr, SYNC: tl.constexpr,
     PHASE_A: tl.constexpr, PHASE_B: tl.constexpr,
 ):
-    """Reverse steps ``T-1-t_begin`` down to ``T-t_end`` of ``_rnn_bwd_tiled_kernel``'s contract, on the forward's slices.
-
-    Phase A: this slice's gate grads from its carry grads (``dh``, ``dc``, zero at first) into ``dgx`` (GRU: ``dgh``,
-    the direct term ``dh * z`` in ``dh``), times this slice's gate rows of ``W_hh``: its part of every column of
-    ``dh_prev``, into ``part [E, 2, S, N, H]`` (by step parity, so a fast program cannot overwrite what a slow one
-    reads). Flag. Phase B: this slice's columns of ``dh_prev``, the ``S`` parts summed in a fixed order
-    (deterministic), reset, into ``dh``. The launcher adds ``dhs/dcs[:, :, 0]`` after the last step.
-    """
+    """Reverse steps ``T-1-t_begin`` down to ``T-t_end`` of ``_rnn_bwd_tiled_kernel``'s contract, on the forward's
+    slices. Phase A: this slice's gate grads (GRU: ``dgh``, and ``dh * z`` in ``dh``) times its rows of ``W_hh``: its
+    part of every column of ``dh_prev``, into ``part [E, 2, S, N, H]`` (by step parity: a fast program cannot
+    overwrite what a slow one reads). Flag. Phase B: this slice's columns of ``dh_prev``, the ``S`` parts summed in
+    a fixed order (deterministic), reset, into ``dh``. The launcher adds ``dhs/dcs[:, :, 0]`` after the last step."""
     s = tl.program_id(0)
     pg = tl.program_id(1)
     e = tl.program_id(2)

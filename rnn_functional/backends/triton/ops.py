@@ -1,12 +1,8 @@
-"""``torch.library`` registration of the fused layer kernels: forward, backward, autograd, vmap.
-
-Two op pairs from the same bodies (:func:`layer_ops` picks one per device): ``rnn_functional::triton_layer_fwd`` /
-``_bwd`` are ``triton_op``s launching through ``wrap_triton``, so ``torch.compile`` sees the kernels (CUDA);
-``..._opaque`` are ``custom_op``s with fake implementations for the interpreter (``TRITON_INTERPRET=1``), which
-reads tensor data that fake tensors lack. Every tensor has a leading ensemble dim ``E``; the vmap rule folds
-vmapped dims into it (one launch per ensemble). Autograd via ``register_autograd`` serves ``.backward()`` and
-``torch.autograd.grad``, not ``torch.func.grad``/``vjp``: its generated wrapper lacks the ``setup_context``
-functorch requires (pytorch/pytorch#170834).
+"""``torch.library`` ops of the fused layer kernels (forward, backward, autograd, vmap), every tensor with a leading
+ensemble dim ``E`` into which vmap folds its dims. ``triton_layer_fwd``/``_bwd`` are ``triton_op``s that
+``torch.compile`` sees into (CUDA); ``..._opaque`` are ``custom_op``s with fake implementations for the interpreter,
+which reads data fake tensors lack. ``register_autograd`` does not serve ``torch.func.grad``/``vjp``: its wrapper lacks
+the ``setup_context`` functorch requires (pytorch/pytorch#170834).
 """
 
 import contextlib
@@ -25,8 +21,6 @@ from .variant import PLAN_SMS, variant_for
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # read once: triton.jit reads it at import too
 MAX_ELEMENTS = 2**31  # the kernels index their buffers with 32-bit integers
-_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float64": 8}
-_TL = {"float32": tl.float32, "bfloat16": tl.bfloat16, "float64": tl.float64}
 BLOCK_N = 16  # batch rows per program: tl.dot's minimum, and the most programs for the SMs
 # The interpreter patches ``triton.language`` globally during a launch, so concurrent launches break each other
 # ("Did you forget to add @triton.jit ?"): serialised there. Compiled CUDA launches need no lock.
@@ -43,8 +37,7 @@ def _last_contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
 
 
 # (num_warps, num_stages) of the streamed kernels where the default (8, 3) spills, keyed by (cell, direction,
-# operands: "bfloat16" or the fp32 matmul precision); found spill-free by the ahead-of-time build
-# (benchmarks/triton_aot.py, results in benchmarks/results/).
+# operands: "bfloat16" or the fp32 matmul precision); found spill-free by benchmarks/triton_aot.py.
 _STREAMED_LAUNCH = {
     ("gru", "bwd", "bfloat16"): (4, 2), ("gru", "bwd", "ieee"): (4, 2), ("gru", "bwd", "tf32"): (4, 2),
     ("gru", "fwd", "bfloat16"): (8, 1), ("lstm", "fwd", "ieee"): (8, 2),
@@ -54,23 +47,20 @@ _STREAMED_LAUNCH = {
 def _plan(direction: str, lstm: bool, H: int, N: int, E: int, dummy: Tensor, is_init: Optional[Tensor],
           rh: Optional[Tensor], rc: Optional[Tensor], compute_dtype: str, precision: str,
           sms: Optional[int]) -> tuple[Optional[int], tuple, dict]:
-    """What both launchers share: the persistent grid's row-group programs (``None``: the streamed kernels serve, see
-    :func:`.variant.variant_for`; on ``sms`` SMs, else this device's: MIG slices count theirs), the reset arguments
-    (``dummy`` where absent) and the constexprs: flags, dtypes, and block sizes checked by the ahead-of-time build
-    (``benchmarks/triton_aot.py``) to fit shared memory without spills. Streamed: ``BLOCK_N``, ``BLOCK_T``;
-    persistent: ``HS``, ``BK``, ``KC``, without prefetch across steps (``num_stages=1``), all steps in one launch
-    (``SYNC``)."""
+    """What both launchers share: the persistent grid's row-group programs (``None``: streamed; on ``sms`` SMs, else
+    this device's, MIG slices counting theirs), the reset arguments (``dummy`` where absent) and the constexprs, block
+    sizes checked spill-free by ``benchmarks/triton_aot.py``."""
     init = None if is_init is None else is_init.to(torch.int8)
     rh, rc = _last_contiguous(rh), _last_contiguous(rc)
     resets = (*_opt(init, 3, dummy), *_opt(rh, 3, dummy), *_opt(rc, 3, dummy))
     if not sms and dummy.device.type == "cuda":
         sms = torch.cuda.get_device_properties(dummy.device).multi_processor_count
-    G, itemsize = 4 if lstm else 3, _ITEMSIZE[compute_dtype]
+    G, itemsize = 4 if lstm else 3, getattr(torch, compute_dtype).itemsize
     programs = None
     constexprs = dict(
         IS_LSTM=lstm, HAS_INIT=init is not None, HAS_RESET=rh is not None,
         ACC=tl.float64 if dummy.dtype == torch.float64 else tl.float32,  # the accumulation dtype
-        CDT=_TL[compute_dtype],  # the matmul operands'
+        CDT=getattr(tl, compute_dtype),  # the matmul operands'
         PREC=precision if compute_dtype == "float32" else "ieee",  # TF32 modes only apply to fp32 operands
         # the interpreter's bf16 tl.dot is wrong: the bf16-rounded operands multiplied in fp32 (the same products)
         UPCAST=INTERPRET and compute_dtype == "bfloat16",
@@ -109,12 +99,9 @@ def fwd_launch(
     rh: Optional[Tensor], rc: Optional[Tensor], hs: Tensor, cs: Tensor, gates: Tensor,
     lstm: bool, save: bool, compute_dtype: str, precision: str, sms: Optional[int] = None,
 ) -> tuple[Callable, tuple, tuple, dict]:
-    """The forward kernel the launcher picks, its grid, positional arguments and constexprs (also used by
-    ``benchmarks/triton_aot.py`` to compile exactly what would launch; ``sms``: the GPU planned for, else this
-    device's). Tensors keep their strides, the last dim made unit-stride. For the persistent kernels it writes the
-    state before step 0 (``hs``, ``cs``, the reset carry) and returns the launch of all steps (``SYNC``); the last two
-    arguments are the steps' range.
-    """
+    """The forward kernel, grid, positional arguments and constexprs (``benchmarks/triton_aot.py`` compiles them;
+    ``sms``: the GPU planned for), tensors with their strides (the last dim made unit-stride). The persistent path
+    writes the state before step 0 itself; its last two arguments are the steps' range."""
     E, N, T = gx.shape[:3]
     H = w.shape[-1]
     w, b, h0, c0 = map(_last_contiguous, (w, b, h0, c0))
@@ -140,18 +127,14 @@ def bwd_launch(
     rc: Optional[Tensor], dhs: Tensor, dcs: Tensor, outs: tuple, lstm: bool, compute_dtype: str, precision: str,
     sms: Optional[int] = None,
 ) -> tuple[Callable, tuple, tuple, dict]:
-    """The backward kernel, grid, arguments and constexprs (``gates``, ``hs``, ``cs``, ``dhs``, ``dcs`` and ``outs``
-    from :func:`_bwd_outputs` contiguous). The persistent kernels leave ``dh0``/``dc0`` without
-    ``dhs/dcs[:, :, 0]``, which :func:`_make_bwd` adds."""
+    """The backward kernel, grid, arguments and constexprs (``gates``, ``hs``, ``cs``, ``dhs``, ``dcs``, ``outs``
+    contiguous); the persistent kernels leave ``dh0``/``dc0`` without ``dhs/dcs[:, :, 0]``, which the caller adds."""
     w = _last_contiguous(w)
     dgx, dgh, dh0, dc0, drh, drc = outs
     E, N, T1, H = hs.shape
     programs, resets, constexprs = _plan("bwd", lstm, H, N, E, gates, is_init, rh, rc, compute_dtype, precision, sms)
-    args = (
-        gates, hs, cs, w, *w.stride()[:2], *resets,
-        dhs, dcs, dgx, dgh if not lstm else dgx, dh0, dc0 if lstm else dh0,
-        drh if rh is not None else dgx, drc if (rc is not None and lstm) else dgx,
-    )
+    args = (gates, hs, cs, w, *w.stride()[:2], *resets, dhs, dcs, dgx, dgh if not lstm else dgx, dh0,
+            dc0 if lstm else dh0, drh if rh is not None else dgx, drc if (rc is not None and lstm) else dgx)
     if programs:
         dh0.zero_()
         dc0.zero_()
@@ -174,8 +157,7 @@ def _launch(run: Callable, kernel, grid: tuple, args: tuple, constexprs: dict) -
         if not (INTERPRET and constexprs.get("SYNC")):
             run(kernel)[grid](*args, **constexprs)
             return
-        phases = ({"PHASE_A": True, "PHASE_B": False}, {"PHASE_A": False, "PHASE_B": True}) if "PHASE_A" in constexprs \
-            else ({},)
+        phases = [{"PHASE_A": a, "PHASE_B": not a} for a in (True, False)] if "PHASE_A" in constexprs else [{}]
         for t in range(args[-1]):
             for phase in phases:
                 run(kernel)[grid](*args[:-2], t, t + 1, **{**constexprs, "SYNC": False, **phase})
@@ -226,11 +208,11 @@ def _make_bwd(run: Optional[Callable]) -> Callable:
         rh: Optional[Tensor], rc: Optional[Tensor], dhs: Tensor, dcs: Tensor,
         lstm: bool, compute_dtype: str, precision: str,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        outs = _bwd_outputs(gates, hs, lstm, rh is not None)
         if run is None:
-            return _bwd_outputs(gates, hs, lstm, rh is not None)
+            return outs
         gates, hs, dhs = gates.contiguous(), hs.contiguous(), dhs.contiguous()
         cs, dcs = (cs.contiguous(), dcs.contiguous()) if lstm else (hs, dhs)
-        outs = _bwd_outputs(gates, hs, lstm, rh is not None)
         kernel, grid, args, constexprs = bwd_launch(gates, hs, cs, w, is_init, rh, rc, dhs, dcs, outs, lstm,
                                                      compute_dtype, precision)
         _launch(run, kernel, grid, args, constexprs)
@@ -268,8 +250,8 @@ def _setup_context(ctx, inputs, output) -> None:
     hs, cs, gates = output
     ctx.lstm, ctx.save, ctx.compute_dtype, ctx.precision = lstm, save, compute_dtype, precision
     ctx.has_bias = b is not None
-    ctx.dtypes = (x.dtype, h0.dtype, None if c0 is None else c0.dtype,
-                  None if rh is None else rh.dtype, None if rc is None else rc.dtype)
+    # the dtypes of the inputs with a grad (None: no grad; GRU has no cell state)
+    ctx.dtypes = tuple(None if t is None else t.dtype for t in (x, h0, c0 if lstm else None, rh, rc if lstm else None))
     # the (small) inputs replay the forward: recompute="full" (no per-step gates), a create_graph backward
     ctx.save_for_backward(x, w_ih, w, is_init, rh, rc, hs, cs, gates if save else None, b_ih, b, h0, c0)
 
@@ -294,14 +276,12 @@ def _make_backward(layer: LayerOps) -> Callable:
             dx, dw_ih, db_ih, dw, db, dh0, dc0, drh, drc = grads
             return dx, dw_ih, db_ih, dw, db, dh0, dc0, None, drh, drc, None, None, None, None
         if not ctx.save:  # replay the forward (projection + kernel) to regenerate the gates
-            _, _, gates = layer.fwd(
-                x, w_ih, b_ih, w, b, h0, c0, is_init, rh, rc, lstm, True, ctx.compute_dtype, ctx.precision
-            )
+            _, _, gates = layer.fwd(x, w_ih, b_ih, w, b, h0, c0, is_init, rh, rc, lstm, True, ctx.compute_dtype,
+                                    ctx.precision)
         dhs = torch.zeros_like(hs) if dhs is None else dhs
         dcs = torch.zeros_like(cs) if (dcs is None and lstm) else dcs
-        dgx, dgh, dh0, dc0, drh, drc = layer.bwd(
-            gates, hs, cs, w, is_init, rh, rc, dhs, dcs if lstm else dhs, lstm, ctx.compute_dtype, ctx.precision
-        )
+        dgx, dgh, dh0, dc0, drh, drc = layer.bwd(gates, hs, cs, w, is_init, rh, rc, dhs, dcs if lstm else dhs, lstm,
+                                                  ctx.compute_dtype, ctx.precision)
         H = w.shape[-1]
         d_rec = dgx if lstm else torch.cat([dgx[..., : 2 * H], dgh], dim=-1)  # grad of h @ W_hh^T + b_hh
         h_prev = hs[:, :, :-1]  # the carry entering every step: reset to rh (or 0) where is_init
@@ -313,10 +293,9 @@ def _make_backward(layer: LayerOps) -> Callable:
         dx = torch.matmul(dgx, w_ih.to(dgx.dtype).unsqueeze(1))
         db_ih, db = (dgx.sum(dim=(1, 2)), d_rec.sum(dim=(1, 2))) if ctx.has_bias else (None, None)
         x_t, h0_t, c0_t, rh_t, rc_t = ctx.dtypes
-        cast = lambda t: None if t is None else t.to(x_t)  # noqa: E731 - params share x's dtype
-        return (cast(dx), cast(dw_ih), cast(db_ih), cast(dw), cast(db), dh0.to(h0_t), dc0.to(c0_t) if lstm else None,
-                None, drh.to(rh_t) if rh_t is not None else None,
-                drc.to(rc_t) if (rc_t is not None and lstm) else None, None, None, None, None)
+        cast = lambda t, dt=x_t: None if t is None or dt is None else t.to(dt)  # noqa: E731 - params share x's dtype
+        return (cast(dx), cast(dw_ih), cast(db_ih), cast(dw), cast(db), cast(dh0, h0_t), cast(dc0, c0_t), None,
+                cast(drh, rh_t), cast(drc, rc_t), None, None, None, None)
 
     return backward
 

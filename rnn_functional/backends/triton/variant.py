@@ -37,9 +37,8 @@ def variant_for(hidden: int, gates: int, itemsize: int, *, batch: int = 0, ensem
     chosen = _variant[0]
     # auto: on GPUs, not for fp64 (no fp64 tensor-core path worth a grid-wide flag); forced: any dtype (tests)
     wanted = chosen == "persistent" or (chosen == "auto" and sms is not None and itemsize < 8)
-    if wanted and persistent_plan(hidden, gates, itemsize, batch, ensemble, sms or PLAN_SMS) is not None:
-        return "persistent"
-    return "streamed"
+    plan = wanted and persistent_plan(hidden, gates, itemsize, batch, ensemble, sms or PLAN_SMS)
+    return "persistent" if plan else "streamed"
 
 
 PLAN_SMS = 8  # the SMs the persistent grid is planned for off a GPU (the interpreter): few, so programs loop over groups
