@@ -6,10 +6,15 @@ under eager ``torch.vmap``.
 
 from __future__ import annotations
 
+from functools import partial
+from operator import itemgetter
+
 import torch
 
 from ..cells import AtenKernels, Carry, Layout, apply_reset
 from .base import SequenceOptions, no_kernel_for
+
+_SWAP = partial(torch.transpose, dim0=0, dim1=1)  # [N, L, S] <-> the kernels' layer-major [L, N, S]
 
 
 def aten_kernels(layout: Layout) -> AtenKernels:
@@ -26,10 +31,10 @@ def kernel(layout: Layout, params, x: torch.Tensor, carry: Carry, opts: Sequence
     needs only in training mode, so a call recording gradients runs in it (dropout only if ``opts.training``).
     """
     train = bool(opts.training) or (x.is_cuda and torch.is_grad_enabled())
-    hx = tuple([s.transpose(0, 1).contiguous() for s in carry])  # the kernels' layer-major carries
+    hx = tuple(map(torch.Tensor.contiguous, map(_SWAP, carry)))
     run = layout.cell.aten.sequence  # the route checked that the cell has it
     y, hx = run(layout, params, x, hx, float(opts.dropout) if opts.training else 0.0, train, batch_sizes)
-    return y, tuple([s.transpose(0, 1) for s in hx])
+    return y, tuple(map(_SWAP, hx))
 
 
 def sequence(layout: Layout, params, x, carry: Carry, is_init, reset, opts: SequenceOptions):
@@ -46,17 +51,12 @@ def step(layout: Layout, params, x: torch.Tensor, carry: Carry) -> tuple[torch.T
     """All layers' fused ATen step (``lstm_cell``/``gru_cell``; eager, no projection): ``x [N, F]``, ``[N, L, S]``."""
     run = layout.cell.aten.step  # resolve_step checked that the cell has it
     if layout.num_layers == 1:  # views in and out: a policy step's cost is its op count
-        squeezed, out = [], []
-        for s in carry:
-            squeezed.append(s.squeeze(1))
-        new = run(layout.cell.layer_weights(params, layout, 0), x, tuple(squeezed))
-        for s in new:
-            out.append(s.unsqueeze(1))
-        return new[0], tuple(out)
+        new = run(layout.cell.layer_weights(params, layout, 0), x, tuple(map(partial(torch.squeeze, dim=1), carry)))
+        return new[0], tuple(map(partial(torch.unsqueeze, dim=1), new))
     new_layers = []
     inp = x
     for k in range(layout.num_layers):
-        layer = run(layout.cell.layer_weights(params, layout, k), inp, tuple([s[:, k] for s in carry]))
+        layer = run(layout.cell.layer_weights(params, layout, k), inp, tuple(map(itemgetter((slice(None), k)), carry)))
         new_layers.append(layer)
         inp = layer[0]
-    return inp, tuple([torch.stack(parts, dim=1) for parts in zip(*new_layers)])
+    return inp, tuple(map(partial(torch.stack, dim=1), zip(*new_layers)))

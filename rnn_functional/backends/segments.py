@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import itemgetter, methodcaller
 from typing import NamedTuple
 
 import numpy as np
@@ -168,8 +169,8 @@ def _initial_carries(p: SegmentPlan, carry: Carry, is_init: torch.Tensor, reset:
     """Every segment's carry before its first step, ``[S, L, ·]`` each (in ``order``), reset where ``is_init``."""
     first = p.first if order is None else p.first[order]
     row, start = first // p.shape[1], first % p.shape[1]
-    fill = None if reset is None else tuple([r[row, start] for r in reset])
-    return apply_reset(tuple([s[row] for s in carry]), is_init[row, start], fill)
+    fill = None if reset is None else tuple(map(itemgetter((row, start)), reset))
+    return apply_reset(tuple(map(itemgetter(row), carry)), is_init[row, start], fill)
 
 
 def _dest(p: SegmentPlan, base: torch.Tensor) -> torch.Tensor:
@@ -190,11 +191,11 @@ def _scatter(p: SegmentPlan, y_rows: torch.Tensor, dest: torch.Tensor, seg_final
     n, t_len = p.shape
     y = y_rows.index_select(0, dest).view(n, t_len, -1)
     last = p.last if order is None else order[1][p.last]
-    final = tuple([s.index_select(0, last) for s in seg_final])
+    final = tuple(map(itemgetter(last), seg_final))
     if not opts.segment_states:
         return Result(y, final, None)
     if p.static:
-        return Result(y, final, tuple([s[p.seg_of] for s in seg_final]))
+        return Result(y, final, tuple(map(itemgetter(p.seg_of), seg_final)))
     ends = p.first + p.lengths - 1
     ends = ends if order is None else ends[order[0]]
     per_step = tuple([s.new_zeros(n * t_len, *s.shape[1:]).index_copy(0, ends, s).view(n, t_len, *s.shape[1:])
@@ -258,8 +259,8 @@ def bucketed(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: C
     """
     lengths_sorted = p.lengths_host[p.order]
     cut = buckets(lengths_sorted)
-    rows = np.array([end - first for first, end, _, _ in cut])
-    steps = np.array([bucket[2] for bucket in cut])
+    bounds = np.array(cut)
+    rows, steps = bounds[:, 1] - bounds[:, 0], bounds[:, 2]
     steps_sorted = np.repeat(steps, rows)
     base = np.empty_like(steps_sorted)
     base[p.order] = np.cumsum(steps_sorted) - steps_sorted  # each segment's first row in the buffer
@@ -270,23 +271,23 @@ def bucketed(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: C
     # one split, not a slice per bucket: each slice's backward would zero-fill a gradient of the whole buffer
     x_rows = x.new_zeros(int(steps_sorted.sum()), x.shape[-1]).index_copy(0, dest, x.reshape(-1, x.shape[-1]))
     x_b = x_rows.split((rows * steps).tolist())
-    h0_b = list(zip(*[s.split(rows.tolist()) for s in h0]))
+    h0_b = zip(*map(methodcaller("split", rows.tolist()), h0))
     ys, finals = [], []
     for (first, end, length, full), x_flat, hb in zip(cut, x_b, h0_b):
         xb = x_flat.view(end - first, length, -1)
         yb, final_b = pad.kernel(layout, params, xb, hb, opts)
         lb = lengths_d[first:end]
         h_last = yb.gather(1, (lb - 1).view(-1, 1, 1).expand(-1, 1, yb.shape[-1]))  # [Sb, 1, P]
-        others = [s[:full] for s in final_b[1:]]  # a prefix of the bucket ends at its last step
+        others = final_b[1:]  # right for the prefix of the bucket that ends at its last step
         if full < end - first and others:  # rows ending early: their parts after h, recomputed
             rest = slice(full, end - first)
             short = _other_finals(layout, params, xb[rest, : int(lengths_sorted[first + full])],
-                                  tuple([s[rest] for s in hb]), yb[rest], lb[rest])
-            others = [torch.cat([a, b]) for a, b in zip(others, short)]
+                                  tuple(map(itemgetter(rest), hb)), yb[rest], lb[rest])
+            others = [torch.cat([a[:full], b]) for a, b in zip(others, short)]
         finals.append((h_last, *others))
         ys.append(yb.reshape(-1, yb.shape[-1]))
-    seg_final = tuple([torch.cat(parts) if len(parts) > 1 else parts[0] for parts in zip(*finals)])  # sorted order
-    return _scatter(p, torch.cat(ys) if len(ys) > 1 else ys[0], dest, seg_final, opts, order=(order, rank))
+    seg_final = finals[0] if len(finals) == 1 else tuple(map(torch.cat, zip(*finals)))  # in sorted order
+    return _scatter(p, ys[0] if len(ys) == 1 else torch.cat(ys), dest, seg_final, opts, order=(order, rank))
 
 
 def _other_finals(layout: Layout, params, x_block, h0: Carry, y_block, lengths: torch.Tensor) -> Carry:
