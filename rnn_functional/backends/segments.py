@@ -1,10 +1,7 @@
 """How a call runs: the :class:`Route` the functional layer picks (a backend, and how a call with interior resets
-lays out its segments), and those layouts (``docs/backends.md``, "Segment layouts").
-
-A *segment* is a maximal run of steps of one row between resets. No state crosses a reset, so re-batched, ``N`` rows
-of ``T`` steps become ``S`` independent rows of at most ``Lmax`` steps, each from its own initial carry. Counts and
-lengths come from the call's one host read of its mask (:func:`plan`): eager only; under ``torch.compile`` the one
-layout is ``aligned`` over a :func:`static_plan`.
+lays out its *segments*, the runs of steps between resets, as ``S`` independent rows of at most ``Lmax`` steps), and
+those layouts (``docs/backends.md``, "Segment layouts"). Counts and lengths come from the call's one host read of its
+mask (:func:`plan`); under ``torch.compile`` the one layout is ``aligned`` over a :func:`static_plan`.
 """
 
 from __future__ import annotations
@@ -99,13 +96,8 @@ def plan(is_init: np.ndarray, device: torch.device) -> SegmentPlan | None:
         return None
     first, lengths = segment_starts(is_init)
     length = int(lengths[0])
-    whole, tail = divmod(t_len, length)
-    per_row = whole + (tail > 0)
-    regular = length < t_len and len(first) == n * per_row
-    if regular:  # every row: whole slices of one length from t = 0, the last one the remainder
-        pattern = np.full(per_row, length)
-        pattern[-1] = tail or length
-        regular = bool((lengths.reshape(n, per_row) == pattern).all())
+    # every row whole slices of one length from t = 0: its starts are every multiple of the length, and no others
+    regular = length < t_len and len(first) == n * -(-t_len // length) and not (first % t_len % length).any()
     last = np.searchsorted(first, np.arange(1, n + 1) * t_len) - 1
     order = np.argsort(-lengths, kind="stable")
     rank = np.argsort(order)  # the inverse permutation
@@ -338,13 +330,12 @@ def whole_slices(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carr
     x_s = x_s.reshape(n * k, slice_len, x.shape[-1])
     y_s, slice_finals = pad.kernel(layout, params, x_s, slice_carries(slice_len, k, carry, reset), inner)
     y, final, _, _ = merge_slices(n, whole, y_s, slice_finals, None)
-    tail_finals, ended = None, whole // slice_len  # ended: the slices whose final carry the kernel holds
+    tail_finals, ended = None, k  # ended: the slices whose final carry the kernel holds
     if padded_tail:
         y, ended = y[:, :t_len], k - 1
         final = tail_finals = (y[:, -1].unsqueeze(1).clone(),)  # not a view of the outputs
     elif tail:  # the shorter last slices
-        tail_carry = (tuple([s.new_zeros(s.shape) for s in carry]) if reset is None
-                      else tuple([r[:, whole] for r in reset]))
+        tail_carry = tuple(map(torch.zeros_like, carry)) if reset is None else tuple([r[:, whole] for r in reset])
         y_tail, tail_finals = pad.kernel(layout, params, x[:, whole:], tail_carry, inner)
         y, final = torch.cat([y, y_tail], dim=1), tail_finals
     if not opts.segment_states:
