@@ -23,9 +23,9 @@ from .recompute import checkpointed
 
 SEGMENT_LAYOUTS = ("rows", "aligned", "packed", "buckets", "slices")
 LAYOUTS_OF = {"reference": ("rows", "aligned"), "scan": ("rows", "aligned"), "pad": ("packed", "buckets", "slices"),
-              "triton": ("rows",), "parallel": ("rows",)}  # the layouts each backend runs a call with interior resets in
-_SEQUENCES = {"reference": reference.sequence, "parallel": parallel.sequence, "scan": scan.sequence, "pad": pad.sequence,
-              "triton": triton_backend.sequence}
+              "triton": ("rows",), "parallel": ("rows",)}  # the layouts each runs a call with interior resets in
+_SEQUENCES = {"reference": reference.sequence, "parallel": parallel.sequence, "scan": scan.sequence,
+              "pad": pad.sequence, "triton": triton_backend.sequence}
 _CHECKPOINTED = ("reference", "parallel")  # recompute="full" by activation checkpointing; scan and triton serve it
 
 
@@ -65,9 +65,8 @@ class SegmentPlan:
     def _index(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.index is None:
             n, t_len = self.shape
-            dev = self.first.device
-            seg_of = torch.repeat_interleave(torch.arange(self.count, device=dev), self.lengths, output_size=n * t_len)
-            pos = torch.arange(n * t_len, device=dev) - self.first[seg_of]
+            seg_of = torch.repeat_interleave(self.lengths, output_size=n * t_len)  # segment s repeated lengths[s] times
+            pos = torch.arange(n * t_len, device=seg_of.device) - self.first[seg_of]
             self.index = (seg_of.view(n, t_len), pos.view(n, t_len))
         return self.index
 
@@ -247,8 +246,7 @@ def bucketed(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: C
     """ATen's kernel (``pad``, one layer) on the segments of ``p`` in length buckets (:func:`buckets`), one unpacked
     call each (keeping oneDNN's fused LSTM and a backward linear in the steps) on its left-aligned block, the blocks
     in one buffer. A segment's final ``h`` is its output at its last step; where it ends before its bucket, its other
-    carry parts (the LSTM's ``c``) are recomputed from the outputs (:meth:`~rnn_functional.cells.Cell.carry_rest_given_h`).
-    """
+    carry parts (the LSTM's ``c``) are recomputed from the outputs (``Cell.carry_rest_given_h``)."""
     lengths_sorted = p.lengths_host[p.order]
     cut = buckets(lengths_sorted)
     bounds = np.array(cut)
