@@ -200,8 +200,7 @@ def aligned(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: Ca
     offset = p.max_len - p.lengths  # [S] front padding of each segment
     dest = _dest(p, torch.arange(p.count, device=x.device) * p.max_len + offset)
     h0 = _initial_carries(p, carry, is_init, reset)
-    first = torch.zeros(p.count, p.max_len, dtype=torch.bool, device=x.device)
-    first[torch.arange(p.count, device=x.device), offset] = True
+    first = torch.arange(p.max_len, device=x.device) == offset.unsqueeze(1)  # [S, Lmax]: each segment's first step
     to_h0 = tuple([s.unsqueeze(1).expand(s.shape[0], p.max_len, *s.shape[1:]) for s in h0])
     x_block = x.new_zeros(p.count * p.max_len, x.shape[-1]).index_copy(0, dest, x.reshape(-1, x.shape[-1]))
     x_block = x_block.view(p.count, p.max_len, -1)
@@ -252,8 +251,7 @@ def bucketed(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: C
     bounds = np.array(cut)
     rows, steps = bounds[:, 1] - bounds[:, 0], bounds[:, 2]
     steps_sorted = np.repeat(steps, rows)
-    base = np.empty_like(steps_sorted)
-    base[p.order] = np.cumsum(steps_sorted) - steps_sorted  # each segment's first row in the buffer
+    base = (np.cumsum(steps_sorted) - steps_sorted)[p.rank]  # each segment's first row in the buffer
     order, rank = _to(p.order, x.device), _to(p.rank, x.device)
     lengths_d = _to(lengths_sorted, x.device)
     dest = _dest(p, _to(base, x.device))
