@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from itertools import product
 from typing import NamedTuple
 
 import torch
@@ -39,8 +40,7 @@ class CallContext(NamedTuple):
 
 
 # every context is one of these: a call builds none (a policy step reads its context on every call)
-CONTEXTS = {(c, v, d, f): CallContext.of(c, v, d, f) for c in (False, True) for v in (False, True)
-            for d in (False, True) for f in (False, True)}
+CONTEXTS = {key: CallContext.of(*key) for key in product((False, True), repeat=4)}
 
 
 def replayed_vjp(fn, args: tuple, cotangents: tuple) -> list:

@@ -1,8 +1,7 @@
 """How a call runs: the :class:`Route` the functional layer picks (a backend, and how a call with interior resets
 lays out its *segments*, the runs of steps between resets, as ``S`` independent rows of at most ``Lmax`` steps), and
 those layouts (``docs/backends.md``, "Segment layouts"). Counts and lengths come from the call's one host read of its
-mask (:func:`plan`); under ``torch.compile`` the one layout is ``aligned`` over a :func:`static_plan`.
-"""
+mask (:func:`plan`); under ``torch.compile`` the one layout is ``aligned`` over a :func:`static_plan`."""
 
 from __future__ import annotations
 
@@ -281,11 +280,10 @@ def bucketed(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: C
 def _other_finals(layout: Layout, params, x_block, h0: Carry, y_block, lengths: torch.Tensor) -> Carry:
     """The carry parts after ``h`` after each row's last step (one layer), from the rows' inputs ``x_block [R, T, F]``,
     outputs ``y_block [R, T, P]``, initial carries ``h0`` (``[R, 1, ·]``) and step counts ``lengths [R]``."""
-    cell = layout.cell
-    w = cell.layer_weights(params, layout, 0)
+    w = layout.cell.layer_weights(params, layout, 0)
     gi = F.linear(x_block, w.weight_ih, w.bias_ih)
     h_prev = torch.cat([h0[0], y_block[:, : x_block.shape[1] - 1]], dim=1)  # h before each step
-    rest = cell.carry_rest_given_h(gi, h_prev, tuple([s[:, 0] for s in h0[1:]]), w)
+    rest = layout.cell.carry_rest_given_h(gi, h_prev, tuple([s[:, 0] for s in h0[1:]]), w)
     last = (lengths - 1).view(-1, 1, 1)
     return tuple([parts.gather(1, last.expand(-1, 1, parts.shape[-1])) for parts in rest])
 
