@@ -166,8 +166,7 @@ def _initial_carries(p: SegmentPlan, carry: Carry, is_init: torch.Tensor, reset:
 def _dest(p: SegmentPlan, base: torch.Tensor) -> torch.Tensor:
     """``[N * T]``: each step's row in a block whose segment ``s`` holds its steps at rows ``base[s] + pos``."""
     if p.static:
-        seg_of, pos = p.index
-        return (base[seg_of] + pos).reshape(-1)
+        return (base[p.seg_of] + p.pos).reshape(-1)
     n, t_len = p.shape
     steps = torch.arange(n * t_len, device=base.device)
     return steps + torch.repeat_interleave(base - p.first, p.lengths, output_size=n * t_len)
