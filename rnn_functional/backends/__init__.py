@@ -1,7 +1,6 @@
 """Backends: run a cell over time (the canonical call of :mod:`.base`, exactly as ``reference``), importing cells,
 never the public API. :class:`.segments.Route` runs a call on one, in a layout of its segments; the functional
-layer's :func:`rnn_functional.functional._core.choose` picks the route.
-"""
+layer's :func:`rnn_functional.functional._core.choose` picks the route."""
 
 from __future__ import annotations
 

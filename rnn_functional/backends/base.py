@@ -6,12 +6,13 @@ validated, flattened call with ``N, T > 0``: ``x [N, T, F]``, ``carry`` a tuple 
 ``None``. It returns ``y [N, T, P]``, the carry after the last step and, with ``opts.segment_states``, per-step
 carries ``[N, T, L, S]`` exact at least at every segment end (else ``None``). ``pad.sequence`` serves resets at
 ``t = 0`` only (:mod:`.segments` lays out the others). A step backend is ``step(layout, params, x [N, F], carry) ->
-(y [N, P], carry')``, the resets applied.
-"""
+(y [N, P], carry')``, the resets applied."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
+from itertools import product
 from typing import NamedTuple
 
 import torch
@@ -39,8 +40,7 @@ class CallContext(NamedTuple):
 
 
 # every context is one of these: a call builds none (a policy step reads its context on every call)
-CONTEXTS = {(c, v, d, f): CallContext.of(c, v, d, f) for c in (False, True) for v in (False, True)
-            for d in (False, True) for f in (False, True)}
+CONTEXTS = {key: CallContext.of(*key) for key in product((False, True), repeat=4)}
 
 
 def replayed_vjp(fn, args: tuple, cotangents: tuple) -> list:
@@ -59,10 +59,8 @@ def replayed_vjp(fn, args: tuple, cotangents: tuple) -> list:
         inputs = [args[i] if args[i].requires_grad else args[i].detach().requires_grad_() for i in present]
         with torch.enable_grad():
             out = of_present(*inputs)
-
-        def pullback(cotangents):
-            return torch.autograd.grad(out, inputs, cotangents, create_graph=True, allow_unused=True,
-                                       materialize_grads=True)
+        pullback = partial(torch.autograd.grad, out, inputs, create_graph=True, allow_unused=True,
+                           materialize_grads=True)
     found = iter(pullback(tuple(torch.zeros_like(o) if g is None else g for o, g in zip(out, cotangents))))
     return [None if t is None else next(found) for t in args]
 

@@ -1,10 +1,8 @@
-"""Compiled training of vmapped ensembles on the ``scan`` backend: one layer of E members at once.
-
-Under ``torch.compile`` with gradients, a vmapped ``scan`` cannot be differentiated ("Expected init and carry to have
-same metadata") nor Dynamo vmap the hand-written layer ("You tried to vmap over ApplyTemplate"). So such a layer calls
-the op ``rnn_functional::scan_ensemble_layer``, whose vmap rule folds every vmapped dim into a leading ensemble dim
-(``e``: ``E`` or 1, shared), and which runs :class:`~.scan_parts.HandWrittenLayer` over the members on plain tensors.
-"""
+"""Compiled training of vmapped ensembles on the ``scan`` backend: one layer of E members at once. Under
+``torch.compile`` with gradients, a vmapped ``scan`` cannot be differentiated ("Expected init and carry to have same
+metadata") nor Dynamo vmap the hand-written layer ("You tried to vmap over ApplyTemplate"). So such a layer calls the
+op ``rnn_functional::scan_ensemble_layer``, whose vmap rule folds every vmapped dim into a leading ensemble dim (``e``:
+``E`` or 1, shared), and which runs :class:`~.scan_parts.HandWrittenLayer` over the members on plain tensors."""
 
 from __future__ import annotations
 
@@ -15,8 +13,6 @@ from ..cells import CELLS, Carry, Cell
 from .scan_parts import HandWrittenLayer, Members, split_inputs
 
 __all__ = ["layer_states", "serves"]
-
-_OP = "rnn_functional::scan_ensemble_layer"
 
 
 def serves(recompute: bool, *tensors: torch.Tensor | None) -> bool:
@@ -85,4 +81,4 @@ _LIB = torch.library.Library("rnn_functional", "FRAGMENT")
 _LIB.define("scan_ensemble_layer(str cell, bool recompute, Tensor inp, Tensor? mask, Tensor[] carry0, Tensor[]? reset, "
             "Tensor?[] weights) -> Tensor[]")
 _LIB.impl("scan_ensemble_layer", _layer_impl, "CompositeImplicitAutograd")
-torch.library.register_vmap(_OP, _fold_vmapped_dim, lib=_LIB)
+torch.library.register_vmap("rnn_functional::scan_ensemble_layer", _fold_vmapped_dim, lib=_LIB)

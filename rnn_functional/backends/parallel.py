@@ -1,8 +1,7 @@
 """``parallel``: cells linear in their state (``h_t = a_t * h_{t-1} + b_t``) solved by :func:`linear_scan`, a
 chunked scan that never divides by a product of ``a`` (``docs/linear_recurrences.md``). Eagerly :class:`LinearScan`
 (preallocated buffers, its backward the same scan in reverse); compiled and in forward mode plain ops under autograd
-(Dynamo cannot vmap the Function under a compiled ensemble, nor trace one with a ``jvp``).
-"""
+(Dynamo cannot vmap the Function under a compiled ensemble, nor trace one with a ``jvp``)."""
 
 from __future__ import annotations
 
@@ -84,14 +83,11 @@ def _solve(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None, reverse:
         tail.append(state)
     if out is not None:
         return out
-    if reverse:
-        kept.reverse()
-        tail.reverse()
-    main = torch.stack(kept, dim=2)
+    main = torch.stack(kept[::-1] if reverse else kept, dim=2)
     main = main.reshape(main.shape[0], -1, *main.shape[3:])  # [N, count * chunk, ...]
     if not tail:
         return main
-    tail = torch.stack(tail, dim=1)
+    tail = torch.stack(tail[::-1] if reverse else tail, dim=1)
     return torch.cat([tail, main] if reverse else [main, tail], dim=1)
 
 
@@ -155,8 +151,7 @@ def linear_scan(a: torch.Tensor, b: torch.Tensor, init: torch.Tensor | None = No
     """``h_t = a_t * h_{t-1} + b_t`` from ``h_{-1} = init`` (``None``: zeros), or with ``reverse`` from ``h_T``
     backwards; ``h_t = b_t`` where ``cut`` (a reset: not even a NaN state is read). ``a, b [N, T, ...]``,
     ``init [N, ...]``, ``cut`` bool ``[N, T, 1]`` -> ``h`` like ``b``. ``plain_ops``: no :class:`LinearScan`
-    (compiled, forward-mode AD: see the module docstring).
-    """
+    (compiled, forward-mode AD: see the module docstring)."""
     if plain_ops:
         return _solve(a, b, init, reverse, cut=cut, select=False)
     return LinearScan.apply(a, b, init, reverse, cut)

@@ -14,10 +14,6 @@ from torch.utils.checkpoint import checkpoint
 from .base import SequenceOptions
 
 
-def _slice(t, sl: slice):
-    return None if t is None else tuple(s[:, sl] for s in t) if isinstance(t, tuple) else t[:, sl]
-
-
 def checkpointed(impl: Callable) -> Callable:
     """A backend's ``sequence`` whose backward recomputes chunk by chunk (``scan`` recomputes in its own)."""
 
@@ -34,8 +30,9 @@ def checkpointed(impl: Callable) -> Callable:
         ys, per_step = [], []
         for t0 in range(0, t_len, chunk):
             sl = slice(t0, t0 + chunk)
-            y, carry, states = checkpoint(impl, layout, params, x[:, sl], carry, _slice(is_init, sl), _slice(reset, sl),
-                                          inner, use_reentrant=False)
+            mask = None if is_init is None else is_init[:, sl]
+            fill = None if reset is None else tuple(r[:, sl] for r in reset)
+            y, carry, states = checkpoint(impl, layout, params, x[:, sl], carry, mask, fill, inner, use_reentrant=False)
             ys.append(y)
             per_step.append(states)
         states = tuple(torch.cat(parts, dim=1) for parts in zip(*per_step)) if opts.segment_states else None

@@ -1,16 +1,13 @@
 """How a call runs: the :class:`Route` the functional layer picks (a backend, and how a call with interior resets
-lays out its segments), and those layouts (``docs/backends.md``, "Segment layouts").
-
-A *segment* is a maximal run of steps of one row between resets. No state crosses a reset, so re-batched, ``N`` rows
-of ``T`` steps become ``S`` independent rows of at most ``Lmax`` steps, each from its own initial carry. Counts and
-lengths come from the call's one host read of its mask (:func:`plan`): eager only; under ``torch.compile`` the one
-layout is ``aligned`` over a :func:`static_plan`.
-"""
+lays out its *segments*, the runs of steps between resets, as ``S`` independent rows of at most ``Lmax`` steps), and
+those layouts (``docs/backends.md``, "Segment layouts"). Counts and lengths come from the call's one host read of its
+mask (:func:`plan`); under ``torch.compile`` the one layout is ``aligned`` over a :func:`static_plan`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import itemgetter, methodcaller
 from typing import NamedTuple
 
 import numpy as np
@@ -25,9 +22,9 @@ from .recompute import checkpointed
 
 SEGMENT_LAYOUTS = ("rows", "aligned", "packed", "buckets", "slices")
 LAYOUTS_OF = {"reference": ("rows", "aligned"), "scan": ("rows", "aligned"), "pad": ("packed", "buckets", "slices"),
-              "triton": ("rows",), "parallel": ("rows",)}  # the layouts each backend runs a call with interior resets in
-_SEQUENCES = {"reference": reference.sequence, "parallel": parallel.sequence, "scan": scan.sequence, "pad": pad.sequence,
-              "triton": triton_backend.sequence}
+              "triton": ("rows",), "parallel": ("rows",)}  # the layouts each runs a call with interior resets in
+_SEQUENCES = {"reference": reference.sequence, "parallel": parallel.sequence, "scan": scan.sequence,
+              "pad": pad.sequence, "triton": triton_backend.sequence}
 _CHECKPOINTED = ("reference", "parallel")  # recompute="full" by activation checkpointing; scan and triton serve it
 
 
@@ -67,9 +64,8 @@ class SegmentPlan:
     def _index(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.index is None:
             n, t_len = self.shape
-            dev = self.first.device
-            seg_of = torch.repeat_interleave(torch.arange(self.count, device=dev), self.lengths, output_size=n * t_len)
-            pos = torch.arange(n * t_len, device=dev) - self.first[seg_of]
+            seg_of = torch.repeat_interleave(self.lengths, output_size=n * t_len)  # segment s repeated lengths[s] times
+            pos = torch.arange(n * t_len, device=seg_of.device) - self.first[seg_of]
             self.index = (seg_of.view(n, t_len), pos.view(n, t_len))
         return self.index
 
@@ -98,13 +94,8 @@ def plan(is_init: np.ndarray, device: torch.device) -> SegmentPlan | None:
         return None
     first, lengths = segment_starts(is_init)
     length = int(lengths[0])
-    whole, tail = divmod(t_len, length)
-    per_row = whole + (tail > 0)
-    regular = length < t_len and len(first) == n * per_row
-    if regular:  # every row: whole slices of one length from t = 0, the last one the remainder
-        pattern = np.full(per_row, length)
-        pattern[-1] = tail or length
-        regular = bool((lengths.reshape(n, per_row) == pattern).all())
+    # every row whole slices of one length from t = 0: its starts are every multiple of the length, and no others
+    regular = length < t_len and len(first) == n * -(-t_len // length) and not (first % t_len % length).any()
     last = np.searchsorted(first, np.arange(1, n + 1) * t_len) - 1
     order = np.argsort(-lengths, kind="stable")
     rank = np.argsort(order)  # the inverse permutation
@@ -168,15 +159,14 @@ def _initial_carries(p: SegmentPlan, carry: Carry, is_init: torch.Tensor, reset:
     """Every segment's carry before its first step, ``[S, L, ·]`` each (in ``order``), reset where ``is_init``."""
     first = p.first if order is None else p.first[order]
     row, start = first // p.shape[1], first % p.shape[1]
-    fill = None if reset is None else tuple([r[row, start] for r in reset])
-    return apply_reset(tuple([s[row] for s in carry]), is_init[row, start], fill)
+    fill = None if reset is None else tuple(map(itemgetter((row, start)), reset))
+    return apply_reset(tuple(map(itemgetter(row), carry)), is_init[row, start], fill)
 
 
 def _dest(p: SegmentPlan, base: torch.Tensor) -> torch.Tensor:
     """``[N * T]``: each step's row in a block whose segment ``s`` holds its steps at rows ``base[s] + pos``."""
     if p.static:
-        seg_of, pos = p.index
-        return (base[seg_of] + pos).reshape(-1)
+        return (base[p.seg_of] + p.pos).reshape(-1)
     n, t_len = p.shape
     steps = torch.arange(n * t_len, device=base.device)
     return steps + torch.repeat_interleave(base - p.first, p.lengths, output_size=n * t_len)
@@ -190,11 +180,11 @@ def _scatter(p: SegmentPlan, y_rows: torch.Tensor, dest: torch.Tensor, seg_final
     n, t_len = p.shape
     y = y_rows.index_select(0, dest).view(n, t_len, -1)
     last = p.last if order is None else order[1][p.last]
-    final = tuple([s.index_select(0, last) for s in seg_final])
+    final = tuple(map(itemgetter(last), seg_final))
     if not opts.segment_states:
         return Result(y, final, None)
     if p.static:
-        return Result(y, final, tuple([s[p.seg_of] for s in seg_final]))
+        return Result(y, final, tuple(map(itemgetter(p.seg_of), seg_final)))
     ends = p.first + p.lengths - 1
     ends = ends if order is None else ends[order[0]]
     per_step = tuple([s.new_zeros(n * t_len, *s.shape[1:]).index_copy(0, ends, s).view(n, t_len, *s.shape[1:])
@@ -208,8 +198,7 @@ def aligned(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: Ca
     offset = p.max_len - p.lengths  # [S] front padding of each segment
     dest = _dest(p, torch.arange(p.count, device=x.device) * p.max_len + offset)
     h0 = _initial_carries(p, carry, is_init, reset)
-    first = torch.zeros(p.count, p.max_len, dtype=torch.bool, device=x.device)
-    first[torch.arange(p.count, device=x.device), offset] = True
+    first = torch.arange(p.max_len, device=x.device) == offset.unsqueeze(1)  # [S, Lmax]: each segment's first step
     to_h0 = tuple([s.unsqueeze(1).expand(s.shape[0], p.max_len, *s.shape[1:]) for s in h0])
     x_block = x.new_zeros(p.count * p.max_len, x.shape[-1]).index_copy(0, dest, x.reshape(-1, x.shape[-1]))
     x_block = x_block.view(p.count, p.max_len, -1)
@@ -254,15 +243,13 @@ def bucketed(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: C
     """ATen's kernel (``pad``, one layer) on the segments of ``p`` in length buckets (:func:`buckets`), one unpacked
     call each (keeping oneDNN's fused LSTM and a backward linear in the steps) on its left-aligned block, the blocks
     in one buffer. A segment's final ``h`` is its output at its last step; where it ends before its bucket, its other
-    carry parts (the LSTM's ``c``) are recomputed from the outputs (:meth:`~rnn_functional.cells.Cell.carry_rest_given_h`).
-    """
+    carry parts (the LSTM's ``c``) are recomputed from the outputs (``Cell.carry_rest_given_h``)."""
     lengths_sorted = p.lengths_host[p.order]
     cut = buckets(lengths_sorted)
-    rows = np.array([end - first for first, end, _, _ in cut])
-    steps = np.array([bucket[2] for bucket in cut])
+    bounds = np.array(cut)
+    rows, steps = bounds[:, 1] - bounds[:, 0], bounds[:, 2]
     steps_sorted = np.repeat(steps, rows)
-    base = np.empty_like(steps_sorted)
-    base[p.order] = np.cumsum(steps_sorted) - steps_sorted  # each segment's first row in the buffer
+    base = (np.cumsum(steps_sorted) - steps_sorted)[p.rank]  # each segment's first row in the buffer
     order, rank = _to(p.order, x.device), _to(p.rank, x.device)
     lengths_d = _to(lengths_sorted, x.device)
     dest = _dest(p, _to(base, x.device))
@@ -270,33 +257,32 @@ def bucketed(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: C
     # one split, not a slice per bucket: each slice's backward would zero-fill a gradient of the whole buffer
     x_rows = x.new_zeros(int(steps_sorted.sum()), x.shape[-1]).index_copy(0, dest, x.reshape(-1, x.shape[-1]))
     x_b = x_rows.split((rows * steps).tolist())
-    h0_b = list(zip(*[s.split(rows.tolist()) for s in h0]))
+    h0_b = zip(*map(methodcaller("split", rows.tolist()), h0))
     ys, finals = [], []
     for (first, end, length, full), x_flat, hb in zip(cut, x_b, h0_b):
         xb = x_flat.view(end - first, length, -1)
         yb, final_b = pad.kernel(layout, params, xb, hb, opts)
         lb = lengths_d[first:end]
         h_last = yb.gather(1, (lb - 1).view(-1, 1, 1).expand(-1, 1, yb.shape[-1]))  # [Sb, 1, P]
-        others = [s[:full] for s in final_b[1:]]  # a prefix of the bucket ends at its last step
+        others = final_b[1:]  # right for the prefix of the bucket that ends at its last step
         if full < end - first and others:  # rows ending early: their parts after h, recomputed
             rest = slice(full, end - first)
             short = _other_finals(layout, params, xb[rest, : int(lengths_sorted[first + full])],
-                                  tuple([s[rest] for s in hb]), yb[rest], lb[rest])
-            others = [torch.cat([a, b]) for a, b in zip(others, short)]
+                                  tuple(map(itemgetter(rest), hb)), yb[rest], lb[rest])
+            others = [torch.cat([a[:full], b]) for a, b in zip(others, short)]
         finals.append((h_last, *others))
         ys.append(yb.reshape(-1, yb.shape[-1]))
-    seg_final = tuple([torch.cat(parts) if len(parts) > 1 else parts[0] for parts in zip(*finals)])  # sorted order
-    return _scatter(p, torch.cat(ys) if len(ys) > 1 else ys[0], dest, seg_final, opts, order=(order, rank))
+    seg_final = finals[0] if len(finals) == 1 else tuple(map(torch.cat, zip(*finals)))  # in sorted order
+    return _scatter(p, ys[0] if len(ys) == 1 else torch.cat(ys), dest, seg_final, opts, order=(order, rank))
 
 
 def _other_finals(layout: Layout, params, x_block, h0: Carry, y_block, lengths: torch.Tensor) -> Carry:
     """The carry parts after ``h`` after each row's last step (one layer), from the rows' inputs ``x_block [R, T, F]``,
     outputs ``y_block [R, T, P]``, initial carries ``h0`` (``[R, 1, ·]``) and step counts ``lengths [R]``."""
-    cell = layout.cell
-    w = cell.layer_weights(params, layout, 0)
+    w = layout.cell.layer_weights(params, layout, 0)
     gi = F.linear(x_block, w.weight_ih, w.bias_ih)
     h_prev = torch.cat([h0[0], y_block[:, : x_block.shape[1] - 1]], dim=1)  # h before each step
-    rest = cell.carry_rest_given_h(gi, h_prev, tuple([s[:, 0] for s in h0[1:]]), w)
+    rest = layout.cell.carry_rest_given_h(gi, h_prev, tuple([s[:, 0] for s in h0[1:]]), w)
     last = (lengths - 1).view(-1, 1, 1)
     return tuple([parts.gather(1, last.expand(-1, 1, parts.shape[-1])) for parts in rest])
 
@@ -337,13 +323,12 @@ def whole_slices(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carr
     x_s = x_s.reshape(n * k, slice_len, x.shape[-1])
     y_s, slice_finals = pad.kernel(layout, params, x_s, slice_carries(slice_len, k, carry, reset), inner)
     y, final, _, _ = merge_slices(n, whole, y_s, slice_finals, None)
-    tail_finals, ended = None, whole // slice_len  # ended: the slices whose final carry the kernel holds
+    tail_finals, ended = None, k  # ended: the slices whose final carry the kernel holds
     if padded_tail:
         y, ended = y[:, :t_len], k - 1
         final = tail_finals = (y[:, -1].unsqueeze(1).clone(),)  # not a view of the outputs
     elif tail:  # the shorter last slices
-        tail_carry = (tuple([s.new_zeros(s.shape) for s in carry]) if reset is None
-                      else tuple([r[:, whole] for r in reset]))
+        tail_carry = tuple(map(torch.zeros_like, carry)) if reset is None else tuple([r[:, whole] for r in reset])
         y_tail, tail_finals = pad.kernel(layout, params, x[:, whole:], tail_carry, inner)
         y, final = torch.cat([y, y_tail], dim=1), tail_finals
     if not opts.segment_states:
