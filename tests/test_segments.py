@@ -216,7 +216,8 @@ def test_plan_of_a_flat_row():
     assert p.count == 6 and p.max_len == 4
     assert (p.first // 7).tolist() == [0, 0, 0, 1, 1, 1] and (p.first % 7).tolist() == [0, 2, 3, 0, 3, 6]
     assert p.lengths_host.tolist() == p.lengths.tolist() == [2, 1, 4, 3, 3, 1]
-    assert p.pos[0].tolist() == [0, 1, 0, 0, 1, 2, 3] and p.seg_of[1].tolist() == [3, 3, 3, 4, 4, 4, 5]
+    seg_of, pos = p.positions()
+    assert pos[0].tolist() == [0, 1, 0, 0, 1, 2, 3] and seg_of[1].tolist() == [3, 3, 3, 4, 4, 4, 5]
     assert segments.alive_per_step(p).tolist() == [6, 4, 3, 1]
 
 

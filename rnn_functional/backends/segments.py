@@ -45,8 +45,8 @@ class SegmentPlan:
     On the device: ``first [S]`` (each segment's first step, row-major over ``N * T``), ``lengths [S]``, ``last [N]``
     (the segment ending each row). NumPy, from the host read: ``lengths_host``, ``order`` (by decreasing length,
     stable), its inverse ``rank``. ``slice_len``: ``L`` when every row is whole slices of ``L < T`` steps from
-    ``t = 0``, else ``None``. :attr:`seg_of` and :attr:`pos` (``[N, T]``: each step's segment, its index in it) are
-    derived on first use. ``static``: a :func:`static_plan` (no host values)."""
+    ``t = 0``, else ``None``. :meth:`positions` are derived on first use. ``static``: a :func:`static_plan` (no host
+    values)."""
 
     shape: tuple[int, int]
     first: torch.Tensor
@@ -61,21 +61,14 @@ class SegmentPlan:
     index: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
     static: bool = False
 
-    def _index(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def positions(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(seg_of, pos)``, ``[N, T]`` each: each step's segment and its index in it."""
         if self.index is None:
             n, t_len = self.shape
             seg_of = torch.repeat_interleave(self.lengths, output_size=n * t_len)  # segment s repeated lengths[s] times
             pos = torch.arange(n * t_len, device=seg_of.device) - self.first[seg_of]
             self.index = (seg_of.view(n, t_len), pos.view(n, t_len))
         return self.index
-
-    @property
-    def seg_of(self) -> torch.Tensor:
-        return self._index()[0]
-
-    @property
-    def pos(self) -> torch.Tensor:
-        return self._index()[1]
 
 
 def segment_starts(is_init: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -166,7 +159,8 @@ def _initial_carries(p: SegmentPlan, carry: Carry, is_init: torch.Tensor, reset:
 def _dest(p: SegmentPlan, base: torch.Tensor) -> torch.Tensor:
     """``[N * T]``: each step's row in a block whose segment ``s`` holds its steps at rows ``base[s] + pos``."""
     if p.static:
-        return (base[p.seg_of] + p.pos).reshape(-1)
+        seg_of, pos = p.positions()
+        return (base[seg_of] + pos).reshape(-1)
     n, t_len = p.shape
     steps = torch.arange(n * t_len, device=base.device)
     return steps + torch.repeat_interleave(base - p.first, p.lengths, output_size=n * t_len)
@@ -184,7 +178,7 @@ def _scatter(p: SegmentPlan, y_rows: torch.Tensor, dest: torch.Tensor, seg_final
     if not opts.segment_states:
         return Result(y, final, None)
     if p.static:
-        return Result(y, final, tuple(map(itemgetter(p.seg_of), seg_final)))
+        return Result(y, final, tuple(map(itemgetter(p.positions()[0]), seg_final)))
     ends = p.first + p.lengths - 1
     ends = ends if order is None else ends[order[0]]
     per_step = tuple([s.new_zeros(n * t_len, *s.shape[1:]).index_copy(0, ends, s).view(n, t_len, *s.shape[1:])
@@ -213,7 +207,8 @@ def packed(impl: Callable, p: SegmentPlan, layout: Layout, params, x, carry: Car
     order, rank = _to(p.order, x.device), _to(p.rank, x.device)
     batch_sizes = alive_per_step(p)
     step_rows = _to(np.cumsum(batch_sizes) - batch_sizes, x.device)  # the first packed row of each step
-    dest = step_rows[p.pos.reshape(-1)] + rank[p.seg_of.reshape(-1)]  # a permutation of the steps
+    seg_of, pos = p.positions()
+    dest = step_rows[pos.reshape(-1)] + rank[seg_of.reshape(-1)]  # a permutation of the steps
     data = x.new_empty(dest.shape[0], x.shape[-1]).index_copy(0, dest, x.reshape(-1, x.shape[-1]))
     h0 = _initial_carries(p, carry, is_init, reset, order)
     out, seg_final = pad.kernel(layout, params, data, h0, opts, _to(batch_sizes, torch.device("cpu")))
