@@ -42,9 +42,8 @@ _VMAP, _GRAD, _JVP = (torch._C._functorch.TransformType.Vmap, torch._C._functorc
 
 
 def call_context() -> CallContext:
-    """The context of the current call: ``is_compiling`` first (Dynamo cannot trace the rest), then functorch's
-    transform stack and the forward-mode AD level. ``torch.jit.trace`` captures a graph as Dynamo does: a call must
-    not steer by its data there."""
+    """The current call's context: ``is_compiling`` first (Dynamo cannot trace the rest; ``torch.jit.trace`` counts
+    as compiling: no steering by data), then functorch's transform stack and the forward-mode AD level."""
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return CONTEXTS[True, False, False, False]
     stack = torch._C._functorch.get_interpreter_stack()
@@ -146,16 +145,6 @@ def autocast_dtype(layout: Layout) -> torch.dtype | None:
     return None if dtype == layout.dtype else dtype
 
 
-def _mask_error(is_init, want: tuple) -> Exception:
-    if not isinstance(is_init, torch.Tensor):
-        return TypeError(f"is_init: expected a bool tensor of shape {list(want)}, got {type(is_init).__name__}.")
-    if is_init.dtype != torch.bool:
-        return TypeError(f"is_init: expected dtype torch.bool, got {is_init.dtype}. Pass is_init.bool() (True where an "
-                         f"episode starts).")
-    return ValueError(f"is_init: expected shape {list(want)} or {list(want) + [1]}, got {list(is_init.shape)}: one "
-                      f"bool per entry of x's leading dims (True where an episode starts).")
-
-
 @dataclass(slots=True)
 class Canonical:
     """A validated, flattened call (see :mod:`rnn_functional.backends.base`)."""
@@ -213,9 +202,14 @@ def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: 
                                  f"{t.device}. Convert it with .to(dtype=..., device=...) or convert the params.")
     if is_init is not None:
         want = batch_shape + time
-        if not isinstance(is_init, torch.Tensor) or is_init.dtype != torch.bool or \
-                is_init.shape != want and is_init.shape != want + (1,):
-            raise _mask_error(is_init, want)
+        if not isinstance(is_init, torch.Tensor):
+            raise TypeError(f"is_init: expected a bool tensor of shape {list(want)}, got {type(is_init).__name__}.")
+        if is_init.dtype != torch.bool:
+            raise TypeError(f"is_init: expected dtype torch.bool, got {is_init.dtype}. Pass is_init.bool() (True where "
+                            f"an episode starts).")
+        if is_init.shape != want and is_init.shape != want + (1,):
+            raise ValueError(f"is_init: expected shape {list(want)} or {list(want) + [1]}, got {list(is_init.shape)}: "
+                             f"one bool per entry of x's leading dims (True where an episode starts).")
     return layout, params
 
 
@@ -360,28 +354,15 @@ def reads_segments(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOpt
 
 
 def _compiled_loop() -> str:
-    """``auto`` and ``pad`` under ``torch.compile``: ``scan``, or ``reference``'s loop (unrolled in the graph, as
-    torch's decomposition of ``nn.LSTM`` unrolls its loop) where compiled autograd traces the backward: it cannot
-    hold a ``scan`` ("UncapturedHigherOrderOpError"). Grad mode, not ``records_grad``: a vmapped tensor reports
-    ``requires_grad=False``."""
+    """``auto`` and ``pad`` under ``torch.compile``: ``scan``, or ``reference``'s unrolled loop where compiled autograd
+    traces the backward, which cannot hold a ``scan``. Grad mode: a vmapped tensor reports ``requires_grad=False``."""
     return "reference" if torch.is_grad_enabled() and torch._dynamo.compiled_autograd.compiled_autograd_enabled \
         else "scan"
 
 
 def auto(layout: Layout, x: torch.Tensor, opts: SequenceOptions, plan: SegmentPlan | None, records_grad: bool,
          ctx: CallContext) -> str:
-    """``auto``'s rule (``docs/backends.md``), first match:
-
-    1. a cell linear in its state: ``parallel`` (``scan`` for ``recompute="full"`` under an eager ``torch.func``
-       transform, where activation checkpointing cannot run);
-    2. CUDA: ``triton`` where it serves the call under ``torch.compile`` or ``torch.vmap``;
-    3. ``torch.compile``: ``scan`` (``reference`` where compiled autograd traces the backward);
-    4. eager ``torch.vmap`` / ``torch.func``: ``reference`` (``scan`` for ``recompute="full"``);
-    5. plain eager: ``pad`` for a cell with ATen kernels and ``recompute="none"``, but not for a call under autograd
-       on the CPU of a cell whose kernel is a loop of per-step ops there (the GRU) and whose segments do not halve
-       the steps (the ``scan`` loop does the same steps without re-batching them); else ``scan`` under autograd (it
-       keeps the activations its backward reads), ``reference`` without.
-    """
+    """``auto``'s pick, first match of the rule in ``docs/backends.md`` ("What ``auto`` picks")."""
     if layout.cell.linear_in_state:
         return "scan" if opts.recompute == "full" and ctx.traced and not ctx.compiling else "parallel"
     if x.is_cuda and _auto_runs_triton(layout, x, opts, ctx):
@@ -531,7 +512,7 @@ _STEP_DOC = """One time step of a multi-layer {title}.
         dropout, training: dropout probability on the outputs of every layer but the last, applied only when
             ``training`` (then the ``reference`` step runs: no fused cell applies it).
         layout: the params' layout (``Cell.layout_of``) when the caller has checked ``x``, ``state`` (a tuple
-            of tensors) and ``is_init`` against it, as the modules do: the call skips its own checks.
+            of tensors) and ``is_init`` against it, as the modules do: the call skips its own checks.{extra}
 
     Returns:
         ``(y [*B, {out}], state)``: the top layer's output and the new state. As ``torch.nn.LSTMCell``'s
@@ -568,7 +549,7 @@ _SEQUENCE_DOC = """A multi-layer {title} over a sequence, with resets.
             or one of the named backend's layouts: ``"rows"``/``"aligned"`` for ``reference``/``scan``;
             ``"packed"``, ``"buckets"`` or ``"slices"`` for ``pad`` (``docs/backends.md``).
         layout: the params' layout (``Cell.layout_of``) when the caller has checked the options and ``x``,
-            ``state``, ``is_init`` and ``reset_state`` against it, as the modules do: the call skips its checks.
+            ``state``, ``is_init`` and ``reset_state`` against it, as the modules do: the call skips its checks.{extra}
 
     Returns:
         ``(y [*B, T, {out}], state_T)``: top-layer outputs and the carry after the last step
@@ -576,15 +557,16 @@ _SEQUENCE_DOC = """A multi-layer {title} over a sequence, with resets.
     """
 
 
-def public_functions(cell: Cell) -> tuple[Callable, Callable]:
-    """``cell``'s public step and sequence functions (``{name}_step``, ``{name}_sequence``), named and documented."""
-    step, sequence = entries(cell)
-    for fn, kind, doc in ((step, "step", _STEP_DOC), (sequence, "sequence", _SEQUENCE_DOC)):
+def public_functions(cell: Cell, functions: tuple[Callable, Callable] | None = None, extra: str = ""):
+    """``cell``'s public step and sequence functions (default: :func:`entries`), named ``{name}_step`` and
+    ``{name}_sequence`` and documented (``extra``: more Args entries)."""
+    functions = functions or entries(cell)
+    for fn, kind, doc in zip(functions, ("step", "sequence"), (_STEP_DOC, _SEQUENCE_DOC)):
         fn.__name__ = fn.__qualname__ = f"{cell.name}_{kind}"
         fn.__module__ = "rnn_functional.functional"
         fn.__doc__ = doc.format(title=cell.title, state=cell.state_doc, params=cell.params_doc,
-                                init=cell.init_function, out=cell.out_dim)
-    return step, sequence
+                                init=cell.init_function, out=cell.out_dim, extra=extra)
+    return functions
 
 
 def entries(cell: Cell) -> tuple[Callable, Callable]:
