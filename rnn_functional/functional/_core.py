@@ -223,9 +223,8 @@ def flatten(layout: Layout, params: Mapping[str, torch.Tensor], x: torch.Tensor,
     reset = (reset,) if isinstance(reset, torch.Tensor) else None if reset is None else tuple(reset)
     if torch.compiler.is_compiling():
         if torch.compiler.is_exporting():
-            # torch's ``scan`` clones the tensors its step reads to trace it, and under non-strict export fails on one
-            # the graph holds as a constant (a global closed over: "Cannot access data pointer of Tensor"); a view is
-            # an op
+            # torch's scan clones the tensors its step reads and, under non-strict export, fails on one the graph
+            # holds as a constant (a global closed over: "Cannot access data pointer of Tensor"); a view is an op
             params, x, is_init, carry, reset = pytree.tree_map_only(
                 torch.Tensor, lambda t: t.view_as(t), (params, x, is_init, carry, reset))
     elif torch.is_grad_enabled():
@@ -528,26 +527,23 @@ _SEQUENCE_DOC = """A multi-layer {title} over a sequence, with resets.
         is_init: bool ``[*B, T]`` (or ``[*B, T, 1]``); before every step ``t`` where it is True
             the carry is replaced by ``reset_state[..., t, :, :]``, or by zeros.
         reset_state: per-step states to reset to, the state's format with a ``T`` dim after ``*B``.
-        backend: ``"auto"``, ``"reference"``, ``"scan"``, ``"pad"``, ``"triton"`` or ``"parallel"`` (cells
-            linear in their state: minGRU, RG-LRU); a backend that cannot serve the {title} raises a
-            ``ValueError`` naming those that can. ``auto`` runs ``parallel`` wherever it serves.
-        dropout: dropout probability on the outputs of every layer but the last.
-        training: dropout is applied only when True.
-        recompute: ``"none"`` or ``"full"``: recompute activations in backward instead of saving them (``pad``
-            cannot).
-        compute_dtype: operand dtype of the recurrent matmul (``triton`` only; others ignore it).
-        matmul_precision: recurrent matmul precision (``triton`` only; see :mod:`rnn_functional.precision`).
+        backend: ``"auto"`` (``docs/backends.md``), ``"reference"``, ``"scan"``, ``"pad"``, ``"triton"`` or
+            ``"parallel"`` (cells linear in their state); one that cannot serve the call raises a ``ValueError``.
+        dropout, training: dropout probability on the outputs of every layer but the last, applied when ``training``.
+        recompute: ``"none"`` or ``"full"`` (recompute activations in backward instead of saving them; not ``pad``).
+        compute_dtype, matmul_precision: the recurrent matmul's operand dtype and precision (``triton`` only; see
+            :mod:`rnn_functional.precision`).
         return_segment_states: also return the per-step states ``[*B, T, L, ·]``: the carry after every step that
             ends a segment (before a reset, and the last step), zeros elsewhere (TorchRL's ``("next", hidden)``).
         slice_len: the time axis is whole slices of exactly this many steps, ``is_init`` True at every slice
-            start (``SliceSampler(slice_len=..., strict_length=True)``); they run as ``[*B * T / slice_len,
-            slice_len]``, with static shapes under ``torch.compile`` (``docs/compile.md``).
+            start (``SliceSampler(slice_len=..., strict_length=True)``), run as ``[*B * T / slice_len, slice_len]``
+            (static shapes under ``torch.compile``, ``docs/compile.md``).
         num_slices: with ``slice_len``: at most ``num_slices`` segments of at most ``slice_len`` steps
             (``strict_length=False``), run in a ``[num_slices, slice_len]`` block under ``torch.compile``. A hint
             that does not match the batch raises (``ValueError`` eagerly, ``RuntimeError`` compiled).
-        segment_layout: how an eager call with interior resets lays out its segments: ``"auto"`` (``auto``'s rule),
-            or one of the named backend's layouts: ``"rows"``/``"aligned"`` for ``reference``/``scan``;
-            ``"packed"``, ``"buckets"`` or ``"slices"`` for ``pad`` (``docs/backends.md``).
+        segment_layout: how an eager call with interior resets lays out its segments: ``"auto"`` or one of the
+            backend's layouts: ``"rows"``/``"aligned"`` (``reference``, ``scan``), ``"packed"``/``"buckets"``/
+            ``"slices"`` (``pad``); see ``docs/backends.md``.
         layout: the params' layout (``Cell.layout_of``) when the caller has checked the options and ``x``,
             ``state``, ``is_init`` and ``reset_state`` against it, as the modules do: the call skips its checks.{extra}
 
