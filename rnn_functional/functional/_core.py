@@ -23,7 +23,6 @@ from . import slices
 
 BACKEND_CHOICES = ("auto", *BACKENDS)
 STEP_BACKENDS = ("auto", "reference", "pad", "triton", "parallel")
-_RECOMPUTE_BACKENDS = ("reference", "scan", "triton")
 _COUNT = ("no", "one", "two", "three", "four", "five")
 
 
@@ -33,7 +32,7 @@ _COUNT = ("no", "one", "two", "three", "four", "five")
 def recompute_backends(ctx: CallContext) -> list[str]:
     """The backends that serve ``recompute`` in ``ctx``, for the errors (:func:`choose`)."""
     if not (ctx.vmapped or ctx.differentiated):
-        return list(_RECOMPUTE_BACKENDS)
+        return ["reference", "scan", "triton"]
     return ["scan"] if ctx.differentiated else ["scan", "triton"]
 
 
@@ -270,14 +269,11 @@ def restore(batch_shape: tuple, tensors: Carry) -> Carry:
 # ----------------------------------------------------------------------------- the route
 
 
-def _route(backend: str, layout: Layout, plan: SegmentPlan | None, records_grad: bool, forced: str,
-           cuda: bool) -> Route:
-    """``backend``'s route for an eager call with the segments ``plan`` (``None``: no interior reset), laid out as
-    ``forced`` (``segment_layout``) or by the rule: ``pad`` runs whole slices as a view, else length buckets (one
-    layer under autograd on a CPU-fused kernel), else one packed call; the loops run right-aligned segments where
-    that at least halves the steps, else the rows."""
-    if plan is None:
-        return Route(backend)
+def _route(backend: str, layout: Layout, plan: SegmentPlan, records_grad: bool, forced: str, cuda: bool) -> Route:
+    """``backend``'s route for an eager call with the interior resets ``plan``, laid out as ``forced``
+    (``segment_layout``) or by the rule: ``pad`` runs whole slices as a view, else length buckets (one layer under
+    autograd on a CPU-fused kernel), else one packed call; the loops run right-aligned segments where that at least
+    halves the steps, else the rows."""
     if forced == "auto":
         if backend != "pad":
             forced = "aligned" if 2 * plan.max_len <= plan.shape[1] else "rows"
