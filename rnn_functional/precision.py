@@ -84,8 +84,7 @@ def resolve_matmul_precision(mode: str | None = None, device: torch.device | Non
     has no TF32. Under ``torch.compile`` the result is fixed when traced: set the global setting or the environment
     before compiling.
     """
-    chosen = next((m for m in (mode, _global_mode, _env_mode()) if m is not None and check_mode(m) != "auto"), None)
-    if chosen is None:
-        chosen = _from_torch()
+    chosen = next((m for m in (mode, _global_mode, _env_mode()) if m is not None and check_mode(m) != "auto"),
+                  None) or _from_torch()
     chosen = PRESETS.get(chosen, chosen)
     return chosen if _has_tf32(device) else "ieee"

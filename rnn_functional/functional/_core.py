@@ -133,9 +133,8 @@ def _carry_error(cell: Cell, value, arg: str) -> TypeError:
 
 
 def autocast_dtype(layout: Layout) -> torch.dtype | None:
-    """The dtype a call runs in under an active ``torch.autocast`` of its device: autocast's, for the cells
-    ``torch.nn`` has (LSTM, GRU) with floating params other than fp64, one rule for both cells and every mode
-    (``torch.nn``'s differs per kernel, docs/migrating.md); else ``None``: the params' dtype."""
+    """The dtype a call runs in under an active ``torch.autocast`` of its device: autocast's for LSTM/GRU params of a
+    floating dtype other than fp64 (one rule for every mode, docs/migrating.md), else ``None``: the params'."""
     kind = layout.device.type
     if layout.cell.aten is None or not torch.is_autocast_enabled(kind) or not layout.dtype.is_floating_point \
             or layout.dtype == torch.float64:
@@ -376,10 +375,9 @@ def auto(layout: Layout, x: torch.Tensor, opts: SequenceOptions, plan: SegmentPl
 
 def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, plan: SegmentPlan | None,
            records_grad: bool, ctx: CallContext, segment_layout: str = "auto") -> Route:
-    """The route serving backend ``name`` (``"auto"``: :func:`auto`'s pick) for this call, laid out by :func:`_route`;
-    a backend that cannot serve the call raises ``ValueError`` naming those that can. ``plan``: the segments read on
-    the host (interior resets only), or a static plan under ``torch.compile``, else ``None``. ``pad`` runs
-    ``auto``'s compiled loop under ``torch.compile`` and ``reference`` under eager ``torch.func`` transforms."""
+    """The route serving backend ``name`` (``"auto"``: :func:`auto`'s pick) for this call, laid out by :func:`_route`,
+    or a ``ValueError`` naming those that can. ``plan``: the interior resets' segments read on the host, a static plan
+    under ``torch.compile``, or ``None``. Traced, ``pad`` runs ``auto``'s compiled loop or ``reference``."""
     if plan is not None and plan.static:  # compiled [num_slices, slice_len] block: its segments right-aligned
         route = choose(name, layout, x, opts, None, records_grad, ctx)
         # parallel serves any segment layout as it is; a cell that reads where segments start runs its rows (right-
@@ -416,9 +414,9 @@ def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, pl
 
 
 def resolve_step(name: str, layout: Layout, x: torch.Tensor, ctx: CallContext):
-    """The one-step function ``(layout, params, x [N, F], carry) -> (y, carry)`` for ``name``. ``auto``: ATen's fused
-    cells (``pad``) in plain eager mode without projection, else ``triton`` on CUDA where it serves, else
-    ``reference``. ``pad`` runs ``reference`` where its kernels cannot: traced, or with ``proj_size``."""
+    """The one-step function ``(layout, params, x [N, F], carry) -> (y, carry)`` for ``name``. ``auto``: ``pad`` in
+    plain eager mode without ``proj_size``, else ``triton`` on CUDA where it serves, else ``reference``; ``pad`` runs
+    ``reference`` where its kernels cannot (traced, ``proj_size``)."""
     if name in ("pad", "triton", "parallel") and name not in backends_for(layout.cell):
         raise no_kernel_for(name, layout.cell, _step_backends(layout, x))
     if name == "auto":
@@ -589,25 +587,11 @@ def entries(cell: Cell) -> tuple[Callable, Callable]:
             y, *carry = restore(c.batch_shape, (y, *carry))
         return y, (carry[0] if len(carry) == 1 else tuple(carry))
 
-    def sequence(
-        x: torch.Tensor,
-        state,
-        params: Mapping[str, torch.Tensor],
-        *,
-        is_init: torch.Tensor | None = None,
-        reset_state=None,
-        backend: str = "auto",
-        dropout: float = 0.0,
-        training: bool = False,
-        recompute: str = "none",
-        compute_dtype: torch.dtype | None = None,
-        matmul_precision: str | None = None,
-        return_segment_states: bool = False,
-        slice_len: int | None = None,
-        num_slices: int | None = None,
-        segment_layout: str = "auto",
-        layout: Layout | None = None,
-    ):
+    def sequence(x: torch.Tensor, state, params: Mapping[str, torch.Tensor], *, is_init: torch.Tensor | None = None,
+                 reset_state=None, backend: str = "auto", dropout: float = 0.0, training: bool = False,
+                 recompute: str = "none", compute_dtype: torch.dtype | None = None, matmul_precision: str | None = None,
+                 return_segment_states: bool = False, slice_len: int | None = None, num_slices: int | None = None,
+                 segment_layout: str = "auto", layout: Layout | None = None):
         # where reads_segments says so, is_init is read on the host once: resets all at t = 0 run reset-free, interior
         # ones get the plan of their segments; the other backends apply every reset on the device
         if layout is None:
