@@ -54,16 +54,9 @@ def call_context() -> CallContext:
     return CONTEXTS[False, _VMAP in kinds, forward or _GRAD in kinds, forward]
 
 
-def check_options(
-    *,
-    backend: str = "auto",
-    recompute: str = "none",
-    dropout: float = 0.0,
-    matmul_precision: str | None = None,
-    compute_dtype: torch.dtype | None = None,
-    segment_layout: str = "auto",
-    owner: str = "",
-) -> None:
+def check_options(*, backend: str = "auto", recompute: str = "none", dropout: float = 0.0,
+                  matmul_precision: str | None = None, compute_dtype: torch.dtype | None = None,
+                  segment_layout: str = "auto", owner: str = "") -> None:
     """Raise a clear error for an option value, or a combination, that no call could serve. ``owner`` (a module's
     name, e.g. ``"LSTMModule: "``) prefixes the message and spells the arguments ``recurrent_*``."""
     pre = "recurrent_" if owner else ""
@@ -580,9 +573,8 @@ def entries(cell: Cell) -> tuple[Callable, Callable]:
                                         start)
         else:
             run = resolve_step(backend, c.layout, x, call_context())
-            carry = apply_reset(c.carry, c.is_init, None)
-            y, carry = run(c.layout, c.params, x, carry) if start is None else run(c.layout, c.params, x, carry,
-                                                                                   start=start)
+            y, carry = run(c.layout, c.params, x, apply_reset(c.carry, c.is_init, None),
+                           **({} if start is None else {"start": start}))
         if len(c.batch_shape) != 1:
             y, *carry = restore(c.batch_shape, (y, *carry))
         return y, (carry[0] if len(carry) == 1 else tuple(carry))
