@@ -329,17 +329,6 @@ def _auto_runs_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, ct
     return not cudnn and triton_backend.serves(layout, x.device, opts)
 
 
-def reads_segments(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, ctx: CallContext,
-                   segment_layout: str = "auto") -> bool:
-    """Whether an eager call with ``is_init`` reads it on the host to choose its route: ``pad``, ``auto`` (but not
-    where it runs ``triton`` or ``parallel``) and a forced ``segment_layout``."""
-    if segment_layout != "auto":
-        return True
-    if name == "auto":
-        return not (layout.cell.linear_in_state or x.is_cuda and _auto_runs_triton(layout, x, opts, ctx))
-    return name == "pad"
-
-
 def _compiled_loop() -> str:
     """``auto`` and ``pad`` under ``torch.compile``: ``scan``, or ``reference``'s unrolled loop where compiled autograd
     traces the backward, which cannot hold a ``scan``. Grad mode: a vmapped tensor reports ``requires_grad=False``."""
@@ -477,8 +466,9 @@ def sequence_route(cell: str, x: torch.Tensor, params: Mapping[str, torch.Tensor
     ctx = call_context()
     opts = SequenceOptions(recompute=recompute, context=ctx)
     plan = None
-    if c.is_init is not None and c.is_init.numel() and not ctx.traced and reads_segments(
-            backend, c.layout, c.x, opts, ctx, segment_layout):
+    if c.is_init is not None and c.is_init.numel() and not ctx.traced and (
+            backend == "pad" or segment_layout != "auto" or backend == "auto" and not c.layout.cell.linear_in_state
+            and not (c.x.is_cuda and _auto_runs_triton(c.layout, c.x, opts, ctx))):
         plan = segments.plan(c.is_init.numpy(force=True), c.is_init.device)
     return choose(backend, c.layout, c.x, opts, plan, records_grad, ctx, segment_layout)
 
@@ -584,8 +574,8 @@ def entries(cell: Cell) -> tuple[Callable, Callable]:
                  recompute: str = "none", compute_dtype: torch.dtype | None = None, matmul_precision: str | None = None,
                  return_segment_states: bool = False, slice_len: int | None = None, num_slices: int | None = None,
                  segment_layout: str = "auto", layout: Layout | None = None):
-        # where reads_segments says so, is_init is read on the host once: resets all at t = 0 run reset-free, interior
-        # ones get the plan of their segments; the other backends apply every reset on the device
+        # pad, a forced segment_layout and auto (unless it runs triton or parallel) read is_init on the host once:
+        # resets all at t = 0 run reset-free, interior ones get their segments' plan; the others apply every reset
         if layout is None:
             check_options(backend=backend, recompute=recompute, dropout=dropout, matmul_precision=matmul_precision,
                           compute_dtype=compute_dtype, segment_layout=segment_layout)
@@ -614,8 +604,9 @@ def entries(cell: Cell) -> tuple[Callable, Callable]:
         plan = None
         if num_slices is not None and ctx.compiling and not empty:  # the segments in a [num_slices, slice_len] block
             plan = segments.static_plan(c.is_init, slice_len, num_slices)
-        elif call[2] is not None and not (empty or ctx.traced) and reads_segments(
-                backend, c.layout, call[0], opts, ctx, segment_layout):
+        elif call[2] is not None and not (empty or ctx.traced) and (
+                backend == "pad" or segment_layout != "auto" or backend == "auto" and not c.layout.cell.linear_in_state
+                and not (call[0].is_cuda and _auto_runs_triton(c.layout, call[0], opts, ctx))):
             host = call[2].numpy(force=True) if host is None else host
             plan = segments.plan(host, call[2].device)
             if plan is None and not cell.reads_starts:  # such a cell needs is_init at t = 0 too
