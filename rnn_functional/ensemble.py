@@ -33,15 +33,14 @@ def stack_params(params_list: Sequence[Mapping[str, torch.Tensor]]) -> TensorDic
             raise TypeError(f"params_list[{i}]: expected a params TensorDict (or a mapping of tensors), got "
                             f"{type(params).__name__}.")
         members.append(params if isinstance(params, TensorDictBase) else TensorDict(dict(params), batch_size=[]))
-    first = members[0]
-    keys = set(first.keys())
+    keys = set(members[0].keys())
     for i, member in enumerate(members[1:], start=1):
         if set(member.keys()) != keys:
             missing, extra = sorted(keys - set(member.keys())), sorted(set(member.keys()) - keys)
             raise ValueError(f"params_list[{i}]: keys differ from params_list[0] (missing {missing}, extra {extra}); "
                              "every member must have the same architecture.")
         for key in sorted(keys):
-            a, b = first[key], member[key]
+            a, b = members[0][key], member[key]
             if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
                 raise ValueError(f"params_list[{i}][{key!r}]: expected shape {list(a.shape)}, dtype {a.dtype} on "
                                  f"{a.device} (as params_list[0]), got shape {list(b.shape)}, dtype {b.dtype} on "

@@ -51,9 +51,8 @@ def _env_mode() -> str | None:
 
 
 def _from_torch() -> str:
-    """torch's own settings as a mode: its fp32 matmul precision where the user changed it, else cuDNN's RNN rule
-    (TF32 while cuDNN's RNNs may use it). ``get_float32_matmul_precision()`` raises once the user has set the
-    per-backend API: ``torch.backends.cuda.matmul.fp32_precision`` is then read instead."""
+    """torch's own settings as a mode: its fp32 matmul precision where the user changed it (the per-backend
+    ``torch.backends.cuda.matmul.fp32_precision`` once that API is in use), else cuDNN's RNN rule."""
     try:
         torch_mode = torch.get_float32_matmul_precision()
     except RuntimeError:  # "mix of the legacy and new APIs"
@@ -77,6 +76,7 @@ def mark_constant_result(fn):
     return fn
 
 
+@mark_constant_result
 def resolve_matmul_precision(mode: str | None = None, device: torch.device | None = None) -> str:
     """The concrete mode (``"ieee"``, ``"tf32"`` or ``"tf32x3"``) a kernel on ``device`` uses.
 
@@ -84,11 +84,7 @@ def resolve_matmul_precision(mode: str | None = None, device: torch.device | Non
     has no TF32. Under ``torch.compile`` the result is fixed when traced: set the global setting or the environment
     before compiling.
     """
-    chosen = next((m for m in (mode, _global_mode, _env_mode()) if m is not None and check_mode(m) != "auto"), None)
-    if chosen is None:
-        chosen = _from_torch()
+    chosen = next((m for m in (mode, _global_mode, _env_mode()) if m is not None and check_mode(m) != "auto"),
+                  None) or _from_torch()
     chosen = PRESETS.get(chosen, chosen)
     return chosen if _has_tf32(device) else "ieee"
-
-
-mark_constant_result(resolve_matmul_precision)

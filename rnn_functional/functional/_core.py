@@ -23,7 +23,6 @@ from . import slices
 
 BACKEND_CHOICES = ("auto", *BACKENDS)
 STEP_BACKENDS = ("auto", "reference", "pad", "triton", "parallel")
-_RECOMPUTE_BACKENDS = ("reference", "scan", "triton")
 _COUNT = ("no", "one", "two", "three", "four", "five")
 
 
@@ -33,7 +32,7 @@ _COUNT = ("no", "one", "two", "three", "four", "five")
 def recompute_backends(ctx: CallContext) -> list[str]:
     """The backends that serve ``recompute`` in ``ctx``, for the errors (:func:`choose`)."""
     if not (ctx.vmapped or ctx.differentiated):
-        return list(_RECOMPUTE_BACKENDS)
+        return ["reference", "scan", "triton"]
     return ["scan"] if ctx.differentiated else ["scan", "triton"]
 
 
@@ -42,9 +41,8 @@ _VMAP, _GRAD, _JVP = (torch._C._functorch.TransformType.Vmap, torch._C._functorc
 
 
 def call_context() -> CallContext:
-    """The context of the current call: ``is_compiling`` first (Dynamo cannot trace the rest), then functorch's
-    transform stack and the forward-mode AD level. ``torch.jit.trace`` captures a graph as Dynamo does: a call must
-    not steer by its data there."""
+    """The current call's context: ``is_compiling`` first (Dynamo cannot trace the rest; ``torch.jit.trace`` counts
+    as compiling: no steering by data), then functorch's transform stack and the forward-mode AD level."""
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return CONTEXTS[True, False, False, False]
     stack = torch._C._functorch.get_interpreter_stack()
@@ -56,16 +54,9 @@ def call_context() -> CallContext:
     return CONTEXTS[False, _VMAP in kinds, forward or _GRAD in kinds, forward]
 
 
-def check_options(
-    *,
-    backend: str = "auto",
-    recompute: str = "none",
-    dropout: float = 0.0,
-    matmul_precision: str | None = None,
-    compute_dtype: torch.dtype | None = None,
-    segment_layout: str = "auto",
-    owner: str = "",
-) -> None:
+def check_options(*, backend: str = "auto", recompute: str = "none", dropout: float = 0.0,
+                  matmul_precision: str | None = None, compute_dtype: torch.dtype | None = None,
+                  segment_layout: str = "auto", owner: str = "") -> None:
     """Raise a clear error for an option value, or a combination, that no call could serve. ``owner`` (a module's
     name, e.g. ``"LSTMModule: "``) prefixes the message and spells the arguments ``recurrent_*``."""
     pre = "recurrent_" if owner else ""
@@ -135,25 +126,14 @@ def _carry_error(cell: Cell, value, arg: str) -> TypeError:
 
 
 def autocast_dtype(layout: Layout) -> torch.dtype | None:
-    """The dtype a call runs in under an active ``torch.autocast`` of its device: autocast's, for the cells
-    ``torch.nn`` has (LSTM, GRU) with floating params other than fp64, one rule for both cells and every mode
-    (``torch.nn``'s differs per kernel, docs/migrating.md); else ``None``: the params' dtype."""
+    """The dtype a call runs in under an active ``torch.autocast`` of its device: autocast's for LSTM/GRU params of a
+    floating dtype other than fp64 (one rule for every mode, docs/migrating.md), else ``None``: the params'."""
     kind = layout.device.type
     if layout.cell.aten is None or not torch.is_autocast_enabled(kind) or not layout.dtype.is_floating_point \
             or layout.dtype == torch.float64:
         return None
     dtype = torch.get_autocast_dtype(kind)
     return None if dtype == layout.dtype else dtype
-
-
-def _mask_error(is_init, want: tuple) -> Exception:
-    if not isinstance(is_init, torch.Tensor):
-        return TypeError(f"is_init: expected a bool tensor of shape {list(want)}, got {type(is_init).__name__}.")
-    if is_init.dtype != torch.bool:
-        return TypeError(f"is_init: expected dtype torch.bool, got {is_init.dtype}. Pass is_init.bool() (True where an "
-                         f"episode starts).")
-    return ValueError(f"is_init: expected shape {list(want)} or {list(want) + [1]}, got {list(is_init.shape)}: one "
-                      f"bool per entry of x's leading dims (True where an episode starts).")
 
 
 @dataclass(slots=True)
@@ -213,9 +193,14 @@ def _canonicalize(cell: Cell, x, state, params, is_init, reset_state, sequence: 
                                  f"{t.device}. Convert it with .to(dtype=..., device=...) or convert the params.")
     if is_init is not None:
         want = batch_shape + time
-        if not isinstance(is_init, torch.Tensor) or is_init.dtype != torch.bool or \
-                is_init.shape != want and is_init.shape != want + (1,):
-            raise _mask_error(is_init, want)
+        if not isinstance(is_init, torch.Tensor):
+            raise TypeError(f"is_init: expected a bool tensor of shape {list(want)}, got {type(is_init).__name__}.")
+        if is_init.dtype != torch.bool:
+            raise TypeError(f"is_init: expected dtype torch.bool, got {is_init.dtype}. Pass is_init.bool() (True where "
+                            f"an episode starts).")
+        if is_init.shape != want and is_init.shape != want + (1,):
+            raise ValueError(f"is_init: expected shape {list(want)} or {list(want) + [1]}, got {list(is_init.shape)}: "
+                             f"one bool per entry of x's leading dims (True where an episode starts).")
     return layout, params
 
 
@@ -229,9 +214,8 @@ def flatten(layout: Layout, params: Mapping[str, torch.Tensor], x: torch.Tensor,
     reset = (reset,) if isinstance(reset, torch.Tensor) else None if reset is None else tuple(reset)
     if torch.compiler.is_compiling():
         if torch.compiler.is_exporting():
-            # torch's ``scan`` clones the tensors its step reads to trace it, and under non-strict export fails on one
-            # the graph holds as a constant (a global closed over: "Cannot access data pointer of Tensor"); a view is
-            # an op
+            # torch's scan clones the tensors its step reads and, under non-strict export, fails on one the graph
+            # holds as a constant (a global closed over: "Cannot access data pointer of Tensor"); a view is an op
             params, x, is_init, carry, reset = pytree.tree_map_only(
                 torch.Tensor, lambda t: t.view_as(t), (params, x, is_init, carry, reset))
     elif torch.is_grad_enabled():
@@ -277,14 +261,11 @@ def restore(batch_shape: tuple, tensors: Carry) -> Carry:
 # ----------------------------------------------------------------------------- the route
 
 
-def _route(backend: str, layout: Layout, plan: SegmentPlan | None, records_grad: bool, forced: str,
-           cuda: bool) -> Route:
-    """``backend``'s route for an eager call with the segments ``plan`` (``None``: no interior reset), laid out as
-    ``forced`` (``segment_layout``) or by the rule: ``pad`` runs whole slices as a view, else length buckets (one
-    layer under autograd on a CPU-fused kernel), else one packed call; the loops run right-aligned segments where
-    that at least halves the steps, else the rows."""
-    if plan is None:
-        return Route(backend)
+def _route(backend: str, layout: Layout, plan: SegmentPlan, records_grad: bool, forced: str, cuda: bool) -> Route:
+    """``backend``'s route for an eager call with the interior resets ``plan``, laid out as ``forced``
+    (``segment_layout``) or by the rule: ``pad`` runs whole slices as a view, else length buckets (one layer under
+    autograd on a CPU-fused kernel), else one packed call; the loops run right-aligned segments where that at least
+    halves the steps, else the rows."""
     if forced == "auto":
         if backend != "pad":
             forced = "aligned" if 2 * plan.max_len <= plan.shape[1] else "rows"
@@ -348,40 +329,16 @@ def _auto_runs_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, ct
     return not cudnn and triton_backend.serves(layout, x.device, opts)
 
 
-def reads_segments(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, ctx: CallContext,
-                   segment_layout: str = "auto") -> bool:
-    """Whether an eager call with ``is_init`` reads it on the host to choose its route: ``pad``, ``auto`` (but not
-    where it runs ``triton`` or ``parallel``) and a forced ``segment_layout``."""
-    if segment_layout != "auto":
-        return True
-    if name == "auto":
-        return not (layout.cell.linear_in_state or x.is_cuda and _auto_runs_triton(layout, x, opts, ctx))
-    return name == "pad"
-
-
 def _compiled_loop() -> str:
-    """``auto`` and ``pad`` under ``torch.compile``: ``scan``, or ``reference``'s loop (unrolled in the graph, as
-    torch's decomposition of ``nn.LSTM`` unrolls its loop) where compiled autograd traces the backward: it cannot
-    hold a ``scan`` ("UncapturedHigherOrderOpError"). Grad mode, not ``records_grad``: a vmapped tensor reports
-    ``requires_grad=False``."""
+    """``auto`` and ``pad`` under ``torch.compile``: ``scan``, or ``reference``'s unrolled loop where compiled autograd
+    traces the backward, which cannot hold a ``scan``. Grad mode: a vmapped tensor reports ``requires_grad=False``."""
     return "reference" if torch.is_grad_enabled() and torch._dynamo.compiled_autograd.compiled_autograd_enabled \
         else "scan"
 
 
 def auto(layout: Layout, x: torch.Tensor, opts: SequenceOptions, plan: SegmentPlan | None, records_grad: bool,
          ctx: CallContext) -> str:
-    """``auto``'s rule (``docs/backends.md``), first match:
-
-    1. a cell linear in its state: ``parallel`` (``scan`` for ``recompute="full"`` under an eager ``torch.func``
-       transform, where activation checkpointing cannot run);
-    2. CUDA: ``triton`` where it serves the call under ``torch.compile`` or ``torch.vmap``;
-    3. ``torch.compile``: ``scan`` (``reference`` where compiled autograd traces the backward);
-    4. eager ``torch.vmap`` / ``torch.func``: ``reference`` (``scan`` for ``recompute="full"``);
-    5. plain eager: ``pad`` for a cell with ATen kernels and ``recompute="none"``, but not for a call under autograd
-       on the CPU of a cell whose kernel is a loop of per-step ops there (the GRU) and whose segments do not halve
-       the steps (the ``scan`` loop does the same steps without re-batching them); else ``scan`` under autograd (it
-       keeps the activations its backward reads), ``reference`` without.
-    """
+    """``auto``'s pick, first match of the rule in ``docs/backends.md`` ("What ``auto`` picks")."""
     if layout.cell.linear_in_state:
         return "scan" if opts.recompute == "full" and ctx.traced and not ctx.compiling else "parallel"
     if x.is_cuda and _auto_runs_triton(layout, x, opts, ctx):
@@ -400,10 +357,9 @@ def auto(layout: Layout, x: torch.Tensor, opts: SequenceOptions, plan: SegmentPl
 
 def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, plan: SegmentPlan | None,
            records_grad: bool, ctx: CallContext, segment_layout: str = "auto") -> Route:
-    """The route serving backend ``name`` (``"auto"``: :func:`auto`'s pick) for this call, laid out by :func:`_route`;
-    a backend that cannot serve the call raises ``ValueError`` naming those that can. ``plan``: the segments read on
-    the host (interior resets only), or a static plan under ``torch.compile``, else ``None``. ``pad`` runs
-    ``auto``'s compiled loop under ``torch.compile`` and ``reference`` under eager ``torch.func`` transforms."""
+    """The route serving backend ``name`` (``"auto"``: :func:`auto`'s pick) for this call, laid out by :func:`_route`,
+    or a ``ValueError`` naming those that can. ``plan``: the interior resets' segments read on the host, a static plan
+    under ``torch.compile``, or ``None``. Traced, ``pad`` runs ``auto``'s compiled loop or ``reference``."""
     if plan is not None and plan.static:  # compiled [num_slices, slice_len] block: its segments right-aligned
         route = choose(name, layout, x, opts, None, records_grad, ctx)
         # parallel serves any segment layout as it is; a cell that reads where segments start runs its rows (right-
@@ -440,9 +396,9 @@ def choose(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, pl
 
 
 def resolve_step(name: str, layout: Layout, x: torch.Tensor, ctx: CallContext):
-    """The one-step function ``(layout, params, x [N, F], carry) -> (y, carry)`` for ``name``. ``auto``: ATen's fused
-    cells (``pad``) in plain eager mode without projection, else ``triton`` on CUDA where it serves, else
-    ``reference``. ``pad`` runs ``reference`` where its kernels cannot: traced, or with ``proj_size``."""
+    """The one-step function ``(layout, params, x [N, F], carry) -> (y, carry)`` for ``name``. ``auto``: ``pad`` in
+    plain eager mode without ``proj_size``, else ``triton`` on CUDA where it serves, else ``reference``; ``pad`` runs
+    ``reference`` where its kernels cannot (traced, ``proj_size``)."""
     if name in ("pad", "triton", "parallel") and name not in backends_for(layout.cell):
         raise no_kernel_for(name, layout.cell, _step_backends(layout, x))
     if name == "auto":
@@ -510,8 +466,9 @@ def sequence_route(cell: str, x: torch.Tensor, params: Mapping[str, torch.Tensor
     ctx = call_context()
     opts = SequenceOptions(recompute=recompute, context=ctx)
     plan = None
-    if c.is_init is not None and c.is_init.numel() and not ctx.traced and reads_segments(
-            backend, c.layout, c.x, opts, ctx, segment_layout):
+    if c.is_init is not None and c.is_init.numel() and not ctx.traced and (
+            backend == "pad" or segment_layout != "auto" or backend == "auto" and not c.layout.cell.linear_in_state
+            and not (c.x.is_cuda and _auto_runs_triton(c.layout, c.x, opts, ctx))):
         plan = segments.plan(c.is_init.numpy(force=True), c.is_init.device)
     return choose(backend, c.layout, c.x, opts, plan, records_grad, ctx, segment_layout)
 
@@ -531,7 +488,7 @@ _STEP_DOC = """One time step of a multi-layer {title}.
         dropout, training: dropout probability on the outputs of every layer but the last, applied only when
             ``training`` (then the ``reference`` step runs: no fused cell applies it).
         layout: the params' layout (``Cell.layout_of``) when the caller has checked ``x``, ``state`` (a tuple
-            of tensors) and ``is_init`` against it, as the modules do: the call skips its own checks.
+            of tensors) and ``is_init`` against it, as the modules do: the call skips its own checks.{extra}
 
     Returns:
         ``(y [*B, {out}], state)``: the top layer's output and the new state. As ``torch.nn.LSTMCell``'s
@@ -547,28 +504,25 @@ _SEQUENCE_DOC = """A multi-layer {title} over a sequence, with resets.
         is_init: bool ``[*B, T]`` (or ``[*B, T, 1]``); before every step ``t`` where it is True
             the carry is replaced by ``reset_state[..., t, :, :]``, or by zeros.
         reset_state: per-step states to reset to, the state's format with a ``T`` dim after ``*B``.
-        backend: ``"auto"``, ``"reference"``, ``"scan"``, ``"pad"``, ``"triton"`` or ``"parallel"`` (cells
-            linear in their state: minGRU, RG-LRU); a backend that cannot serve the {title} raises a
-            ``ValueError`` naming those that can. ``auto`` runs ``parallel`` wherever it serves.
-        dropout: dropout probability on the outputs of every layer but the last.
-        training: dropout is applied only when True.
-        recompute: ``"none"`` or ``"full"``: recompute activations in backward instead of saving them (``pad``
-            cannot).
-        compute_dtype: operand dtype of the recurrent matmul (``triton`` only; others ignore it).
-        matmul_precision: recurrent matmul precision (``triton`` only; see :mod:`rnn_functional.precision`).
+        backend: ``"auto"`` (``docs/backends.md``), ``"reference"``, ``"scan"``, ``"pad"``, ``"triton"`` or
+            ``"parallel"`` (cells linear in their state); one that cannot serve the call raises a ``ValueError``.
+        dropout, training: dropout probability on the outputs of every layer but the last, applied when ``training``.
+        recompute: ``"none"`` or ``"full"`` (recompute activations in backward instead of saving them; not ``pad``).
+        compute_dtype, matmul_precision: the recurrent matmul's operand dtype and precision (``triton`` only; see
+            :mod:`rnn_functional.precision`).
         return_segment_states: also return the per-step states ``[*B, T, L, ·]``: the carry after every step that
             ends a segment (before a reset, and the last step), zeros elsewhere (TorchRL's ``("next", hidden)``).
         slice_len: the time axis is whole slices of exactly this many steps, ``is_init`` True at every slice
-            start (``SliceSampler(slice_len=..., strict_length=True)``); they run as ``[*B * T / slice_len,
-            slice_len]``, with static shapes under ``torch.compile`` (``docs/compile.md``).
+            start (``SliceSampler(slice_len=..., strict_length=True)``), run as ``[*B * T / slice_len, slice_len]``
+            (static shapes under ``torch.compile``, ``docs/compile.md``).
         num_slices: with ``slice_len``: at most ``num_slices`` segments of at most ``slice_len`` steps
             (``strict_length=False``), run in a ``[num_slices, slice_len]`` block under ``torch.compile``. A hint
             that does not match the batch raises (``ValueError`` eagerly, ``RuntimeError`` compiled).
-        segment_layout: how an eager call with interior resets lays out its segments: ``"auto"`` (``auto``'s rule),
-            or one of the named backend's layouts: ``"rows"``/``"aligned"`` for ``reference``/``scan``;
-            ``"packed"``, ``"buckets"`` or ``"slices"`` for ``pad`` (``docs/backends.md``).
+        segment_layout: how an eager call with interior resets lays out its segments: ``"auto"`` or one of the
+            backend's layouts: ``"rows"``/``"aligned"`` (``reference``, ``scan``), ``"packed"``/``"buckets"``/
+            ``"slices"`` (``pad``); see ``docs/backends.md``.
         layout: the params' layout (``Cell.layout_of``) when the caller has checked the options and ``x``,
-            ``state``, ``is_init`` and ``reset_state`` against it, as the modules do: the call skips its checks.
+            ``state``, ``is_init`` and ``reset_state`` against it, as the modules do: the call skips its checks.{extra}
 
     Returns:
         ``(y [*B, T, {out}], state_T)``: top-layer outputs and the carry after the last step
@@ -576,15 +530,16 @@ _SEQUENCE_DOC = """A multi-layer {title} over a sequence, with resets.
     """
 
 
-def public_functions(cell: Cell) -> tuple[Callable, Callable]:
-    """``cell``'s public step and sequence functions (``{name}_step``, ``{name}_sequence``), named and documented."""
-    step, sequence = entries(cell)
-    for fn, kind, doc in ((step, "step", _STEP_DOC), (sequence, "sequence", _SEQUENCE_DOC)):
+def public_functions(cell: Cell, functions: tuple[Callable, Callable] | None = None, extra: str = ""):
+    """``cell``'s public step and sequence functions (default: :func:`entries`), named ``{name}_step`` and
+    ``{name}_sequence`` and documented (``extra``: more Args entries)."""
+    functions = functions or entries(cell)
+    for fn, kind, doc in zip(functions, ("step", "sequence"), (_STEP_DOC, _SEQUENCE_DOC)):
         fn.__name__ = fn.__qualname__ = f"{cell.name}_{kind}"
         fn.__module__ = "rnn_functional.functional"
         fn.__doc__ = doc.format(title=cell.title, state=cell.state_doc, params=cell.params_doc,
-                                init=cell.init_function, out=cell.out_dim)
-    return step, sequence
+                                init=cell.init_function, out=cell.out_dim, extra=extra)
+    return functions
 
 
 def entries(cell: Cell) -> tuple[Callable, Callable]:
@@ -608,34 +563,19 @@ def entries(cell: Cell) -> tuple[Callable, Callable]:
                                         start)
         else:
             run = resolve_step(backend, c.layout, x, call_context())
-            carry = apply_reset(c.carry, c.is_init, None)
-            y, carry = run(c.layout, c.params, x, carry) if start is None else run(c.layout, c.params, x, carry,
-                                                                                   start=start)
+            y, carry = run(c.layout, c.params, x, apply_reset(c.carry, c.is_init, None),
+                           **({} if start is None else {"start": start}))
         if len(c.batch_shape) != 1:
             y, *carry = restore(c.batch_shape, (y, *carry))
         return y, (carry[0] if len(carry) == 1 else tuple(carry))
 
-    def sequence(
-        x: torch.Tensor,
-        state,
-        params: Mapping[str, torch.Tensor],
-        *,
-        is_init: torch.Tensor | None = None,
-        reset_state=None,
-        backend: str = "auto",
-        dropout: float = 0.0,
-        training: bool = False,
-        recompute: str = "none",
-        compute_dtype: torch.dtype | None = None,
-        matmul_precision: str | None = None,
-        return_segment_states: bool = False,
-        slice_len: int | None = None,
-        num_slices: int | None = None,
-        segment_layout: str = "auto",
-        layout: Layout | None = None,
-    ):
-        # where reads_segments says so, is_init is read on the host once: resets all at t = 0 run reset-free, interior
-        # ones get the plan of their segments; the other backends apply every reset on the device
+    def sequence(x: torch.Tensor, state, params: Mapping[str, torch.Tensor], *, is_init: torch.Tensor | None = None,
+                 reset_state=None, backend: str = "auto", dropout: float = 0.0, training: bool = False,
+                 recompute: str = "none", compute_dtype: torch.dtype | None = None, matmul_precision: str | None = None,
+                 return_segment_states: bool = False, slice_len: int | None = None, num_slices: int | None = None,
+                 segment_layout: str = "auto", layout: Layout | None = None):
+        # pad, a forced segment_layout and auto (unless it runs triton or parallel) read is_init on the host once:
+        # resets all at t = 0 run reset-free, interior ones get their segments' plan; the others apply every reset
         if layout is None:
             check_options(backend=backend, recompute=recompute, dropout=dropout, matmul_precision=matmul_precision,
                           compute_dtype=compute_dtype, segment_layout=segment_layout)
@@ -664,8 +604,9 @@ def entries(cell: Cell) -> tuple[Callable, Callable]:
         plan = None
         if num_slices is not None and ctx.compiling and not empty:  # the segments in a [num_slices, slice_len] block
             plan = segments.static_plan(c.is_init, slice_len, num_slices)
-        elif call[2] is not None and not (empty or ctx.traced) and reads_segments(
-                backend, c.layout, call[0], opts, ctx, segment_layout):
+        elif call[2] is not None and not (empty or ctx.traced) and (
+                backend == "pad" or segment_layout != "auto" or backend == "auto" and not c.layout.cell.linear_in_state
+                and not (call[0].is_cuda and _auto_runs_triton(c.layout, call[0], opts, ctx))):
             host = call[2].numpy(force=True) if host is None else host
             plan = segments.plan(host, call[2].device)
             if plan is None and not cell.reads_starts:  # such a cell needs is_init at t = 0 too

@@ -1,7 +1,6 @@
 """The public functions of DreamerV3's block GRU (:mod:`rnn_functional.cells.block_gru`) and of TorchRL's RSSM core
 (:mod:`rnn_functional.cells.rssm`). Their hyperparameters (``activation``, ``norm_eps``, ``update_bias``) are
-keywords: each combination is one cell (:func:`~rnn_functional.cells.block_gru.block_gru_cell`), made on first use.
-"""
+keywords: each combination is one cell (:func:`~rnn_functional.cells.block_gru.block_gru_cell`), made on first use."""
 
 from __future__ import annotations
 
@@ -29,12 +28,11 @@ def block_gru_step(x: torch.Tensor, state: torch.Tensor | None, params: Mapping[
         state: ``h [*B, 1, H]`` or ``None`` for zeros.
         params: ``DreamerV3BlockGRUCell`` state-dict keys (see ``init_block_gru_params``).
         is_init: bool ``[*B]`` (or ``[*B, 1]``); where True the state is reset to zeros first.
-        backend: ``"auto"`` or ``"reference"`` (``"pad"``/``"triton"`` have no kernel for this cell and say so).
+        backend: ``"auto"`` or ``"reference"`` (``"pad"``/``"triton"`` have no kernel for this cell).
         activation: ``"silu"`` (DreamerV3's), ``"tanh"``, ``"relu"`` or any elementwise callable (``torch.sin``, a
             parameter-free module), whose derivative the hand-written backward takes by ``torch.func.jvp``; it is
             held by identity (one cell each, kept for the process): pass the same object on every call.
-        norm_eps: the RMS norms' epsilon.
-        update_bias: added to the update gate's logit.
+        norm_eps, update_bias: the RMS norms' epsilon; a bias added to the update gate's logit.
 
     Returns:
         ``(y [*B, H], h [*B, 1, H])``.
@@ -57,11 +55,9 @@ def block_gru_sequence(x: torch.Tensor, state: torch.Tensor | None, params: Mapp
         is_init: bool ``[*B, T]`` (or ``[*B, T, 1]``); before every step ``t`` where it is True the carry is
             replaced by ``reset_state[..., t, :, :]``, or by zeros.
         reset_state: ``[*B, T, 1, H]``, the states to reset to.
-        backend: ``"auto"``, ``"reference"`` or ``"scan"`` (``"pad"``/``"triton"`` have no kernel for this cell and
-            say so).
-        recompute: ``"none"`` or ``"full"`` (recompute each step's activations in backward instead of saving them).
+        backend: ``"auto"``, ``"reference"`` or ``"scan"`` (``"pad"``/``"triton"`` have no kernel for this cell).
+        recompute, return_segment_states, slice_len, num_slices, segment_layout: as ``gru_sequence``.
         activation, norm_eps, update_bias: as :func:`block_gru_step`.
-        return_segment_states, slice_len, num_slices, segment_layout: as ``gru_sequence``.
 
     Returns:
         ``(y [*B, T, H], h_T [*B, 1, H])`` (and the segment states last, with ``return_segment_states``).

@@ -10,7 +10,7 @@ import torch
 
 from ..cells import Layout
 from ..cells.rglru import RGLRU, RGLRUCell, rglru_cell
-from ._core import _SEQUENCE_DOC, _STEP_DOC, entries
+from ._core import entries, public_functions
 
 __all__ = ["rglru_sequence", "rglru_step"]
 
@@ -18,9 +18,7 @@ _SEGMENT_START_DOC = """
         segment_start: ``"scaled"`` (default: a segment's first step is the ordinary step from the reset carry,
             the gated input scaled by ``sqrt(1 - a^2)``) or ``"recurrentgemma"`` (DeepMind's recurrentgemma: scaled
             by 1 at every step where ``is_init`` is True; a call without ``is_init``, or whose first step is not a
-            start, keeps the scale there). Served by ``reference``, ``scan`` and ``parallel``.
-
-    Returns:"""
+            start, keeps the scale there). Served by ``reference``, ``scan`` and ``parallel``."""
 
 
 def _configured(segment_start: str, layout: Layout | None) -> tuple[RGLRUCell, Layout | None]:
@@ -49,9 +47,4 @@ def rglru_sequence(x: torch.Tensor, state, params: Mapping[str, torch.Tensor], *
                             slice_len=slice_len, num_slices=num_slices, segment_layout=segment_layout, layout=layout)
 
 
-for _fn, _doc in ((rglru_step, _STEP_DOC), (rglru_sequence, _SEQUENCE_DOC)):
-    _fn.__module__ = "rnn_functional.functional"
-    _doc = _doc.format(title=RGLRU.title, state=RGLRU.state_doc, params=RGLRU.params_doc, init=RGLRU.init_function,
-                       out=RGLRU.out_dim)
-    _fn.__doc__ = _doc.replace("\n\n    Returns:", _SEGMENT_START_DOC)
-del _fn, _doc
+public_functions(RGLRU, (rglru_step, rglru_sequence), _SEGMENT_START_DOC)

@@ -110,9 +110,6 @@ def check_hint(slice_len, num_slices, t_len: int, is_init: torch.Tensor | None, 
 def split(slice_len: int, x: torch.Tensor, carry: Carry, is_init: torch.Tensor, reset: Carry | None):
     """A call ``x [N, T, F]`` as ``[N * K, slice_len, F]`` (``K = T / slice_len``, row ``n * K + k`` slice ``k`` of
     row ``n``): ``(x, carry, is_init, reset)``; the results come back with ``segments.merge_slices``."""
-    n, t_len = is_init.shape
-    k = t_len // slice_len
-    rows = n * k
-    carry = segments.slice_carries(slice_len, k, carry, reset)
-    reset = None if reset is None else tuple(r.reshape(rows, slice_len, *r.shape[2:]) for r in reset)
-    return x.reshape(rows, slice_len, x.shape[-1]), carry, is_init.reshape(rows, slice_len), reset
+    carry = segments.slice_carries(slice_len, is_init.shape[1] // slice_len, carry, reset)
+    reset = None if reset is None else tuple(r.reshape(-1, slice_len, *r.shape[2:]) for r in reset)
+    return x.reshape(-1, slice_len, x.shape[-1]), carry, is_init.reshape(-1, slice_len), reset
