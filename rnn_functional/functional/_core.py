@@ -329,6 +329,14 @@ def _auto_runs_triton(layout: Layout, x: torch.Tensor, opts: SequenceOptions, ct
     return not cudnn and triton_backend.serves(layout, x.device, opts)
 
 
+def _reads_segments(name: str, layout: Layout, x: torch.Tensor, opts: SequenceOptions, ctx: CallContext,
+                    segment_layout: str) -> bool:
+    """Whether an eager call with ``is_init`` reads it on the host to choose its route: ``pad``, a forced
+    ``segment_layout``, and ``auto`` where it runs neither ``parallel`` nor ``triton``."""
+    return name == "pad" or segment_layout != "auto" or name == "auto" and not (
+        layout.cell.linear_in_state or x.is_cuda and _auto_runs_triton(layout, x, opts, ctx))
+
+
 def _compiled_loop() -> str:
     """``auto`` and ``pad`` under ``torch.compile``: ``scan``, or ``reference``'s unrolled loop where compiled autograd
     traces the backward, which cannot hold a ``scan``. Grad mode: a vmapped tensor reports ``requires_grad=False``."""
@@ -466,9 +474,8 @@ def sequence_route(cell: str, x: torch.Tensor, params: Mapping[str, torch.Tensor
     ctx = call_context()
     opts = SequenceOptions(recompute=recompute, context=ctx)
     plan = None
-    if c.is_init is not None and c.is_init.numel() and not ctx.traced and (
-            backend == "pad" or segment_layout != "auto" or backend == "auto" and not c.layout.cell.linear_in_state
-            and not (c.x.is_cuda and _auto_runs_triton(c.layout, c.x, opts, ctx))):
+    if c.is_init is not None and c.is_init.numel() and not ctx.traced and _reads_segments(
+            backend, c.layout, c.x, opts, ctx, segment_layout):
         plan = segments.plan(c.is_init.numpy(force=True), c.is_init.device)
     return choose(backend, c.layout, c.x, opts, plan, records_grad, ctx, segment_layout)
 
@@ -604,9 +611,8 @@ def entries(cell: Cell) -> tuple[Callable, Callable]:
         plan = None
         if num_slices is not None and ctx.compiling and not empty:  # the segments in a [num_slices, slice_len] block
             plan = segments.static_plan(c.is_init, slice_len, num_slices)
-        elif call[2] is not None and not (empty or ctx.traced) and (
-                backend == "pad" or segment_layout != "auto" or backend == "auto" and not c.layout.cell.linear_in_state
-                and not (call[0].is_cuda and _auto_runs_triton(c.layout, call[0], opts, ctx))):
+        elif call[2] is not None and not (empty or ctx.traced) and _reads_segments(
+                backend, c.layout, call[0], opts, ctx, segment_layout):
             host = call[2].numpy(force=True) if host is None else host
             plan = segments.plan(host, call[2].device)
             if plan is None and not cell.reads_starts:  # such a cell needs is_init at t = 0 too
