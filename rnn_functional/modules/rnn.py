@@ -1,8 +1,6 @@
 """``LSTMModule`` / ``GRUModule`` (and the linear cells' modules): drop-ins for TorchRL's, over the functional core.
-
-A call checks its keys once and calls the public ``*_step`` / ``*_sequence`` with ``layout=``. The weights live in a
-real ``torch.nn.LSTM``/``GRU`` child the forward never touches (Dynamo graph-breaks on one): it reads the child's
-``_parameters`` through a :class:`LiveParams`. Keys and shapes: ``docs/api/modules.md``."""
+The weights live in a real ``torch.nn.LSTM``/``GRU`` child the forward never calls (Dynamo graph-breaks on one): it
+reads the child's ``_parameters`` through a :class:`LiveParams`. Keys and shapes: ``docs/api/modules.md``."""
 
 from __future__ import annotations
 
@@ -34,9 +32,8 @@ from ..functional.slices import check_pair, check_value
 from ..precision import mark_constant_result
 
 # ----------------------------------------------------------------------------- the recurrent-mode switch
-# Recurrent ([*B, T] per call) or sequential (one step per call): the innermost set_recurrent_mode (ours, which sets
-# TorchRL's too, or TorchRL's), else ``default_recurrent_mode``. The flag is context-local eagerly and, compiled
-# (Dynamo cannot trace ``ContextVar.get``), a per-thread mirror, as TorchRL's (_watch: its compiled copy is global).
+# The innermost set_recurrent_mode (ours, which sets TorchRL's too, or TorchRL's), else ``default_recurrent_mode``:
+# context-local eagerly; compiled (Dynamo cannot trace ``ContextVar.get``), a per-thread mirror (_torchrl_loaded).
 
 _TORCHRL_RNN = "torchrl.modules.tensordict_module.rnn"
 _torchrl_module = None  # TorchRL's rnn module, set by _torchrl_loaded()
@@ -44,28 +41,34 @@ _torchrl_module = None  # TorchRL's rnn module, set by _torchrl_loaded()
 
 @mark_constant_result
 def _torchrl_loaded() -> bool:
-    """Whether TorchRL's rnn module is imported; caches it and, when new, mirrors its flag. A constant when compiled:
-    a guard on ``sys.modules`` would recompile on every import."""
+    """Whether TorchRL's rnn module is imported; when newly so, mirror its flag per thread (wrapping its manager's
+    ``set_mode``). A constant when compiled: a guard on ``sys.modules`` would recompile on every import."""
     global _torchrl_module
     found = sys.modules.get(_TORCHRL_RNN)
     if found is not _torchrl_module:
         _torchrl_module = found
         if found is not None:
-            _watch(found)
+            manager = found.recurrent_mode_state_manager
+            set_mode = manager.set_mode
+            if not getattr(set_mode, "_mirrored", False):
+                def mirrored(mode: bool | None) -> None:
+                    set_mode(mode)
+                    _MIRROR.traced["torchrl"] = mode
+
+                mirrored._mirrored = True
+                manager.set_mode = mirrored
+            _MIRROR.traced["torchrl"] = manager._context_mode.get()
     return found is not None
 
 
-def _torchrl_context(trl) -> bool | None:
-    return None if trl is None else trl.recurrent_mode_state_manager._context_mode.get()
-
-
 class _Mirror(threading.local):
-    """Each thread's copy of our flag (``mode``) and TorchRL's for compiled code: Dynamo guards a ``threading.local``
-    per thread, and keeps dict writes made after a higher-order op such as ``scan``, where it drops attribute writes
-    (pytorch/pytorch#195866)."""
+    """Each thread's copy of our flag and TorchRL's for compiled code: Dynamo guards a ``threading.local`` per thread
+    and keeps its dict writes after a ``scan``, where it drops attribute writes (pytorch/pytorch#195866)."""
 
     def __init__(self) -> None:
-        self.traced: dict[str, bool | None] = {"mode": None, "torchrl": _torchrl_context(_torchrl_module)}
+        trl = _torchrl_module
+        self.traced: dict[str, bool | None] = {
+            "mode": None, "torchrl": None if trl is None else trl.recurrent_mode_state_manager._context_mode.get()}
 
 
 _MIRROR = _Mirror()
@@ -74,20 +77,6 @@ _MODE: contextvars.ContextVar[bool | None] = contextvars.ContextVar("rnn_functio
 _MIRRORED: contextvars.ContextVar[bool] = contextvars.ContextVar("rnn_functional_mode_mirrored", default=False)
 # what each eager entry restores on exit, innermost last: per context, as one object may be entered twice at once
 _ENTRIES: contextvars.ContextVar[tuple] = contextvars.ContextVar("rnn_functional_mode_entries", default=())
-
-
-def _watch(trl) -> None:
-    """Mirror TorchRL's flag per thread: wrap its state manager's ``set_mode``, which every entry and exit calls."""
-    manager = trl.recurrent_mode_state_manager
-    set_mode = manager.set_mode
-    if not getattr(set_mode, "_mirrored", False):
-        def mirrored(mode: bool | None) -> None:
-            set_mode(mode)
-            _MIRROR.traced["torchrl"] = mode
-
-        mirrored._mirrored = True
-        manager.set_mode = mirrored
-    _MIRROR.traced["torchrl"] = _torchrl_context(trl)
 
 
 def recurrent_mode(default: bool | None = None) -> bool | None:
@@ -169,8 +158,7 @@ is_tensorclass(torch.Tensor)
 
 @dataclass(frozen=True)
 class ModuleCell:
-    """A cell kind as the modules see it: names (error prefix, child attribute, hyper-parameters, states, TorchRL's
-    default hidden keys), the ``torch.nn`` weight class, the core's cell, public functions and stacked init."""
+    """A cell kind as the modules see it: names, ``torch.nn`` weight class, core cell, functions, stacked init."""
 
     module_name: str
     nn_class: type[nn.Module]
@@ -197,8 +185,6 @@ GRU_CELL = ModuleCell("GRUModule", nn.GRU, "gru", HYPER, ("h",), ("recurrent_sta
 
 
 # ----------------------------------------------------------------------------- the weight child
-
-
 class LiveParams:
     """A reference to a child module's attribute dict that pytree leaves alone: ``torch.export`` pytree-copies plain
     module attributes while the parameters are fake and writes the copy back (a bare dict would hold the fakes)."""
@@ -214,8 +200,7 @@ class LiveParams:
 
 
 def check_child(cell: ModuleCell, rnn) -> None:
-    """Raise unless ``rnn`` can hold ``cell``'s weights: an ``nn.RNNBase`` in its mode (e.g. ``torchrl.modules.LSTM``)
-    for the ``torch.nn`` cells, else a ``cell.nn_class``."""
+    """Raise unless ``rnn`` can hold ``cell``'s weights: an ``nn.RNNBase`` in its mode, or a ``cell.nn_class``."""
     cls = cell.nn_class
     if issubclass(cls, nn.RNNBase):
         ok = isinstance(rnn, nn.RNNBase) and rnn.mode == cls.__name__
@@ -295,8 +280,6 @@ class RNNChild:
 
 
 # ----------------------------------------------------------------------------- the one constructor: options, signature
-
-
 def checked_option(name: str) -> property:
     """The option ``name``, held as ``_name``: assigning it calls the owner's ``_check_option(name, value)`` first."""
     private = f"_{name}"
@@ -339,8 +322,7 @@ def _key_list(owner: str, arg: str, keys, n: int, what: str) -> list[NestedKey]:
 
 
 def resolve_keys(cell: ModuleCell, in_key, in_keys, out_key, out_keys) -> tuple[list[NestedKey], list[NestedKey]]:
-    """``(in_keys, out_keys)``: ``[input, *hidden, "is_init"]`` and ``[output, *("next", hidden)]``, TorchRL's rules
-    and exception classes (one of ``in_key``/``in_keys``; a single key gets the default hidden keys)."""
+    """``([input, *hidden, "is_init"], [output, *("next", hidden)])`` by TorchRL's rules and exception classes."""
     owner, n = cell.module_name, 1 + len(cell.state_names)
     what = f"a value and {len(cell.state_names)} hidden state(s) {cell.state_names}"
     if not ((in_key is None) ^ (in_keys is None)):
@@ -398,7 +380,6 @@ def build_rnn(cell: ModuleCell, rnn, given: dict, *, batch_first: bool, bidirect
 
 
 # ----------------------------------------------------------------------------- TorchRL's python-based child
-
 _PYTHON_PREFIX = "TorchRLPython"
 _PYTHON_CLASSES: dict[str, type[nn.RNNBase]] = {}
 
@@ -421,8 +402,6 @@ def __getattr__(name: str):
 
 
 # ----------------------------------------------------------------------------- the modules
-
-
 class RecurrentModule(RNNChild, TensorDictModuleBase):
     """What every recurrent TensorDict module shares; each subclass sets ``_cell``."""
 
@@ -487,9 +466,8 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
         super().__setstate__(options_state(state, _OPTIONS))
 
     def forward(self, *args, **kwargs) -> TensorDictBase:
-        """Read the input, hidden and ``is_init`` keys, run one step or a sequence, write the outputs:
-        ``module(tensordict)`` updates ``tensordict`` in place and returns it; ``module(input=..., is_init=...)``
-        returns the outputs."""
+        """Run one step or a sequence: ``module(tensordict)`` writes the outputs into ``tensordict`` and returns it;
+        ``module(input=..., is_init=...)`` returns the outputs."""
         if args and isinstance(args[0], TensorDictBase):  # not through dispatch: its frame adds guards when compiled
             if len(args) == 1 and not kwargs:
                 return self._forward(args[0], self._weights, self._layout)
@@ -520,16 +498,16 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
                              f"last one); got batch_size {list(td.batch_size)}. Use sequential mode for single steps.")
         x, is_init = td.get(in_keys[0], None), td.get(in_keys[-1], None)
         if x is None:
-            raise KeyError(f"{owner}: input key {in_keys[0]!r} not found in the TensorDict (keys: {_keys_of(td)}). "
-                           f"Store the input there ({dims}, {self._input_size}]) or name its key with in_key=... / "
-                           f"in_keys=[...].")
+            raise KeyError(f"{owner}: input key {in_keys[0]!r} not found in the TensorDict (keys: "
+                           f"{list(td.keys(True, True))}). Store the input there ({dims}, {self._input_size}]) or "
+                           f"name its key with in_key=... / in_keys=[...].")
         if x.ndim == 0 or x.shape[-1] != self._input_size:
             raise ValueError(f"{owner}: input key {in_keys[0]!r} holds shape {list(x.shape)}; expected {dims}, "
                              f"{self._input_size}] (input_size={self._input_size} features last).")
         lead = tuple(x.shape[:-1])
         if is_init is None:
-            raise KeyError(f"{owner}: key {in_keys[-1]!r} not found in the TensorDict (keys: {_keys_of(td)}). It marks "
-                           f"trajectory starts: add torchrl.envs.InitTracker() to the env (Collector(..., "
+            raise KeyError(f"{owner}: key {in_keys[-1]!r} (trajectory starts) not found in the TensorDict (keys: "
+                           f"{list(td.keys(True, True))}). Add torchrl.envs.InitTracker() to the env (Collector(..., "
                            f"auto_register_policy_transforms=True) does), or set it yourself (bool {list(lead) + [1]}).")
         if is_init.dtype != torch.bool:
             raise TypeError(f"{owner}: key {in_keys[-1]!r} holds dtype {is_init.dtype}; expected torch.bool. Store "
@@ -680,17 +658,12 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
                                  zip(in_hidden, self._state_shapes)}, expand_specs=True)
 
 
-def _keys_of(td: TensorDictBase) -> list:
-    return list(td.keys(include_nested=True, leaves_only=True))
-
-
 class LSTMModule(RecurrentModule):
     """Drop-in replacement for ``torchrl.modules.LSTMModule`` built on the functional core.
 
     Args (TorchRL's, same order and defaults):
         input_size, hidden_size, num_layers, bias, dropout, proj_size: as ``torch.nn.LSTM``.
-        batch_first: must be True (TorchRL's rule).
-        bidirectional: must be False (resets are causal).
+        batch_first, bidirectional: must be True (TorchRL's rule) / False (resets are causal).
         python_based: eager ``"pad"``/``"auto"`` recurrent calls run the ``reference`` loop (``make_python_based``).
         recurrent_backend: core ``backend`` of recurrent mode: ``"auto"`` (default; it picks TorchRL's ``"pad"`` in
             plain eager mode), ``"pad"``, ``"scan"``, ``"triton"`` or ``"reference"``.
@@ -718,9 +691,8 @@ class LSTMModule(RecurrentModule):
 class GRUModule(RecurrentModule):
     """Drop-in replacement for ``torchrl.modules.GRUModule`` built on the functional core.
 
-    Same arguments as :class:`LSTMModule` without ``proj_size``, with ``gru=`` (an ``nn.GRU``) instead of
-    ``lstm=``, and one hidden key: ``in_keys = [input, h]``, ``out_keys = [output, ("next", h)]`` (defaults
-    ``recurrent_state`` / ``("next", "recurrent_state")``). ``self.gru`` is a real ``torch.nn.GRU``.
+    :class:`LSTMModule`'s arguments without ``proj_size``, ``gru=`` (an ``nn.GRU``, kept as ``self.gru``) for
+    ``lstm=``, one hidden key (``recurrent_state``): ``in_keys = [input, h]``, ``out_keys = [output, ("next", h)]``.
     """
 
     _cell = GRU_CELL
