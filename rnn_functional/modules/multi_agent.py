@@ -1,6 +1,5 @@
-"""``MultiAgentGRU`` / ``MultiAgentLSTM``: TorchRL's ``MultiAgentMLP`` conventions for a recurrent cell
-(``docs/multi_agent.md``). Agents are batch rows of one functional call, each resetting on its own ``is_init``; with
-``share_params=False`` one ``torch.vmap`` runs that call over agent-stacked weights."""
+"""``MultiAgentGRU`` / ``MultiAgentLSTM``: TorchRL's ``MultiAgentMLP`` conventions for a recurrent cell. Agents are
+batch rows of one functional call (``torch.vmap``'d over agent-stacked weights with ``share_params=False``)."""
 
 from __future__ import annotations
 
@@ -66,8 +65,7 @@ class _MultiAgentRNN(TensorDictModuleBase):
 
     @property
     def recurrent_mode(self) -> bool:
-        """True when the module processes ``[*B, T]`` sequences: ``set_recurrent_mode`` (ours or TorchRL's), else
-        ``default_recurrent_mode``."""
+        """True when the module processes ``[*B, T]`` sequences (``set_recurrent_mode``, else the default)."""
         return _context_mode(bool(self._recurrent_mode))
 
     def agent_params(self, i: int) -> TensorDict:
@@ -94,8 +92,7 @@ class _MultiAgentRNN(TensorDictModuleBase):
         return TensorDictPrimer(spec, expand_specs=True)
 
     def _read(self, td: TensorDictBase, recurrent: bool) -> tuple[Tensor, tuple[Tensor, ...], Tensor]:
-        """``(x [*B, n, F], states [*B, n, L, H] (zeros when absent), is_init [*B, n])``, checked (``[*B, T, ...]``
-        if recurrent)."""
+        """``(x [*B, n, F], states [*B, n, L, H] (zeros if absent), is_init [*B, n])`` (``[*B, T, ...]`` recurrent)."""
         name, n, in_key = type(self).__name__, self.n_agents, self.in_keys[0]
         lead = list(td.batch_size)
         dims = "[*B, T" if recurrent else "[*B"
@@ -178,9 +175,7 @@ class MultiAgentGRU(_MultiAgentRNN):
     """A GRU per agent over TorchRL's multi-agent TensorDicts (keys and shapes: ``docs/multi_agent.md``).
 
     Args:
-        n_agent_inputs: features per agent (``F``).
-        hidden_size: ``H``.
-        n_agents: ``n``, the size of the agent dim.
+        n_agent_inputs, hidden_size, n_agents: ``F`` (features per agent), ``H``, ``n`` (the agent dim's size).
 
     Keyword Args:
         centralized: every agent reads all agents' inputs concatenated (input width ``n * F``).

@@ -250,8 +250,7 @@ class RNNChild:
 
     @property
     def _weights(self) -> dict:
-        """The child's weights by name: its parameter dict, or, where the child computes some (parametrizations,
-        ``torch.nn.utils.prune``), a dict holding them as it computes them."""
+        """The child's weights by name: its parameter dict, or a copy with those it computes (parametrize, prune)."""
         if not torch.compiler.is_compiling():
             attr = self._cell.child_attr
             child = self._modules.get(attr)
@@ -310,30 +309,29 @@ _KEYWORDS = (("in_key", None), ("in_keys", None), ("out_key", None), ("out_keys"
              ("CHILD", None), ("default_recurrent_mode", None), ("recurrent_slice_len", None),
              ("recurrent_num_slices", None))
 _OPTIONS = ("recurrent_backend", "recurrent_recompute", "recurrent_compute_dtype", "recurrent_matmul_precision")
-
-
-def _key_list(owner: str, arg: str, keys, n: int, what: str) -> list[NestedKey]:
-    if not isinstance(keys, (list, tuple)):  # TorchRL passes it to unravel_key_list, whose binding raises TypeError
-        raise TypeError(
-            f"{owner}: incompatible function arguments: {arg} must be a list or tuple of {n} keys ({what}), got "
-            f"{type(keys).__name__} {keys!r}. Use {arg[:-1]}={keys!r} to name only the "
-            f"{'input' if arg == 'in_keys' else 'output'} and keep the default hidden-state keys.")
-    return unravel_key_list(list(keys))
+_USE_MODE = ("Use the set_recurrent_mode context manager (rnn_functional.set_recurrent_mode or "
+             "torchrl.modules.set_recurrent_mode) or the default_recurrent_mode constructor argument.")
 
 
 def resolve_keys(cell: ModuleCell, in_key, in_keys, out_key, out_keys) -> tuple[list[NestedKey], list[NestedKey]]:
     """``([input, *hidden, "is_init"], [output, *("next", hidden)])`` by TorchRL's rules and exception classes."""
     owner, n = cell.module_name, 1 + len(cell.state_names)
     what = f"a value and {len(cell.state_names)} hidden state(s) {cell.state_names}"
-    if not ((in_key is None) ^ (in_keys is None)):
-        raise ValueError(f"Either in_keys or in_key must be specified but not both or none. "
-                         f"Got {in_keys} and {in_key} respectively.")
-    if not ((out_key is None) ^ (out_keys is None)):
-        raise ValueError(f"Either out_keys or out_key must be specified but not both or none. "
-                         f"Got {out_keys} and {out_key} respectively.")
-    in_keys = _key_list(owner, "in_keys", [in_key, *cell.default_in_keys] if in_key is not None else in_keys, n, what)
-    out_keys = _key_list(owner, "out_keys", [out_key, *cell.default_out_keys] if out_key is not None else out_keys, n,
-                         what)
+    given = (("in", in_key, in_keys, cell.default_in_keys), ("out", out_key, out_keys, cell.default_out_keys))
+    for io, key, keys, _ in given:
+        if not ((key is None) ^ (keys is None)):
+            raise ValueError(f"Either {io}_keys or {io}_key must be specified but not both or none. "
+                             f"Got {keys} and {key} respectively.")
+    resolved = []
+    for io, key, keys, defaults in given:
+        keys = [key, *defaults] if key is not None else keys
+        if not isinstance(keys, (list, tuple)):  # TorchRL's unravel_key_list(keys) binding raises TypeError
+            raise TypeError(
+                f"{owner}: incompatible function arguments: {io}_keys must be a list or tuple of {n} keys ({what}), "
+                f"got {type(keys).__name__} {keys!r}. Use {io}_key={keys!r} to name only the "
+                f"{'input' if io == 'in' else 'output'} and keep the default hidden-state keys.")
+        resolved.append(unravel_key_list(list(keys)))
+    in_keys, out_keys = resolved
     if len(in_keys) != n and not (len(in_keys) == n + 1 and in_keys[-1] == "is_init"):
         raise ValueError(f"{owner} expects {n} inputs: {what} (and optionally a final 'is_init' marker). "
                          f"Got in_keys {in_keys} instead.")
@@ -415,6 +413,8 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
                       if name != "proj_size" or "proj_size" in cell.hyper_names]
             params += [kind(cell.child_attr if name == "CHILD" else name, kind.KEYWORD_ONLY, default=default)
                        for name, default in _KEYWORDS if name != "CHILD" or issubclass(cell.nn_class, nn.RNNBase)]
+            # the subclass's own keyword-only arguments (RGLRUModule's segment_start), last
+            params += [p for p in inspect.signature(cls.__init__).parameters.values() if p.kind is kind.KEYWORD_ONLY]
             cls.__signature__ = inspect.Signature(params)
             cls.DEFAULT_IN_KEYS = list(cls._cell.default_in_keys)
             cls.DEFAULT_OUT_KEYS = list(cls._cell.default_out_keys)
@@ -536,7 +536,6 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
                             else " Build env hidden states with module.make_tensordict_primer().")
                     raise ValueError(f"{owner}: hidden state key {key!r} holds shape {list(state.shape)}; expected "
                                      f"{[*lead, layers, width]} ({dims}, num_layers, {width}]).{hint}")
-        # the params against the module's sizes, the inputs against the params' dtype and device
         params = params if isinstance(params, dict) else dict(params.items())
         layout = cell.core.layout_of(params, layout)
         if layout.device.type == "meta":
@@ -561,8 +560,7 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
                 first = states[0].select(-3, 0) if n == 1 else (states[0].select(-3, 0), states[1].select(-3, 0))
             backend = self._recurrent_backend  # the options' private fields: each property read is a call
             if self.python_based and backend in ("pad", "auto"):
-                # TorchRL's Python loop instead of the torch.nn kernels: eager pad/auto run reference; compiled and
-                # vmapped calls keep the configured backend, which runs there
+                # TorchRL's Python loop: eager pad/auto run reference; compiled and vmapped calls keep their backend
                 context = call_context()
                 backend = backend if context.compiling or context.vmapped else "reference"
             y, _, out = cell.sequence(
@@ -586,19 +584,15 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
 
     @recurrent_mode.setter
     def recurrent_mode(self, value) -> None:
-        raise RuntimeError("recurrent_mode cannot be changed in-place. Use the set_recurrent_mode context manager "
-                           "(rnn_functional.set_recurrent_mode or torchrl.modules.set_recurrent_mode) or the "
-                           "default_recurrent_mode constructor argument.")
+        raise RuntimeError(f"recurrent_mode cannot be changed in-place. {_USE_MODE}")
 
     @property
     def temporal_mode(self):
         raise RuntimeError("temporal_mode is deprecated, use recurrent_mode instead.")
 
     def set_recurrent_mode(self, mode: bool = True):
-        raise RuntimeError(
-            f"{self._cell.module_name}.set_recurrent_mode() does not exist (TorchRL removed it in v0.8). Use the "
-            f"set_recurrent_mode context manager (rnn_functional.set_recurrent_mode or "
-            f"torchrl.modules.set_recurrent_mode) or the default_recurrent_mode constructor argument.")
+        raise RuntimeError(f"{self._cell.module_name}.set_recurrent_mode() does not exist (TorchRL removed it in "
+                           f"v0.8). {_USE_MODE}")
 
     def make_python_based(self):
         """Run the eager ``pad``/``auto`` recurrent path with the ``reference`` loop; when TorchRL is loaded the
@@ -678,11 +672,9 @@ class LSTMModule(RecurrentModule):
         device: device of new parameters.
         lstm: an ``nn.LSTM`` (``batch_first=True``) kept as ``self.lstm``, which holds the weights (TorchRL's names).
         default_recurrent_mode: mode when no ``set_recurrent_mode`` context is active (False).
-        recurrent_slice_len: ``L`` when recurrent-mode batches are whole slices of exactly ``L`` steps
-            (``SliceSampler(slice_len=L, strict_length=True)``): static shapes under ``torch.compile``
-            (``docs/compile.md``). Not TorchRL's.
-        recurrent_num_slices: ``K`` with ``recurrent_slice_len=L`` when batches hold at most ``K`` slices of at most
-            ``L`` steps (``strict_length=False``): compiled, they run in a padded ``[K, L]`` block.
+        recurrent_slice_len, recurrent_num_slices: ``L`` when recurrent-mode batches are ``SliceSampler`` slices of
+            exactly ``L`` steps; ``K`` too when they hold at most ``K`` slices of at most ``L`` steps (compiled, a
+            padded ``[K, L]`` block): static shapes under ``torch.compile`` (``docs/compile.md``). Not TorchRL's.
     """
 
     _cell = LSTM_CELL
