@@ -1,5 +1,4 @@
-"""``EnsembleModule``: E independent copies of a recurrent module (``LSTMModule``, ``GRUModule``, ``MinGRUModule``,
-``RGLRUModule``), their parameters stacked, run by ``torch.vmap`` (``docs/ensembles.md``)."""
+"""``EnsembleModule``: E copies of a recurrent module, their parameters stacked, run by ``torch.vmap``."""
 
 from __future__ import annotations
 

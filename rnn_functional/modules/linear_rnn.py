@@ -1,5 +1,4 @@
-"""``MinGRUModule`` / ``RGLRUModule``: ``GRUModule``'s conventions over the cells linear in their state, the weights in
-a plain ``torch.nn.Module`` child with the functional API's names; ``recurrent_backend="auto"`` runs ``parallel``."""
+"""``MinGRUModule`` / ``RGLRUModule``: ``GRUModule``'s conventions over the cells linear in their state."""
 
 from __future__ import annotations
 
@@ -68,9 +67,9 @@ class RGLRU(_LinearRecurrence):
 class MinGRUModule(RecurrentModule):
     """A minGRU (:func:`~rnn_functional.min_gru_sequence`) with :class:`~rnn_functional.GRUModule`'s conventions.
 
-    Args: ``GRUModule``'s, without ``gru=`` (``bias`` must stay True; ``recurrent_backend`` one of ``"auto"``,
-    ``"parallel"``, ``"scan"``, ``"reference"``). ``self.min_gru`` holds the weights: ``weight_l{k} [2H, F_k]``,
-    ``bias_l{k} [2H]``. State: ``recurrent_state [*B, L, H]``.
+    Args: ``GRUModule``'s, without ``gru=`` (``bias`` must stay True; ``recurrent_backend`` one of ``"auto"`` (runs
+    ``"parallel"``), ``"parallel"``, ``"scan"``, ``"reference"``). ``self.min_gru``, a plain ``torch.nn.Module``,
+    holds the weights: ``weight_l{k} [2H, F_k]``, ``bias_l{k} [2H]``. State: ``recurrent_state [*B, L, H]``.
     """
 
     _cell = ModuleCell("MinGRUModule", MinGRU, "min_gru", HYPER, ("h",), ("recurrent_state",), min_gru.MIN_GRU,

@@ -1,5 +1,4 @@
-"""``MultiAgentGRU`` / ``MultiAgentLSTM``: TorchRL's ``MultiAgentMLP`` conventions for a recurrent cell. Agents are
-batch rows of one functional call (``torch.vmap``'d over agent-stacked weights with ``share_params=False``)."""
+"""``MultiAgentGRU`` / ``MultiAgentLSTM``: TorchRL's ``MultiAgentMLP`` conventions for a recurrent cell."""
 
 from __future__ import annotations
 
@@ -72,8 +71,7 @@ class _MultiAgentRNN(TensorDictModuleBase):
         """Agent ``i``'s weights with ``nn.GRU``/``nn.LSTM`` state-dict names, as the functional API takes them
         (the module's own tensors when shared; views of agent ``i``'s slice otherwise)."""
         if not -self.n_agents <= i < self.n_agents:
-            raise IndexError(f"{type(self).__name__}.agent_params: agent {i} out of range for "
-                             f"n_agents={self.n_agents}.")
+            raise IndexError(f"{type(self).__name__}: agent {i} out of range for n_agents={self.n_agents}.")
         return TensorDict({k: getattr(self, k) if self.share_params else getattr(self, k)[i]
                            for k in self._param_names}, batch_size=[])
 
@@ -188,8 +186,7 @@ class MultiAgentGRU(_MultiAgentRNN):
             modules in one policy (an actor's and a critic's) need two names.
         default_recurrent_mode: the mode outside any ``set_recurrent_mode`` context.
         recurrent_backend: the core's ``backend`` in recurrent mode (``"auto"``, ``"scan"``, ``"pad"``, ...).
-        recurrent_slice_len, recurrent_num_slices: the core's ``slice_len``/``num_slices`` hints for flat
-            ``SliceSampler`` batches, as :class:`~rnn_functional.GRUModule`'s (static shapes under compile);
+        recurrent_slice_len, recurrent_num_slices: :class:`~rnn_functional.GRUModule`'s slice hints;
             ``recurrent_num_slices`` counts one agent's segments (slices, and its own resets inside them).
         device, dtype, generator: of the initial weights (``torch.nn.GRU``'s initialisation, one draw per agent).
 

@@ -1,6 +1,5 @@
-"""``LSTMModule`` / ``GRUModule`` (and the linear cells' modules): drop-ins for TorchRL's, over the functional core.
-The weights live in a real ``torch.nn.LSTM``/``GRU`` child the forward never calls (Dynamo graph-breaks on one): it
-reads the child's ``_parameters`` through a :class:`LiveParams`. Keys and shapes: ``docs/api/modules.md``."""
+"""``LSTMModule`` / ``GRUModule``: drop-ins for TorchRL's over the functional core. The weights live in a real
+``torch.nn`` child the forward never calls (Dynamo graph-breaks on one): it reads them through :class:`LiveParams`."""
 
 from __future__ import annotations
 
@@ -66,9 +65,8 @@ class _Mirror(threading.local):
     and keeps its dict writes after a ``scan``, where it drops attribute writes (pytorch/pytorch#195866)."""
 
     def __init__(self) -> None:
-        trl = _torchrl_module
-        self.traced: dict[str, bool | None] = {
-            "mode": None, "torchrl": None if trl is None else trl.recurrent_mode_state_manager._context_mode.get()}
+        trl = _torchrl_module  # a module (truthy) or None
+        self.traced = {"mode": None, "torchrl": trl and trl.recurrent_mode_state_manager._context_mode.get()}
 
 
 _MIRROR = _Mirror()
@@ -407,13 +405,12 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        if "_cell" in cls.__dict__:  # TorchRL's signature (``proj_size`` for the LSTM alone, ``lstm=``/``gru=``)
+        if "_cell" in cls.__dict__:  # TorchRL's signature for this cell, then the subclass's keyword-only arguments
             cell, kind = cls._cell, inspect.Parameter
             params = [kind(name, kind.POSITIONAL_OR_KEYWORD, default=default) for name, default in _SIGNATURE
                       if name != "proj_size" or "proj_size" in cell.hyper_names]
             params += [kind(cell.child_attr if name == "CHILD" else name, kind.KEYWORD_ONLY, default=default)
                        for name, default in _KEYWORDS if name != "CHILD" or issubclass(cell.nn_class, nn.RNNBase)]
-            # the subclass's own keyword-only arguments (RGLRUModule's segment_start), last
             params += [p for p in inspect.signature(cls.__init__).parameters.values() if p.kind is kind.KEYWORD_ONLY]
             cls.__signature__ = inspect.Signature(params)
             cls.DEFAULT_IN_KEYS = list(cls._cell.default_in_keys)
@@ -482,8 +479,7 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
         return self._forward(tensordict, self._weights, self._layout)
 
     def forward_with_params(self, tensordict: TensorDictBase, params) -> TensorDictBase:
-        """:meth:`forward` with explicit weights (``torch.nn`` state-dict names) instead of the child's: what
-        :class:`~rnn_functional.EnsembleModule` vmaps over stacked members (it never touches the child)."""
+        """:meth:`forward` with explicit weights (``torch.nn`` names), not the child's (as ``EnsembleModule`` runs)."""
         return self._forward(tensordict, params, None)
 
     def _forward(self, td: TensorDictBase, params, layout: Layout | None) -> TensorDictBase:
@@ -598,9 +594,8 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
         """Run the eager ``pad``/``auto`` recurrent path with the ``reference`` loop; when TorchRL is loaded the
         child's class also becomes TorchRL's Python implementation (still a ``torch.nn`` class). Returns self."""
         self.python_based = True
-        if _TORCHRL_RNN in sys.modules and issubclass(self._cell.nn_class, nn.RNNBase) \
-                and type(self._rnn) is self._cell.nn_class:
-            self._rnn.__class__ = _python_class(self._cell.nn_class.__name__)
+        if _TORCHRL_RNN in sys.modules and type(self._rnn) in (nn.LSTM, nn.GRU):
+            self._rnn.__class__ = _python_class(type(self._rnn).__name__)
         return self
 
     def make_cudnn_based(self):
@@ -625,8 +620,7 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
         return list(self.in_keys) + list(self.out_keys)
 
     def canonicalize(self, data: TensorDictBase, *, inplace: bool = False) -> TensorDictBase:
-        """``data`` with only the :attr:`canonical_keys` leaves made contiguous (missing keys skipped);
-        ``inplace=False`` returns a shallow copy."""
+        """``data`` with its :attr:`canonical_keys` leaves made contiguous (a shallow copy unless ``inplace``)."""
         present = set(data.keys(include_nested=True))
         keys = [k for k in self.canonical_keys if k in present]
         if not keys:
@@ -661,8 +655,7 @@ class LSTMModule(RecurrentModule):
         python_based: eager ``"pad"``/``"auto"`` recurrent calls run the ``reference`` loop (``make_python_based``).
         recurrent_backend: core ``backend`` of recurrent mode: ``"auto"`` (default; it picks TorchRL's ``"pad"`` in
             plain eager mode), ``"pad"``, ``"scan"``, ``"triton"`` or ``"reference"``.
-        recurrent_compute_dtype, recurrent_matmul_precision: the core's ``compute_dtype`` / ``matmul_precision``
-            (read by ``triton``).
+        recurrent_compute_dtype, recurrent_matmul_precision: the core's ``compute_dtype``/``matmul_precision``.
         recurrent_recompute: ``"none"`` or ``"full"`` (checkpointed backward); ``"full"`` with ``"pad"`` raises.
 
     Keyword Args:

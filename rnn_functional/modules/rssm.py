@@ -20,8 +20,7 @@ class RSSMCoreV3(nn.Module):
 
     Args (keywords, as TorchRL's private core): ``state_dim`` (``num_categoricals * num_classes``), ``action_dim``,
     ``hidden_dim`` (the projections' width), ``belief_dim``, ``num_blocks``, ``num_layers`` (dynamics layers),
-    ``norm_eps``, ``device``; and ours: ``activation_class`` (``nn.SiLU``, TorchRL's, or any parameter-free
-    elementwise activation) and ``backend`` (of :func:`rnn_functional.rssm_core_step`).
+    ``norm_eps``, ``device``; ours: ``activation_class`` (any parameter-free elementwise one) and ``backend``.
     """
 
     def __init__(self, *, state_dim: int, action_dim: int, hidden_dim: int, belief_dim: int, num_blocks: int,
