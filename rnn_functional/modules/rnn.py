@@ -281,14 +281,12 @@ def checked_option(name: str) -> property:
     """The option ``name``, held as ``_name``: assigning it calls the owner's ``_check_option(name, value)`` first."""
     private = f"_{name}"
 
-    def get(self):
-        return getattr(self, private)
-
     def set(self, value) -> None:
         self._check_option(name, value)
         object.__setattr__(self, private, value)
 
-    return property(get, set, doc=f"``{name}``, checked on assignment as the constructor checks it.")
+    return property(lambda self: getattr(self, private), set,
+                    doc=f"``{name}``, checked on assignment as the constructor checks it.")
 
 
 def options_state(state: dict, names: tuple[str, ...]) -> dict:
