@@ -1,6 +1,5 @@
-"""BenchMARL model configs running :class:`~rnn_functional.MultiAgentGRU` / ``MultiAgentLSTM`` with BenchMARL's
-``GruConfig`` / ``LstmConfig`` fields and conventions, plus ``recurrent_backend``: one core call per sequence instead
-of BenchMARL's Python loop over time. ``import rnn_functional`` never imports this module (nor BenchMARL)."""
+"""BenchMARL model configs running :class:`~rnn_functional.MultiAgentGRU` / ``MultiAgentLSTM``: one core call per
+sequence instead of BenchMARL's loop over time. ``import rnn_functional`` never imports this module (nor BenchMARL)."""
 
 from __future__ import annotations
 

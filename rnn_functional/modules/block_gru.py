@@ -1,7 +1,5 @@
 """Drop-ins for TorchRL's ``DreamerV3BlockGRUCell`` and ``DreamerV3BlockGRU`` over the functional block GRU: same
-constructor arguments, forward signatures, shapes, exception classes, state-dict names and draws from the global
-generator. Each forward reads the parameters as they are at that call (``functional_call``, ``load_state_dict``,
-``torch.export``)."""
+arguments, shapes, exception classes, state-dict names and random draws; each forward reads the parameters anew."""
 
 from __future__ import annotations
 
@@ -18,8 +16,9 @@ from .rnn import checked_option, options_state
 
 __all__ = ["DreamerV3BlockGRU", "DreamerV3BlockGRUCell"]
 
-_ACTIVATION_NAMES = {nn.SiLU: "silu", nn.Tanh: "tanh", nn.ReLU: "relu"}
-RECURRENT_BACKENDS = ("auto", "reference", "scan", "triton")
+# the core's names of the activations with a closed-form derivative (any other runs as itself)
+ACTIVATION_NAMES = {nn.SiLU: "silu", nn.Tanh: "tanh", nn.ReLU: "relu"}
+RECURRENT_BACKENDS = ("auto", "reference", "scan")
 
 
 class _Scale(nn.Module):
@@ -54,18 +53,11 @@ def activation_of(activation_class) -> nn.Module | Callable:
     return activation
 
 
-def functional_activation(activation: nn.Module | Callable) -> str | nn.Module | Callable:
-    """The functional core's ``activation``: the name of a module class with a closed-form derivative, else itself."""
-    return _ACTIVATION_NAMES.get(type(activation), activation)
-
-
 class DreamerV3BlockGRUCell(nn.Module):
     """One step of DreamerV3's block-diagonal GRU: ``forward(input [*B, F], hidden [*B, H] | None) -> hidden'``.
 
-    Args as TorchRL's ``DreamerV3BlockGRUCell``: ``input_size``, ``hidden_size``, ``projection_size=512``,
-    ``num_blocks=8``, ``num_layers=1`` (dynamics layers), ``activation_class`` (any parameter-free elementwise
-    activation: a module class or instance, or a function), ``norm_eps=1e-4``, ``update_bias=-1.0``, ``device``. See
-    :func:`rnn_functional.block_gru_step`.
+    Args as TorchRL's ``DreamerV3BlockGRUCell`` (``num_layers``: dynamics layers; ``activation_class``: any
+    parameter-free elementwise activation: a class, an instance or a function).
     """
 
     def __init__(self, input_size: int, hidden_size: int, *, projection_size: int = 512, num_blocks: int = 8,
@@ -97,13 +89,12 @@ class DreamerV3BlockGRUCell(nn.Module):
                 linear.bias.zero_()
 
     def functional_cell(self):
-        """The functional core's cell for this module's activation, ``norm_eps`` and ``update_bias``, as they are at
-        this call (TorchRL's forward reads ``self.activation``: assigning another one takes effect)."""
-        return configured_cell(functional_activation(self.activation), self.norm_eps, self.update_bias)
+        """The core's cell for the current ``activation``, ``norm_eps`` and ``update_bias`` (as TorchRL, per call)."""
+        activation = self.activation
+        return configured_cell(ACTIVATION_NAMES.get(type(activation), activation), self.norm_eps, self.update_bias)
 
     def params(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        """The parameters as the functional API takes them (TorchRL's names), in ``dtype``: TorchRL runs the
-        projections in the input's dtype, casting the parameters."""
+        """The parameters (TorchRL's names) in ``dtype``: TorchRL runs the projections in the input's dtype."""
         return {name: (p if p.dtype == dtype else p.to(dtype)) for name, p in self.named_parameters()}
 
     def forward(self, input: torch.Tensor, hidden: torch.Tensor | None = None) -> torch.Tensor:
@@ -127,13 +118,10 @@ class DreamerV3BlockGRUCell(nn.Module):
 
 class DreamerV3BlockGRU(nn.Module):
     """DreamerV3's block-diagonal GRU over a sequence: ``forward(input [B, T, F], hidden [B, H] | None, is_init [B, T]
-    (or [B, T, 1]) | None) -> (output [B, T, H], hidden [B, H])``; the carry is zeroed before every step where
-    ``is_init``.
+    (or [B, T, 1]) | None) -> (output [B, T, H], hidden [B, H])``, the carry zeroed before each step where ``is_init``.
 
-    Args as TorchRL's ``DreamerV3BlockGRU``, plus ``recurrent_backend``: ``"auto"`` (the default: ``scan`` when
-    autograd records the call or under ``torch.compile``, else ``reference``), ``"reference"`` or ``"scan"``. TorchRL's
-    ``"triton"`` is refused: this library has no Triton kernel for the block GRU. Any activation runs on every
-    backend."""
+    Args as TorchRL's ``DreamerV3BlockGRU``; ``recurrent_backend``: ``"auto"`` (``scan`` when autograd records the
+    call or under ``torch.compile``, else ``reference``), ``"reference"`` or ``"scan"`` (no Triton kernel here)."""
 
     def __init__(self, *args, recurrent_backend: str = "auto", **kwargs):
         super().__init__()
@@ -153,11 +141,8 @@ class DreamerV3BlockGRU(nn.Module):
 
     @staticmethod
     def _check_option(name: str, value) -> None:
-        if value not in RECURRENT_BACKENDS:
+        if value not in RECURRENT_BACKENDS:  # TorchRL's "triton" too: we have no Triton kernel for the block GRU
             raise ValueError(f"{name} must be one of {list(RECURRENT_BACKENDS)}, got {value!r}.")
-        if value == "triton":
-            raise ValueError(f"{name}='triton': rnn_functional has no Triton kernel for the block GRU. Use 'auto' (the "
-                             "default), 'scan' or 'reference'.")
 
     def forward(self, input: torch.Tensor, hidden: torch.Tensor | None = None,
                 is_init: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

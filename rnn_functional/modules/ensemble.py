@@ -1,5 +1,4 @@
-"""``EnsembleModule``: E independent copies of a recurrent module (``LSTMModule``, ``GRUModule``, ``MinGRUModule``,
-``RGLRUModule``), their parameters stacked, run by ``torch.vmap`` (``docs/ensembles.md``)."""
+"""``EnsembleModule``: E copies of a recurrent module, their parameters stacked, run by ``torch.vmap``."""
 
 from __future__ import annotations
 
@@ -21,9 +20,8 @@ class EnsembleModule(TensorDictModuleBase):
     """An ensemble of ``num_members`` independently initialised copies of ``module``.
 
     Args:
-        module: an :class:`~rnn_functional.LSTMModule`, :class:`~rnn_functional.GRUModule`,
-            :class:`~rnn_functional.MinGRUModule` or :class:`~rnn_functional.RGLRUModule`: the architecture, keys
-            and options. Left unchanged and its values unused; the members are freshly initialised.
+        module: our ``LSTMModule``, ``GRUModule``, ``MinGRUModule`` or ``RGLRUModule``: the architecture, keys and
+            options (left unchanged, its values unused: the members are freshly initialised).
         num_members: E.
         shared_input: True (default): the input TensorDict ``[*B]`` is every member's, read without copies.
             False: the input carries the ensemble dim first, ``[E, *B]``.
@@ -42,19 +40,17 @@ class EnsembleModule(TensorDictModuleBase):
                             f"got {type(module).__name__}.")
         if randomness not in ("error", "same", "different"):
             raise ValueError(f"randomness: expected one of ['error', 'same', 'different'], got {randomness!r}.")
-        cell = module._cell
-        shapes = {name: getattr(module._rnn, name) for name in cell.hyper_names if name != "dropout"}
-        members = cell.ensemble_init(num_members, **shapes, generator=generator)
+        cell, rnn = module._cell, module._rnn
+        shapes = {name: getattr(rnn, name) for name in cell.hyper_names if name != "dropout"}
+        p = next(rnn.parameters())
+        members = cell.ensemble_init(num_members, **shapes, generator=generator).to(dtype=p.dtype, device=p.device)
         name = cell.child_attr  # TorchRL's child name: "lstm" / "gru" (ours: "min_gru" / "rglru")
-        template = TensorDict.from_module(module)
-        first = next(iter(template[name].values()))
-        members = members.to(dtype=first.dtype, device=first.device)
         # plain parameters of a plain child: functional_call swaps them by name, which it cannot inside TensorDictParams
         self.members = torch.nn.Module()
         for key, value in members.items():
             self.members.register_parameter(key, torch.nn.Parameter(value))
         # the wrapped module gives code and config: a copy holding meta leaves (so the ensemble deep-copies)
-        with template.detach().to("meta").to_module(module):
+        with TensorDict.from_module(module).detach().to("meta").to_module(module):
             shell = copy.deepcopy(module)
         object.__setattr__(self, "_template", shell)  # not a child: its meta tensors stay out of state_dict
         self._name, self.num_members, self.shared_input, self.randomness = name, num_members, shared_input, randomness

@@ -1,10 +1,7 @@
-"""``MinGRUModule`` / ``RGLRUModule``: ``GRUModule``'s constructor (without ``gru=``), keys, shapes, modes, primers
-and options over the cells linear in their state. The weights live in a plain ``torch.nn.Module`` child
-(``self.min_gru`` / ``self.rglru``) with the functional API's names; ``recurrent_backend="auto"`` runs ``parallel``."""
+"""``MinGRUModule`` / ``RGLRUModule``: ``GRUModule``'s conventions over the cells linear in their state."""
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import replace
 from functools import partial
 
@@ -67,20 +64,16 @@ class RGLRU(_LinearRecurrence):
     init = staticmethod(rglru.init_rglru_params)
 
 
-def _spec(module_name: str, nn_class: type[_LinearRecurrence], child_attr: str, core, step, sequence) -> ModuleCell:
-    return ModuleCell(module_name, nn_class, child_attr, HYPER, ("h",), ("recurrent_state",), core, step, sequence,
-                      nn_class.ensemble_init)
-
-
 class MinGRUModule(RecurrentModule):
     """A minGRU (:func:`~rnn_functional.min_gru_sequence`) with :class:`~rnn_functional.GRUModule`'s conventions.
 
-    Args: ``GRUModule``'s, without ``gru=`` (``bias`` must stay True; ``recurrent_backend`` one of ``"auto"``,
-    ``"parallel"``, ``"scan"``, ``"reference"``). ``self.min_gru`` holds the weights: ``weight_l{k} [2H, F_k]``,
-    ``bias_l{k} [2H]``. State: ``recurrent_state [*B, L, H]``.
+    Args: ``GRUModule``'s, without ``gru=`` (``bias`` must stay True; ``recurrent_backend`` one of ``"auto"`` (runs
+    ``"parallel"``), ``"parallel"``, ``"scan"``, ``"reference"``). ``self.min_gru``, a plain ``torch.nn.Module``,
+    holds the weights: ``weight_l{k} [2H, F_k]``, ``bias_l{k} [2H]``. State: ``recurrent_state [*B, L, H]``.
     """
 
-    _cell = _spec("MinGRUModule", MinGRU, "min_gru", min_gru.MIN_GRU, min_gru_step, min_gru_sequence)
+    _cell = ModuleCell("MinGRUModule", MinGRU, "min_gru", HYPER, ("h",), ("recurrent_state",), min_gru.MIN_GRU,
+                       min_gru_step, min_gru_sequence, MinGRU.ensemble_init)
 
 
 class RGLRUModule(RecurrentModule):
@@ -91,7 +84,8 @@ class RGLRUModule(RecurrentModule):
     [3H, F_k]``, ``bias_l{k} [3H]``, ``log_lambda_l{k} [H]``. State: ``recurrent_state [*B, L, H]``.
     """
 
-    _cell = _spec("RGLRUModule", RGLRU, "rglru", rglru.RGLRU, rglru_step, rglru_sequence)
+    _cell = ModuleCell("RGLRUModule", RGLRU, "rglru", HYPER, ("h",), ("recurrent_state",), rglru.RGLRU, rglru_step,
+                       rglru_sequence, RGLRU.ensemble_init)
 
     def __init__(self, *args, segment_start: str = "scaled", **kwargs) -> None:
         core = rglru.rglru_cell(segment_start)
@@ -105,8 +99,3 @@ class RGLRUModule(RecurrentModule):
     def segment_start(self) -> str:
         """``"scaled"`` or ``"recurrentgemma"`` (see :func:`~rnn_functional.rglru_sequence`)."""
         return self._cell.core.segment_start
-
-
-RGLRUModule.__signature__ = RGLRUModule.__signature__.replace(parameters=[
-    *RGLRUModule.__signature__.parameters.values(),
-    inspect.Parameter("segment_start", inspect.Parameter.KEYWORD_ONLY, default="scaled")])

@@ -28,9 +28,8 @@ class MLP(nn.Sequential):
     """A multi-layer perceptron taking TorchRL ``MLP``'s keyword arguments (the common subset).
 
     ``Linear -> [Dropout] -> [norm] -> activation`` repeated ``depth`` times, then a ``Linear`` (activated too with
-    ``activate_last_layer``), numbered as TorchRL's so that state dicts are interchangeable. ``in_features=None``: a
-    lazy first layer. ``num_cells`` defaults to 32 per hidden layer given ``depth``, else no hidden layer.
-    ``[*, in_features]`` -> ``[*, out_features]``.
+    ``activate_last_layer``), numbered as TorchRL's (interchangeable state dicts). ``in_features=None``: a lazy first
+    layer. ``num_cells``: 32 per hidden layer given ``depth``, else none. ``[*, in_features] -> [*, out_features]``.
     """
 
     def __init__(
@@ -57,9 +56,8 @@ class MLP(nn.Sequential):
         layers: list[nn.Module] = []
         for i, (n_in, n_out) in enumerate(zip([in_features, *num_cells], [*num_cells, out_features])):
             last = i == len(num_cells)
-            bias = bias_last_layer if last else True
-            layers.append(nn.LazyLinear(n_out, bias=bias, device=device) if n_in is None
-                          else nn.Linear(n_in, n_out, bias=bias, device=device))
+            layers.append(nn.LazyLinear(n_out, bias=bias_last_layer or not last, device=device) if n_in is None
+                          else nn.Linear(n_in, n_out, bias=bias_last_layer or not last, device=device))
             if not last or activate_last_layer:
                 if dropout is not None:
                     layers.append(nn.Dropout(p=dropout))
@@ -82,9 +80,8 @@ class LSTMNet(RNNChild, nn.Module):
         device: where the parameters live.
 
     Keyword Args:
-        lstm_backend: our backend for sequences (``"auto"``, ``"reference"``, ``"scan"``, ``"pad"``, ``"triton"``),
-            or TorchRL's names ``"torch"`` (= ``"pad"``) and ``"torchrl"`` (= ``"reference"``); ``None`` =
-            ``"auto"``. Every choice compiles and vmaps (``pad`` is routed to a backend that runs there).
+        lstm_backend: our backend for sequences (``None`` = ``"auto"``), or TorchRL's ``"torch"`` (= ``"pad"``) or
+            ``"torchrl"`` (= ``"reference"``). Every choice compiles and vmaps (``pad`` routes to one that runs there).
 
     The weights live in ``self.mlp``, ``self.lstm`` (a ``torch.nn.LSTM`` the forward never calls) and
     ``self.linear``: the state dict reads like TorchRL's. Shapes (``L`` layers, ``P = proj_size or H``):
@@ -136,11 +133,9 @@ class LSTMNet(RNNChild, nn.Module):
         if (hidden0_in is None) != (hidden1_in is None):  # TorchRL's class for this mistake
             raise RuntimeError(f"LSTMNet: pass both hidden0_in and hidden1_in or neither; got hidden0_in "
                                f"{type(hidden0_in).__name__} and hidden1_in {type(hidden1_in).__name__}.")
-        unbatched = input.ndim == 1
-        if unbatched:
-            input = input.unsqueeze(0)
-            if hidden0_in is not None:
-                hidden0_in, hidden1_in = hidden0_in.unsqueeze(0), hidden1_in.unsqueeze(0)
+        if input.ndim == 1:  # one row of a batch of one
+            hidden = () if hidden0_in is None else (hidden0_in.unsqueeze(0), hidden1_in.unsqueeze(0))
+            return tuple(o.squeeze(0) for o in self.forward(input.unsqueeze(0), *hidden))
         x = self.mlp(input)
         sequence = x.ndim == 3
         lead = tuple(x.shape[:-1])
@@ -162,5 +157,4 @@ class LSTMNet(RNNChild, nn.Module):
         else:
             y, (h, c) = lstm_step(x, state, self._weights, dropout=dropout, training=self.training)
             y = y.clone()
-        out = (self.linear(y), hidden0_in, hidden1_in, h, c)
-        return tuple(o.squeeze(0) for o in out) if unbatched else out
+        return self.linear(y), hidden0_in, hidden1_in, h, c

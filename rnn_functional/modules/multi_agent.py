@@ -1,6 +1,4 @@
-"""``MultiAgentGRU`` / ``MultiAgentLSTM``: TorchRL's ``MultiAgentMLP`` conventions for a recurrent cell
-(``docs/multi_agent.md``). Agents are batch rows of one functional call, each resetting on its own ``is_init``; with
-``share_params=False`` one ``torch.vmap`` runs that call over agent-stacked weights."""
+"""``MultiAgentGRU`` / ``MultiAgentLSTM``: TorchRL's ``MultiAgentMLP`` conventions for a recurrent cell."""
 
 from __future__ import annotations
 
@@ -66,16 +64,14 @@ class _MultiAgentRNN(TensorDictModuleBase):
 
     @property
     def recurrent_mode(self) -> bool:
-        """True when the module processes ``[*B, T]`` sequences: ``set_recurrent_mode`` (ours or TorchRL's), else
-        ``default_recurrent_mode``."""
+        """True when the module processes ``[*B, T]`` sequences (``set_recurrent_mode``, else the default)."""
         return _context_mode(bool(self._recurrent_mode))
 
     def agent_params(self, i: int) -> TensorDict:
         """Agent ``i``'s weights with ``nn.GRU``/``nn.LSTM`` state-dict names, as the functional API takes them
         (the module's own tensors when shared; views of agent ``i``'s slice otherwise)."""
         if not -self.n_agents <= i < self.n_agents:
-            raise IndexError(f"{type(self).__name__}.agent_params: agent {i} out of range for "
-                             f"n_agents={self.n_agents}.")
+            raise IndexError(f"{type(self).__name__}: agent {i} out of range for n_agents={self.n_agents}.")
         return TensorDict({k: getattr(self, k) if self.share_params else getattr(self, k)[i]
                            for k in self._param_names}, batch_size=[])
 
@@ -94,8 +90,7 @@ class _MultiAgentRNN(TensorDictModuleBase):
         return TensorDictPrimer(spec, expand_specs=True)
 
     def _read(self, td: TensorDictBase, recurrent: bool) -> tuple[Tensor, tuple[Tensor, ...], Tensor]:
-        """``(x [*B, n, F], states [*B, n, L, H] (zeros when absent), is_init [*B, n])``, checked (``[*B, T, ...]``
-        if recurrent)."""
+        """``(x [*B, n, F], states [*B, n, L, H] (zeros if absent), is_init [*B, n])`` (``[*B, T, ...]`` recurrent)."""
         name, n, in_key = type(self).__name__, self.n_agents, self.in_keys[0]
         lead = list(td.batch_size)
         dims = "[*B, T" if recurrent else "[*B"
@@ -178,9 +173,7 @@ class MultiAgentGRU(_MultiAgentRNN):
     """A GRU per agent over TorchRL's multi-agent TensorDicts (keys and shapes: ``docs/multi_agent.md``).
 
     Args:
-        n_agent_inputs: features per agent (``F``).
-        hidden_size: ``H``.
-        n_agents: ``n``, the size of the agent dim.
+        n_agent_inputs, hidden_size, n_agents: ``F`` (features per agent), ``H``, ``n`` (the agent dim's size).
 
     Keyword Args:
         centralized: every agent reads all agents' inputs concatenated (input width ``n * F``).
@@ -193,8 +186,7 @@ class MultiAgentGRU(_MultiAgentRNN):
             modules in one policy (an actor's and a critic's) need two names.
         default_recurrent_mode: the mode outside any ``set_recurrent_mode`` context.
         recurrent_backend: the core's ``backend`` in recurrent mode (``"auto"``, ``"scan"``, ``"pad"``, ...).
-        recurrent_slice_len, recurrent_num_slices: the core's ``slice_len``/``num_slices`` hints for flat
-            ``SliceSampler`` batches, as :class:`~rnn_functional.GRUModule`'s (static shapes under compile);
+        recurrent_slice_len, recurrent_num_slices: :class:`~rnn_functional.GRUModule`'s slice hints;
             ``recurrent_num_slices`` counts one agent's segments (slices, and its own resets inside them).
         device, dtype, generator: of the initial weights (``torch.nn.GRU``'s initialisation, one draw per agent).
 

@@ -1,8 +1,5 @@
-"""``LSTMModule`` / ``GRUModule`` (and the linear cells' modules): drop-ins for TorchRL's, over the functional core.
-
-A call checks its keys once and calls the public ``*_step`` / ``*_sequence`` with ``layout=``. The weights live in a
-real ``torch.nn.LSTM``/``GRU`` child the forward never touches (Dynamo graph-breaks on one): it reads the child's
-``_parameters`` through a :class:`LiveParams`. Keys and shapes: ``docs/api/modules.md``."""
+"""``LSTMModule`` / ``GRUModule``: drop-ins for TorchRL's over the functional core. The weights live in a real
+``torch.nn`` child the forward never calls (Dynamo graph-breaks on one): it reads them through :class:`LiveParams`."""
 
 from __future__ import annotations
 
@@ -34,9 +31,8 @@ from ..functional.slices import check_pair, check_value
 from ..precision import mark_constant_result
 
 # ----------------------------------------------------------------------------- the recurrent-mode switch
-# Recurrent ([*B, T] per call) or sequential (one step per call): the innermost set_recurrent_mode (ours, which sets
-# TorchRL's too, or TorchRL's), else ``default_recurrent_mode``. The flag is context-local eagerly and, compiled
-# (Dynamo cannot trace ``ContextVar.get``), a per-thread mirror, as TorchRL's (_watch: its compiled copy is global).
+# The innermost set_recurrent_mode (ours, which sets TorchRL's too, or TorchRL's), else ``default_recurrent_mode``:
+# context-local eagerly; compiled (Dynamo cannot trace ``ContextVar.get``), a per-thread mirror (_torchrl_loaded).
 
 _TORCHRL_RNN = "torchrl.modules.tensordict_module.rnn"
 _torchrl_module = None  # TorchRL's rnn module, set by _torchrl_loaded()
@@ -44,28 +40,33 @@ _torchrl_module = None  # TorchRL's rnn module, set by _torchrl_loaded()
 
 @mark_constant_result
 def _torchrl_loaded() -> bool:
-    """Whether TorchRL's rnn module is imported; caches it and, when new, mirrors its flag. A constant when compiled:
-    a guard on ``sys.modules`` would recompile on every import."""
+    """Whether TorchRL's rnn module is imported; when newly so, mirror its flag per thread (wrapping its manager's
+    ``set_mode``). A constant when compiled: a guard on ``sys.modules`` would recompile on every import."""
     global _torchrl_module
     found = sys.modules.get(_TORCHRL_RNN)
     if found is not _torchrl_module:
         _torchrl_module = found
         if found is not None:
-            _watch(found)
+            manager = found.recurrent_mode_state_manager
+            set_mode = manager.set_mode
+            if not getattr(set_mode, "_mirrored", False):
+                def mirrored(mode: bool | None) -> None:
+                    set_mode(mode)
+                    _MIRROR.traced["torchrl"] = mode
+
+                mirrored._mirrored = True
+                manager.set_mode = mirrored
+            _MIRROR.traced["torchrl"] = manager._context_mode.get()
     return found is not None
 
 
-def _torchrl_context(trl) -> bool | None:
-    return None if trl is None else trl.recurrent_mode_state_manager._context_mode.get()
-
-
 class _Mirror(threading.local):
-    """Each thread's copy of our flag (``mode``) and TorchRL's for compiled code: Dynamo guards a ``threading.local``
-    per thread, and keeps dict writes made after a higher-order op such as ``scan``, where it drops attribute writes
-    (pytorch/pytorch#195866)."""
+    """Each thread's copy of our flag and TorchRL's for compiled code: Dynamo guards a ``threading.local`` per thread
+    and keeps its dict writes after a ``scan``, where it drops attribute writes (pytorch/pytorch#195866)."""
 
     def __init__(self) -> None:
-        self.traced: dict[str, bool | None] = {"mode": None, "torchrl": _torchrl_context(_torchrl_module)}
+        trl = _torchrl_module  # a module (truthy) or None
+        self.traced = {"mode": None, "torchrl": trl and trl.recurrent_mode_state_manager._context_mode.get()}
 
 
 _MIRROR = _Mirror()
@@ -74,20 +75,6 @@ _MODE: contextvars.ContextVar[bool | None] = contextvars.ContextVar("rnn_functio
 _MIRRORED: contextvars.ContextVar[bool] = contextvars.ContextVar("rnn_functional_mode_mirrored", default=False)
 # what each eager entry restores on exit, innermost last: per context, as one object may be entered twice at once
 _ENTRIES: contextvars.ContextVar[tuple] = contextvars.ContextVar("rnn_functional_mode_entries", default=())
-
-
-def _watch(trl) -> None:
-    """Mirror TorchRL's flag per thread: wrap its state manager's ``set_mode``, which every entry and exit calls."""
-    manager = trl.recurrent_mode_state_manager
-    set_mode = manager.set_mode
-    if not getattr(set_mode, "_mirrored", False):
-        def mirrored(mode: bool | None) -> None:
-            set_mode(mode)
-            _MIRROR.traced["torchrl"] = mode
-
-        mirrored._mirrored = True
-        manager.set_mode = mirrored
-    _MIRROR.traced["torchrl"] = _torchrl_context(trl)
 
 
 def recurrent_mode(default: bool | None = None) -> bool | None:
@@ -169,8 +156,7 @@ is_tensorclass(torch.Tensor)
 
 @dataclass(frozen=True)
 class ModuleCell:
-    """A cell kind as the modules see it: names (error prefix, child attribute, hyper-parameters, states, TorchRL's
-    default hidden keys), the ``torch.nn`` weight class, the core's cell, public functions and stacked init."""
+    """A cell kind as the modules see it: names, ``torch.nn`` weight class, core cell, functions, stacked init."""
 
     module_name: str
     nn_class: type[nn.Module]
@@ -197,8 +183,6 @@ GRU_CELL = ModuleCell("GRUModule", nn.GRU, "gru", HYPER, ("h",), ("recurrent_sta
 
 
 # ----------------------------------------------------------------------------- the weight child
-
-
 class LiveParams:
     """A reference to a child module's attribute dict that pytree leaves alone: ``torch.export`` pytree-copies plain
     module attributes while the parameters are fake and writes the copy back (a bare dict would hold the fakes)."""
@@ -214,8 +198,7 @@ class LiveParams:
 
 
 def check_child(cell: ModuleCell, rnn) -> None:
-    """Raise unless ``rnn`` can hold ``cell``'s weights: an ``nn.RNNBase`` in its mode (e.g. ``torchrl.modules.LSTM``)
-    for the ``torch.nn`` cells, else a ``cell.nn_class``."""
+    """Raise unless ``rnn`` can hold ``cell``'s weights: an ``nn.RNNBase`` in its mode, or a ``cell.nn_class``."""
     cls = cell.nn_class
     if issubclass(cls, nn.RNNBase):
         ok = isinstance(rnn, nn.RNNBase) and rnn.mode == cls.__name__
@@ -265,8 +248,7 @@ class RNNChild:
 
     @property
     def _weights(self) -> dict:
-        """The child's weights by name: its parameter dict, or, where the child computes some (parametrizations,
-        ``torch.nn.utils.prune``), a dict holding them as it computes them."""
+        """The child's weights by name: its parameter dict, or a copy with those it computes (parametrize, prune)."""
         if not torch.compiler.is_compiling():
             attr = self._cell.child_attr
             child = self._modules.get(attr)
@@ -295,20 +277,16 @@ class RNNChild:
 
 
 # ----------------------------------------------------------------------------- the one constructor: options, signature
-
-
 def checked_option(name: str) -> property:
     """The option ``name``, held as ``_name``: assigning it calls the owner's ``_check_option(name, value)`` first."""
     private = f"_{name}"
-
-    def get(self):
-        return getattr(self, private)
 
     def set(self, value) -> None:
         self._check_option(name, value)
         object.__setattr__(self, private, value)
 
-    return property(get, set, doc=f"``{name}``, checked on assignment as the constructor checks it.")
+    return property(lambda self: getattr(self, private), set,
+                    doc=f"``{name}``, checked on assignment as the constructor checks it.")
 
 
 def options_state(state: dict, names: tuple[str, ...]) -> dict:
@@ -327,31 +305,29 @@ _KEYWORDS = (("in_key", None), ("in_keys", None), ("out_key", None), ("out_keys"
              ("CHILD", None), ("default_recurrent_mode", None), ("recurrent_slice_len", None),
              ("recurrent_num_slices", None))
 _OPTIONS = ("recurrent_backend", "recurrent_recompute", "recurrent_compute_dtype", "recurrent_matmul_precision")
-
-
-def _key_list(owner: str, arg: str, keys, n: int, what: str) -> list[NestedKey]:
-    if not isinstance(keys, (list, tuple)):  # TorchRL passes it to unravel_key_list, whose binding raises TypeError
-        raise TypeError(
-            f"{owner}: incompatible function arguments: {arg} must be a list or tuple of {n} keys ({what}), got "
-            f"{type(keys).__name__} {keys!r}. Use {arg[:-1]}={keys!r} to name only the "
-            f"{'input' if arg == 'in_keys' else 'output'} and keep the default hidden-state keys.")
-    return unravel_key_list(list(keys))
+_USE_MODE = ("Use the set_recurrent_mode context manager (rnn_functional.set_recurrent_mode or "
+             "torchrl.modules.set_recurrent_mode) or the default_recurrent_mode constructor argument.")
 
 
 def resolve_keys(cell: ModuleCell, in_key, in_keys, out_key, out_keys) -> tuple[list[NestedKey], list[NestedKey]]:
-    """``(in_keys, out_keys)``: ``[input, *hidden, "is_init"]`` and ``[output, *("next", hidden)]``, TorchRL's rules
-    and exception classes (one of ``in_key``/``in_keys``; a single key gets the default hidden keys)."""
+    """``([input, *hidden, "is_init"], [output, *("next", hidden)])`` by TorchRL's rules and exception classes."""
     owner, n = cell.module_name, 1 + len(cell.state_names)
     what = f"a value and {len(cell.state_names)} hidden state(s) {cell.state_names}"
-    if not ((in_key is None) ^ (in_keys is None)):
-        raise ValueError(f"Either in_keys or in_key must be specified but not both or none. "
-                         f"Got {in_keys} and {in_key} respectively.")
-    if not ((out_key is None) ^ (out_keys is None)):
-        raise ValueError(f"Either out_keys or out_key must be specified but not both or none. "
-                         f"Got {out_keys} and {out_key} respectively.")
-    in_keys = _key_list(owner, "in_keys", [in_key, *cell.default_in_keys] if in_key is not None else in_keys, n, what)
-    out_keys = _key_list(owner, "out_keys", [out_key, *cell.default_out_keys] if out_key is not None else out_keys, n,
-                         what)
+    given = (("in", in_key, in_keys, cell.default_in_keys), ("out", out_key, out_keys, cell.default_out_keys))
+    for io, key, keys, _ in given:
+        if not ((key is None) ^ (keys is None)):
+            raise ValueError(f"Either {io}_keys or {io}_key must be specified but not both or none. "
+                             f"Got {keys} and {key} respectively.")
+    resolved = []
+    for io, key, keys, defaults in given:
+        keys = [key, *defaults] if key is not None else keys
+        if not isinstance(keys, (list, tuple)):  # TorchRL's unravel_key_list(keys) binding raises TypeError
+            raise TypeError(
+                f"{owner}: incompatible function arguments: {io}_keys must be a list or tuple of {n} keys ({what}), "
+                f"got {type(keys).__name__} {keys!r}. Use {io}_key={keys!r} to name only the "
+                f"{'input' if io == 'in' else 'output'} and keep the default hidden-state keys.")
+        resolved.append(unravel_key_list(list(keys)))
+    in_keys, out_keys = resolved
     if len(in_keys) != n and not (len(in_keys) == n + 1 and in_keys[-1] == "is_init"):
         raise ValueError(f"{owner} expects {n} inputs: {what} (and optionally a final 'is_init' marker). "
                          f"Got in_keys {in_keys} instead.")
@@ -398,7 +374,6 @@ def build_rnn(cell: ModuleCell, rnn, given: dict, *, batch_first: bool, bidirect
 
 
 # ----------------------------------------------------------------------------- TorchRL's python-based child
-
 _PYTHON_PREFIX = "TorchRLPython"
 _PYTHON_CLASSES: dict[str, type[nn.RNNBase]] = {}
 
@@ -421,8 +396,6 @@ def __getattr__(name: str):
 
 
 # ----------------------------------------------------------------------------- the modules
-
-
 class RecurrentModule(RNNChild, TensorDictModuleBase):
     """What every recurrent TensorDict module shares; each subclass sets ``_cell``."""
 
@@ -430,12 +403,13 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        if "_cell" in cls.__dict__:  # TorchRL's signature (``proj_size`` for the LSTM alone, ``lstm=``/``gru=``)
+        if "_cell" in cls.__dict__:  # TorchRL's signature for this cell, then the subclass's keyword-only arguments
             cell, kind = cls._cell, inspect.Parameter
             params = [kind(name, kind.POSITIONAL_OR_KEYWORD, default=default) for name, default in _SIGNATURE
                       if name != "proj_size" or "proj_size" in cell.hyper_names]
             params += [kind(cell.child_attr if name == "CHILD" else name, kind.KEYWORD_ONLY, default=default)
                        for name, default in _KEYWORDS if name != "CHILD" or issubclass(cell.nn_class, nn.RNNBase)]
+            params += [p for p in inspect.signature(cls.__init__).parameters.values() if p.kind is kind.KEYWORD_ONLY]
             cls.__signature__ = inspect.Signature(params)
             cls.DEFAULT_IN_KEYS = list(cls._cell.default_in_keys)
             cls.DEFAULT_OUT_KEYS = list(cls._cell.default_out_keys)
@@ -487,9 +461,8 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
         super().__setstate__(options_state(state, _OPTIONS))
 
     def forward(self, *args, **kwargs) -> TensorDictBase:
-        """Read the input, hidden and ``is_init`` keys, run one step or a sequence, write the outputs:
-        ``module(tensordict)`` updates ``tensordict`` in place and returns it; ``module(input=..., is_init=...)``
-        returns the outputs."""
+        """Run one step or a sequence: ``module(tensordict)`` writes the outputs into ``tensordict`` and returns it;
+        ``module(input=..., is_init=...)`` returns the outputs."""
         if args and isinstance(args[0], TensorDictBase):  # not through dispatch: its frame adds guards when compiled
             if len(args) == 1 and not kwargs:
                 return self._forward(args[0], self._weights, self._layout)
@@ -504,8 +477,7 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
         return self._forward(tensordict, self._weights, self._layout)
 
     def forward_with_params(self, tensordict: TensorDictBase, params) -> TensorDictBase:
-        """:meth:`forward` with explicit weights (``torch.nn`` state-dict names) instead of the child's: what
-        :class:`~rnn_functional.EnsembleModule` vmaps over stacked members (it never touches the child)."""
+        """:meth:`forward` with explicit weights (``torch.nn`` names), not the child's (as ``EnsembleModule`` runs)."""
         return self._forward(tensordict, params, None)
 
     def _forward(self, td: TensorDictBase, params, layout: Layout | None) -> TensorDictBase:
@@ -520,16 +492,16 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
                              f"last one); got batch_size {list(td.batch_size)}. Use sequential mode for single steps.")
         x, is_init = td.get(in_keys[0], None), td.get(in_keys[-1], None)
         if x is None:
-            raise KeyError(f"{owner}: input key {in_keys[0]!r} not found in the TensorDict (keys: {_keys_of(td)}). "
-                           f"Store the input there ({dims}, {self._input_size}]) or name its key with in_key=... / "
-                           f"in_keys=[...].")
+            raise KeyError(f"{owner}: input key {in_keys[0]!r} not found in the TensorDict (keys: "
+                           f"{list(td.keys(True, True))}). Store the input there ({dims}, {self._input_size}]) or "
+                           f"name its key with in_key=... / in_keys=[...].")
         if x.ndim == 0 or x.shape[-1] != self._input_size:
             raise ValueError(f"{owner}: input key {in_keys[0]!r} holds shape {list(x.shape)}; expected {dims}, "
                              f"{self._input_size}] (input_size={self._input_size} features last).")
         lead = tuple(x.shape[:-1])
         if is_init is None:
-            raise KeyError(f"{owner}: key {in_keys[-1]!r} not found in the TensorDict (keys: {_keys_of(td)}). It marks "
-                           f"trajectory starts: add torchrl.envs.InitTracker() to the env (Collector(..., "
+            raise KeyError(f"{owner}: key {in_keys[-1]!r} (trajectory starts) not found in the TensorDict (keys: "
+                           f"{list(td.keys(True, True))}). Add torchrl.envs.InitTracker() to the env (Collector(..., "
                            f"auto_register_policy_transforms=True) does), or set it yourself (bool {list(lead) + [1]}).")
         if is_init.dtype != torch.bool:
             raise TypeError(f"{owner}: key {in_keys[-1]!r} holds dtype {is_init.dtype}; expected torch.bool. Store "
@@ -558,7 +530,6 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
                             else " Build env hidden states with module.make_tensordict_primer().")
                     raise ValueError(f"{owner}: hidden state key {key!r} holds shape {list(state.shape)}; expected "
                                      f"{[*lead, layers, width]} ({dims}, num_layers, {width}]).{hint}")
-        # the params against the module's sizes, the inputs against the params' dtype and device
         params = params if isinstance(params, dict) else dict(params.items())
         layout = cell.core.layout_of(params, layout)
         if layout.device.type == "meta":
@@ -583,8 +554,7 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
                 first = states[0].select(-3, 0) if n == 1 else (states[0].select(-3, 0), states[1].select(-3, 0))
             backend = self._recurrent_backend  # the options' private fields: each property read is a call
             if self.python_based and backend in ("pad", "auto"):
-                # TorchRL's Python loop instead of the torch.nn kernels: eager pad/auto run reference; compiled and
-                # vmapped calls keep the configured backend, which runs there
+                # TorchRL's Python loop: eager pad/auto run reference; compiled and vmapped calls keep their backend
                 context = call_context()
                 backend = backend if context.compiling or context.vmapped else "reference"
             y, _, out = cell.sequence(
@@ -608,27 +578,22 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
 
     @recurrent_mode.setter
     def recurrent_mode(self, value) -> None:
-        raise RuntimeError("recurrent_mode cannot be changed in-place. Use the set_recurrent_mode context manager "
-                           "(rnn_functional.set_recurrent_mode or torchrl.modules.set_recurrent_mode) or the "
-                           "default_recurrent_mode constructor argument.")
+        raise RuntimeError(f"recurrent_mode cannot be changed in-place. {_USE_MODE}")
 
     @property
     def temporal_mode(self):
         raise RuntimeError("temporal_mode is deprecated, use recurrent_mode instead.")
 
     def set_recurrent_mode(self, mode: bool = True):
-        raise RuntimeError(
-            f"{self._cell.module_name}.set_recurrent_mode() does not exist (TorchRL removed it in v0.8). Use the "
-            f"set_recurrent_mode context manager (rnn_functional.set_recurrent_mode or "
-            f"torchrl.modules.set_recurrent_mode) or the default_recurrent_mode constructor argument.")
+        raise RuntimeError(f"{self._cell.module_name}.set_recurrent_mode() does not exist (TorchRL removed it in "
+                           f"v0.8). {_USE_MODE}")
 
     def make_python_based(self):
         """Run the eager ``pad``/``auto`` recurrent path with the ``reference`` loop; when TorchRL is loaded the
         child's class also becomes TorchRL's Python implementation (still a ``torch.nn`` class). Returns self."""
         self.python_based = True
-        if _TORCHRL_RNN in sys.modules and issubclass(self._cell.nn_class, nn.RNNBase) \
-                and type(self._rnn) is self._cell.nn_class:
-            self._rnn.__class__ = _python_class(self._cell.nn_class.__name__)
+        if _TORCHRL_RNN in sys.modules and type(self._rnn) in (nn.LSTM, nn.GRU):
+            self._rnn.__class__ = _python_class(type(self._rnn).__name__)
         return self
 
     def make_cudnn_based(self):
@@ -653,8 +618,7 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
         return list(self.in_keys) + list(self.out_keys)
 
     def canonicalize(self, data: TensorDictBase, *, inplace: bool = False) -> TensorDictBase:
-        """``data`` with only the :attr:`canonical_keys` leaves made contiguous (missing keys skipped);
-        ``inplace=False`` returns a shallow copy."""
+        """``data`` with its :attr:`canonical_keys` leaves made contiguous (a shallow copy unless ``inplace``)."""
         present = set(data.keys(include_nested=True))
         keys = [k for k in self.canonical_keys if k in present]
         if not keys:
@@ -680,22 +644,16 @@ class RecurrentModule(RNNChild, TensorDictModuleBase):
                                  zip(in_hidden, self._state_shapes)}, expand_specs=True)
 
 
-def _keys_of(td: TensorDictBase) -> list:
-    return list(td.keys(include_nested=True, leaves_only=True))
-
-
 class LSTMModule(RecurrentModule):
     """Drop-in replacement for ``torchrl.modules.LSTMModule`` built on the functional core.
 
     Args (TorchRL's, same order and defaults):
         input_size, hidden_size, num_layers, bias, dropout, proj_size: as ``torch.nn.LSTM``.
-        batch_first: must be True (TorchRL's rule).
-        bidirectional: must be False (resets are causal).
+        batch_first, bidirectional: must be True (TorchRL's rule) / False (resets are causal).
         python_based: eager ``"pad"``/``"auto"`` recurrent calls run the ``reference`` loop (``make_python_based``).
         recurrent_backend: core ``backend`` of recurrent mode: ``"auto"`` (default; it picks TorchRL's ``"pad"`` in
             plain eager mode), ``"pad"``, ``"scan"``, ``"triton"`` or ``"reference"``.
-        recurrent_compute_dtype, recurrent_matmul_precision: the core's ``compute_dtype`` / ``matmul_precision``
-            (read by ``triton``).
+        recurrent_compute_dtype, recurrent_matmul_precision: the core's ``compute_dtype``/``matmul_precision``.
         recurrent_recompute: ``"none"`` or ``"full"`` (checkpointed backward); ``"full"`` with ``"pad"`` raises.
 
     Keyword Args:
@@ -705,11 +663,9 @@ class LSTMModule(RecurrentModule):
         device: device of new parameters.
         lstm: an ``nn.LSTM`` (``batch_first=True``) kept as ``self.lstm``, which holds the weights (TorchRL's names).
         default_recurrent_mode: mode when no ``set_recurrent_mode`` context is active (False).
-        recurrent_slice_len: ``L`` when recurrent-mode batches are whole slices of exactly ``L`` steps
-            (``SliceSampler(slice_len=L, strict_length=True)``): static shapes under ``torch.compile``
-            (``docs/compile.md``). Not TorchRL's.
-        recurrent_num_slices: ``K`` with ``recurrent_slice_len=L`` when batches hold at most ``K`` slices of at most
-            ``L`` steps (``strict_length=False``): compiled, they run in a padded ``[K, L]`` block.
+        recurrent_slice_len, recurrent_num_slices: ``L`` when recurrent-mode batches are ``SliceSampler`` slices of
+            exactly ``L`` steps; ``K`` too when they hold at most ``K`` slices of at most ``L`` steps (compiled, a
+            padded ``[K, L]`` block): static shapes under ``torch.compile`` (``docs/compile.md``). Not TorchRL's.
     """
 
     _cell = LSTM_CELL
@@ -718,9 +674,8 @@ class LSTMModule(RecurrentModule):
 class GRUModule(RecurrentModule):
     """Drop-in replacement for ``torchrl.modules.GRUModule`` built on the functional core.
 
-    Same arguments as :class:`LSTMModule` without ``proj_size``, with ``gru=`` (an ``nn.GRU``) instead of
-    ``lstm=``, and one hidden key: ``in_keys = [input, h]``, ``out_keys = [output, ("next", h)]`` (defaults
-    ``recurrent_state`` / ``("next", "recurrent_state")``). ``self.gru`` is a real ``torch.nn.GRU``.
+    :class:`LSTMModule`'s arguments without ``proj_size``, ``gru=`` (an ``nn.GRU``, kept as ``self.gru``) for
+    ``lstm=``, one hidden key (``recurrent_state``): ``in_keys = [input, h]``, ``out_keys = [output, ("next", h)]``.
     """
 
     _cell = GRU_CELL

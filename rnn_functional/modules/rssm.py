@@ -1,6 +1,5 @@
-"""``RSSMCoreV3``: a drop-in for the recurrent core TorchRL's ``RSSMPriorV3(recurrent_model="block_gru")`` builds (its
-private ``_DreamerV3BlockGRU``), over :func:`rnn_functional.rssm_core_step`: same keyword constructor, forward,
-submodules, state-dict names and draws from the global generator (``docs/model_based.md``)."""
+"""``RSSMCoreV3``: a drop-in for the core TorchRL's ``RSSMPriorV3(recurrent_model="block_gru")`` builds (its private
+``_DreamerV3BlockGRU``: same submodules, state-dict names and random draws) over ``rssm_core_step``."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from torch import nn
 
 from ..cells.block_gru import init_weight_
 from ..functional.block_gru import rssm_core_step
-from .block_gru import _BlockLinear, _Scale, activation_of, functional_activation
+from .block_gru import ACTIVATION_NAMES, _BlockLinear, _Scale, activation_of
 
 __all__ = ["RSSMCoreV3"]
 
@@ -21,8 +20,7 @@ class RSSMCoreV3(nn.Module):
 
     Args (keywords, as TorchRL's private core): ``state_dim`` (``num_categoricals * num_classes``), ``action_dim``,
     ``hidden_dim`` (the projections' width), ``belief_dim``, ``num_blocks``, ``num_layers`` (dynamics layers),
-    ``norm_eps``, ``device``; and ours: ``activation_class`` (``nn.SiLU``, TorchRL's, or any parameter-free
-    elementwise activation) and ``backend`` (of :func:`rnn_functional.rssm_core_step`).
+    ``norm_eps``, ``device``; ours: ``activation_class`` (any parameter-free elementwise one) and ``backend``.
     """
 
     def __init__(self, *, state_dim: int, action_dim: int, hidden_dim: int, belief_dim: int, num_blocks: int,
@@ -65,7 +63,7 @@ class RSSMCoreV3(nn.Module):
         return ours
 
     def forward(self, state: torch.Tensor, belief: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        activation = ACTIVATION_NAMES.get(type(self.activation), self.activation)
         _, h = rssm_core_step(torch.cat([state, action], -1), belief.unsqueeze(-2), dict(self.named_parameters()),
-                              backend=self.backend, activation=functional_activation(self.activation),
-                              norm_eps=self.norm_eps)
+                              backend=self.backend, activation=activation, norm_eps=self.norm_eps)
         return h.squeeze(-2)
