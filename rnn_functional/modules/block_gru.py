@@ -141,8 +141,9 @@ class DreamerV3BlockGRU(nn.Module):
 
     @staticmethod
     def _check_option(name: str, value) -> None:
-        if value not in RECURRENT_BACKENDS:  # TorchRL's "triton" too: we have no Triton kernel for the block GRU
-            raise ValueError(f"{name} must be one of {list(RECURRENT_BACKENDS)}, got {value!r}.")
+        if value not in RECURRENT_BACKENDS:  # TorchRL's "triton" too
+            raise ValueError(f"{name} must be one of {list(RECURRENT_BACKENDS)} (rnn_functional has no Triton kernel "
+                             f"for the block GRU), got {value!r}. Use 'auto', the default.")
 
     def forward(self, input: torch.Tensor, hidden: torch.Tensor | None = None,
                 is_init: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
