@@ -1,10 +1,5 @@
-"""DreamerV3's block-diagonal GRU under TorchRL's ``DreamerV3BlockGRUCell`` state-dict names (math:
-docs/model_based.md; each RMS norm scaled by its ``*_norm.weight``; a block weight is ``[nb, in / nb, out / nb]``).
-
-``px = act(rms(x @ Wi^T + bi) * ni)`` and its share of the first dynamics layer depend on ``x`` alone, so both run
-over the whole sequence at once (:meth:`BlockGRUCell.prepare_input`, then ``gi = px @ Wpx^T + b0``, ``Wpx [H, P]`` the
-``px`` rows of every block of ``dynamic_linears.0.weight``); ``hidden_linear`` is ``weight_hh``, the rest ``extra``.
-"""
+"""DreamerV3's block-diagonal GRU under TorchRL's ``DreamerV3BlockGRUCell`` state-dict names (math and how it runs:
+docs/model_based.md; each RMS norm scaled by its ``*_norm.weight``; a block weight is ``[nb, in / nb, out / nb]``)."""
 
 from __future__ import annotations
 
@@ -43,11 +38,6 @@ ACTIVATIONS: dict[str, tuple[Callable, Callable]] = {
     "tanh": (torch.tanh, _tanh_grad),
     "relu": (F.relu, _relu_grad),
 }
-
-
-def _derivative(activation: Callable) -> Callable:
-    """The derivative of an elementwise ``activation`` without a formula: one forward-mode product with ones."""
-    return lambda v: torch.func.jvp(activation, (v,), (torch.ones_like(v),))[1]
 
 
 def init_weight_(weight: torch.Tensor, fan_in: int, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -136,7 +126,8 @@ class BlockGRUCell(Cell):
         default = (activation, norm_eps, update_bias) == ("silu", 1e-4, -1.0)
         self.name = self.base_name if default else f"{self.base_name}[{label},{norm_eps!r},{update_bias!r}]"
         _FLOATS[self.name] = (norm_eps, update_bias)
-        self._act, self._act_grad = ACTIVATIONS[activation] if named else (activation, _derivative(activation))
+        self._act, self._act_grad = ACTIVATIONS[activation] if named else (  # no formula: one forward-mode product
+            activation, lambda v: torch.func.jvp(activation, (v,), (torch.ones_like(v),))[1])
 
     @staticmethod
     def dynamic_keys(k: int) -> tuple[str, str, str]:
@@ -222,18 +213,14 @@ class BlockGRUCell(Cell):
         px_width = w0.shape[-2] - hb - P
         px_at, ph_at = (hb + P, hb) if self.hidden_first else (hb, hb + px_width)
         deeper = [params[key] for j in range(1, self.num_dynamic(params)) for key in self.dynamic_keys(j)]
-        return LayerWeights(
-            weight_ih=_shared_rows(w0, px_at, px_width), bias_ih=b0, weight_hh=wh, bias_hh=bh,
-            extra=(nh, w0[..., :hb, :].contiguous(), _shared_rows(w0, ph_at, P), n0, *deeper,
-                   params["gates.weight"], params["gates.bias"]),
-        )
+        return LayerWeights(_shared_rows(w0, px_at, px_width), b0, wh, bh, (nh, w0[..., :hb, :].contiguous(),
+                            _shared_rows(w0, ph_at, P), n0, *deeper, params["gates.weight"], params["gates.bias"]))
 
     def layer_step_saving(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> tuple[Carry, Saved]:
         """``gi = px @ Wpx^T + b0 [N, H]`` -> ``((h',), saved)``; ``saved``: every RMS norm's input (hidden, then
         each dynamic layer) and the gate pre-activations ``[N, 3H]``; :meth:`backward_factors` derives the rest."""
         (h,), eps, act = carry, self.norm_eps, self._act
-        norm_h, w0h, wph, norm_0, *rest = w.extra
-        *deeper, gates_w, gates_b = rest
+        norm_h, w0h, wph, norm_0, *deeper, gates_w, gates_b = w.extra
         a = F.linear(h, w.weight_hh, w.bias_hh)
         ph = act(F.rms_norm(a, a.shape[-1:], norm_h, eps))
         pre = torch.addmm(gi + _blocks(h, w0h), ph, wph.transpose(-1, -2))
@@ -256,8 +243,7 @@ class BlockGRUCell(Cell):
         the hidden projection and of each dynamic layer; elementwise, so for one step or many at once."""
         (h,) = carry
         a, *pres, g = saved
-        norm_h, w0h, _, norm_0, *rest = w.extra
-        *deeper, _, _ = rest
+        norm_h, w0h, _, norm_0, *deeper, _, _ = w.extra
         lead, nb = g.shape[:-1], w0h.shape[-3]
         # [..., nb, Hb] each (g is block-major), contiguous: strided views take other (last-bit) elementwise kernels
         r_in, c_in, u_in = g.reshape(*lead, nb, 3, -1).movedim(-2, 0).contiguous().unbind(0)
@@ -284,8 +270,7 @@ class BlockGRUCell(Cell):
         holds per-row factors that :meth:`reduce_extra_grads` turns into the extra weights' gradients."""
         (h,), (dh_new,) = carry, d_new
         gate_factor, keep, *norms = factors
-        _, w0h, wph, _, *rest = w.extra
-        *deeper, gates_w, _ = rest
+        _, w0h, wph, _, *deeper, gates_w, _ = w.extra
         n, nb = h.shape[0], w0h.shape[-3]
         hidden, layers = norms[:6], [norms[i : i + 6] for i in range(6, len(norms), 6)]
         d_g = (dh_new.reshape(n, nb, 1, -1) * gate_factor.reshape(n, nb, 3, -1)).reshape(n, -1)
@@ -310,8 +295,7 @@ class BlockGRUCell(Cell):
     def reduce_extra_grads(self, *per_step: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The extra weights' gradients from :meth:`step_backward_saved`'s per-row factors stacked over time
         (``[T, N, ·]`` each): every weight gradient is one GEMM over all ``T * N`` rows, not one per step."""
-        d_norm_h, h, d_pre0, ph, d_norm0, *rest = per_step
-        *deeper, z_last, d_g = rest
+        d_norm_h, h, d_pre0, ph, d_norm0, *deeper, z_last, d_g = per_step
         # reshape, not flatten: torch's legacy vmap (a batched backward) has no batching rule for flatten
         grads = [d_norm_h.sum((0, 1)), _block_outer(h, d_pre0.reshape(h.shape)),
                  d_pre0.reshape(-1, d_pre0.shape[-1]).T @ ph.reshape(-1, ph.shape[-1]), d_norm0.sum((0, 1))]

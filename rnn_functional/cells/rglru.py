@@ -87,20 +87,8 @@ def rglru_cell(segment_start: str) -> RGLRUCell:
     return SEGMENT_STARTS[segment_start]
 
 
-def _griffin_log_lambda(hidden_size: int, dtype, device, generator) -> torch.Tensor:
-    """``Λ`` with ``sigmoid(Λ)^c`` (the decay at ``r = 1``) uniform in ``[0.9, 0.999]``."""
-    decay = torch.empty(hidden_size, dtype=torch.float64, device=device).uniform_(0.9, 0.999, generator=generator)
-    return torch.logit(decay ** (1.0 / C)).to(dtype or torch.get_default_dtype())
-
-
-def _recurrentgemma_log_lambda(hidden_size: int, dtype, device, generator) -> torch.Tensor:
-    """``Λ`` as recurrentgemma's ``rnn_param_init`` draws it: ``sigmoid(Λ)^2`` uniform in ``[0.9^2, 0.999^2] + 1e-8``."""
-    square = torch.empty(hidden_size, dtype=torch.float64, device=device).uniform_(
-        0.9 ** 2 + 1e-8, 0.999 ** 2 + 1e-8, generator=generator)
-    return torch.logit(square.sqrt()).to(dtype or torch.get_default_dtype())
-
-
-_INITS = {"griffin": _griffin_log_lambda, "recurrentgemma": _recurrentgemma_log_lambda}
+# init -> (low, high, p): Λ with sigmoid(Λ)^p uniform in [low, high] (recurrentgemma's rnn_param_init: p = 2)
+_INITS = {"griffin": (0.9, 0.999, C), "recurrentgemma": (0.9 ** 2 + 1e-8, 0.999 ** 2 + 1e-8, 2)}
 
 
 def init_rglru_params(input_size: int, hidden_size: int, num_layers: int = 1, *, init: str = "griffin",
@@ -112,7 +100,13 @@ def init_rglru_params(input_size: int, hidden_size: int, num_layers: int = 1, *,
     as DeepMind's code does (uniform on the ring's area; the decay at ``r = 1`` then lies in ``[0.43, 0.992]``)."""
     if init not in _INITS:
         raise ValueError(f"init: expected one of {sorted(_INITS)}, got {init!r}.")
-    return init_linear_params(RGLRU, input_size, hidden_size, num_layers, dtype, device, generator, _INITS[init])
+    low, high, p = _INITS[init]
+
+    def log_lambda(hidden_size: int, dtype, device, generator) -> torch.Tensor:  # drawn in fp64
+        power = torch.empty(hidden_size, dtype=torch.float64, device=device).uniform_(low, high, generator=generator)
+        return torch.logit(power ** (1.0 / p)).to(dtype or torch.get_default_dtype())
+
+    return init_linear_params(RGLRU, input_size, hidden_size, num_layers, dtype, device, generator, log_lambda)
 
 
 def rglru_params_from_recurrentgemma(layer: Mapping[str, torch.Tensor] | torch.nn.Module) -> TensorDict:
@@ -122,12 +116,11 @@ def rglru_params_from_recurrentgemma(layer: Mapping[str, torch.Tensor] | torch.n
     ``rglru_step``/``rglru_sequence``/``RGLRUModule``; see docs/linear_recurrences.md."""
     tensors = layer.state_dict() if isinstance(layer, torch.nn.Module) else layer
     a_param = tensors["a_param"].detach()
-    width = a_param.shape[-1]
 
     def dense(key: str) -> torch.Tensor:  # y = x @ blockdiag(w) + b as F.linear's [out, in] weight
         return torch.block_diag(*tensors[f"{key}.w"].detach()).T
 
-    weight = torch.cat([torch.eye(width, dtype=a_param.dtype, device=a_param.device), dense("a_gate"),
+    weight = torch.cat([torch.eye(a_param.shape[-1], dtype=a_param.dtype, device=a_param.device), dense("a_gate"),
                         dense("input_gate")])
     bias = torch.cat([torch.zeros_like(a_param), tensors["a_gate.b"].detach().flatten(),
                       tensors["input_gate.b"].detach().flatten()])
