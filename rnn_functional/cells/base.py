@@ -72,13 +72,10 @@ class StepGrads(NamedTuple):
 
 @dataclass(frozen=True)
 class AtenKernels:
-    """ATen's fused kernels for a cell (``pad`` backend).
-
-    ``sequence(layout, params, inputs, hx, dropout, training, batch_sizes) -> (out, hx')`` runs all layers over
-    ``inputs [N, T, F]`` (or packed data with ``batch_sizes``), ``hx`` a carry of ``[L, N, S]``; ``step(w, x [N, F],
-    carry) -> carry`` one layer one step, unprojected. ``fused_on_cpu``: an unpacked ``sequence`` is one fused kernel on
-    CPU (oneDNN's LSTM), not a loop of per-step ops (its GRU); ``auto``'s eager rule reads it.
-    """
+    """ATen's fused kernels for a cell (``pad`` backend): ``sequence(layout, params, inputs, hx, dropout, training,
+    batch_sizes) -> (out, hx')`` runs all layers over ``inputs [N, T, F]`` (or packed data with ``batch_sizes``), ``hx``
+    a carry of ``[L, N, S]``; ``step(w, x [N, F], carry) -> carry`` one layer one step, unprojected. ``fused_on_cpu``:
+    an unpacked ``sequence`` is one fused kernel on CPU (oneDNN's LSTM, not its GRU); ``auto``'s eager rule reads it."""
 
     sequence: Callable
     step: Callable
@@ -97,8 +94,8 @@ class Cell(abc.ABC):
 
     name: str  # identifier, e.g. "lstm"
     title: str  # in messages and docs, e.g. "LSTM"
-    state_names: tuple[str, ...]  # carry entries; the first, h, is also the output
-    state_doc: str  # the public state format, e.g. "``(h [*B, L, P], c [*B, L, H])``"
+    state_names: tuple[str, ...] = ("h",)  # carry entries; the first, h, is also the output
+    state_doc: str = "``h [*B, L, H]``"  # the public state format, e.g. "``(h [*B, L, P], c [*B, L, H])``"
     params_doc: str  # what a params TensorDict holds, for messages and docs
     init_function: str  # the public init function's name, for messages
     out_dim: str = "H"  # the output width's symbol in docs
@@ -213,8 +210,7 @@ def keep_segment_ends(states: Carry, is_init: torch.Tensor) -> Carry:
 
 
 def final_at_last_step(final: Carry, t_len: int) -> Carry:
-    """:func:`keep_segment_ends` of a call without interior resets, from its final carry ``[N, L, S]`` alone: one
-    zero-padding pass, no per-step states read or masked in either direction."""
+    """:func:`keep_segment_ends` of a call without interior resets, from its final carry ``[N, L, S]`` alone."""
     before = (0, 0) * (final[0].ndim - 1) + (t_len - 1, 0)  # F.pad lists the last dim first
     return tuple([F.pad(s.unsqueeze(1), before) for s in final])
 
@@ -246,8 +242,7 @@ def multi_layer_step(layout: Layout, params: Mapping[str, torch.Tensor], x: torc
 
 def uniform_(shape: tuple[int, ...], bound: float, dtype, device, generator) -> torch.Tensor:
     """A new tensor uniform in ``[-bound, bound]`` (``torch.nn.LSTM``'s initialisation)."""
-    t = torch.empty(shape, dtype=dtype if dtype is not None else torch.get_default_dtype(), device=device)
-    return t.uniform_(-bound, bound, generator=generator)
+    return torch.empty(shape, dtype=dtype, device=device).uniform_(-bound, bound, generator=generator)
 
 
 def check_sizes(input_size: int, hidden_size: int, num_layers: int) -> None:
@@ -326,8 +321,7 @@ def _expected(signature: tuple) -> tuple[frozenset[str], tuple[tuple[str, tuple[
 
 
 class TorchRNNCell(Cell):
-    """A cell with ``torch.nn.LSTM``'s parameter names and layout (the LSTM and GRU cells; ``num_gates`` blocks of H
-    rows)."""
+    """A cell with ``torch.nn.LSTM``'s parameter names and layout (LSTM, GRU: ``num_gates`` blocks of H rows)."""
 
     projection: bool = False
 

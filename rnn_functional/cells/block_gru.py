@@ -109,7 +109,6 @@ class BlockGRUCell(Cell):
 
     title = "block GRU"
     base_name = "block_gru"
-    state_names = ("h",)
     state_doc = "``h [*B, 1, H]``"
     params_doc = "DreamerV3BlockGRUCell state-dict keys (input_linear.weight, ..., gates.bias)"
     init_function = "init_block_gru_params"

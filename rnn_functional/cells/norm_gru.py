@@ -39,8 +39,6 @@ class NormGRUCell(Cell):
 
     name = "norm_gru"
     title = "norm GRU"
-    state_names = ("h",)
-    state_doc = "``h [*B, L, H]``"
     params_doc = "norm GRU keys (weight_l0, norm_weight_l0, norm_bias_l0, ...)"
     init_function = "init_norm_gru_params"
 
