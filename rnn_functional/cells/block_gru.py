@@ -3,7 +3,6 @@ docs/model_based.md; each RMS norm scaled by its ``*_norm.weight``; a block weig
 
 from __future__ import annotations
 
-import functools
 import math
 import types
 from collections.abc import Callable, Mapping
@@ -147,32 +146,29 @@ class BlockGRUCell(Cell):
         return k
 
     @classmethod
+    def shapes(cls, widths, H: int, P: int, nb: int, num_layers: int) -> dict[str, tuple[int, ...]]:
+        """Every parameter's shape in state-dict order, for inputs of ``widths``."""
+        shapes = {}
+        for (w, b, n), width in zip(cls.ordered(cls.hidden_keys, cls.input_keys), cls.ordered(H, widths)):
+            shapes.update({w: (P, width), b: (P,), n: (P,)})
+        for k in range(num_layers):
+            rows = (H + (1 + len(widths)) * P * nb if k == 0 else H) // nb  # layer 0: [h_j, px, ph] per block
+            shapes.update(zip(cls.dynamic_keys(k), ((nb, rows, H // nb), (H,), (H,))))
+        return {**shapes, "gates.weight": (nb, H // nb, 3 * H // nb), "gates.bias": (3 * H,)}
+
+    @classmethod
     def init_params(cls, widths: tuple[int, ...], H: int, P: int, nb: int, num_layers: int, dtype, device,
                     generator) -> TensorDict:
-        """Parameters for inputs of ``widths`` in TorchRL's order and draws (weights by :func:`init_weight_`)."""
-
-        def weight(shape, fan_in):
-            return init_weight_(torch.empty(shape, dtype=dtype, device=device), fan_in, generator)
-
-        zeros = functools.partial(torch.zeros, dtype=dtype, device=device)
-        ones = functools.partial(torch.ones, dtype=dtype, device=device)
+        """Parameters for inputs of ``widths`` in TorchRL's order and draws: weights by :func:`init_weight_` (a block
+        weight's fan-in: its whole input width), biases zero, norm scales one."""
         tensors = {}
-        for (w, b, n), width in zip(cls.ordered(cls.hidden_keys, cls.input_keys), cls.ordered(H, widths)):
-            tensors.update({w: weight((P, width), width), b: zeros(P), n: ones(P)})
-        for k in range(num_layers):
-            fan_in = H + (1 + len(widths)) * P * nb if k == 0 else H
-            w, b, n = cls.dynamic_keys(k)
-            tensors.update({w: weight((nb, fan_in // nb, H // nb), fan_in), b: zeros(H), n: ones(H)})
-        tensors.update({"gates.weight": weight((nb, H // nb, 3 * H // nb), H), "gates.bias": zeros(3 * H)})
+        for key, shape in cls.shapes(widths, H, P, nb, num_layers).items():
+            if len(shape) == 1:  # a norm scale (``.weight``): ones; a bias: zeros
+                tensors[key] = torch.full(shape, float(key.endswith(".weight")), dtype=dtype, device=device)
+            else:  # [P, width] or [nb, in / nb, out / nb]
+                fan_in = shape[1] if len(shape) == 2 else shape[0] * shape[1]
+                tensors[key] = init_weight_(torch.empty(shape, dtype=dtype, device=device), fan_in, generator)
         return TensorDict(tensors, batch_size=[], device=device)
-
-    @property
-    def norm_eps(self) -> float:
-        return _floats(self.name)[0]
-
-    @property
-    def update_bias(self) -> float:
-        return _floats(self.name)[1]
 
     def read_layout(self, params: Mapping[str, torch.Tensor]) -> Layout:
         keys = set(params.keys())
@@ -187,13 +183,8 @@ class BlockGRUCell(Cell):
                              f"{list(gates.shape)}. Are these params of another cell kind?")
         (nb, hb), P = gates.shape[:2], weights[0].shape[0]
         H, widths = nb * hb, [params[w].shape[-1] for w, _, _ in self.input_keys]
-        want = {"gates.weight": (nb, hb, 3 * hb), "gates.bias": (3 * H,)}
-        for (w, b, n), width in zip((self.hidden_keys, *self.input_keys), (H, *widths)):
-            want.update({w: (P, width), b: (P,), n: (P,)})
-        for k in range(num_layers):
-            want.update(zip(self.dynamic_keys(k), ((nb, hb + (1 + len(widths)) * P if k == 0 else hb, hb), (H,), (H,))))
-        check_shapes(params, want, f"the {self.title} with {self.sizes.format(*widths, H=H, P=P, nb=nb)}",
-                     projections[0][0])
+        check_shapes(params, self.shapes(widths, H, P, nb, num_layers),
+                     f"the {self.title} with {self.sizes.format(*widths, H=H, P=P, nb=nb)}", projections[0][0])
         return Layout(self, 1, sum(widths), H, (H,), weights[0].dtype, weights[0].device, bias=True)
 
     def prepare_input(self, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -203,7 +194,7 @@ class BlockGRUCell(Cell):
     def project(self, v: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         """``act(rms(v @ weight^T + bias) * scale)``."""
         v = F.linear(v, weight, bias)
-        return self._act(F.rms_norm(v, v.shape[-1:], scale, self.norm_eps))
+        return self._act(F.rms_norm(v, v.shape[-1:], scale, _floats(self.name)[0]))
 
     def layer_weights(self, params: Mapping[str, torch.Tensor], layout: Layout, k: int) -> LayerWeights:
         w0, b0, n0 = (params[key] for key in self.dynamic_keys(0))
@@ -218,7 +209,7 @@ class BlockGRUCell(Cell):
     def layer_step_saving(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> tuple[Carry, Saved]:
         """``gi = px @ Wpx^T + b0 [N, H]`` -> ``((h',), saved)``; ``saved``: every RMS norm's input (hidden, then
         each dynamic layer) and the gate pre-activations ``[N, 3H]``; :meth:`backward_factors` derives the rest."""
-        (h,), eps, act = carry, self.norm_eps, self._act
+        (h,), (eps, update_bias), act = carry, _floats(self.name), self._act
         norm_h, w0h, wph, norm_0, *deeper, gates_w, gates_b = w.extra
         a = F.linear(h, w.weight_hh, w.bias_hh)
         ph = act(F.rms_norm(a, a.shape[-1:], norm_h, eps))
@@ -233,7 +224,7 @@ class BlockGRUCell(Cell):
         g = _blocks(z, gates_w) + gates_b
         n, nb = h.shape[0], gates_w.shape[-3]
         r, c, u = g.reshape(n, nb, 3, -1).unbind(-2)  # per-block views (no copies): g is block-major
-        u = torch.sigmoid(u + self.update_bias)
+        u = torch.sigmoid(u + update_bias)
         h_new = u * torch.tanh(torch.sigmoid(r) * c) + (1 - u) * h.reshape(n, nb, -1)
         return (h_new.reshape(n, -1),), (*saved, g)
 
@@ -246,7 +237,7 @@ class BlockGRUCell(Cell):
         lead, nb = g.shape[:-1], w0h.shape[-3]
         # [..., nb, Hb] each (g is block-major), contiguous: strided views take other (last-bit) elementwise kernels
         r_in, c_in, u_in = g.reshape(*lead, nb, 3, -1).movedim(-2, 0).contiguous().unbind(0)
-        r, u = torch.sigmoid(r_in), torch.sigmoid(u_in + self.update_bias)
+        r, u = torch.sigmoid(r_in), torch.sigmoid(u_in + _floats(self.name)[1])
         cand = torch.tanh(r * c_in)
         d_rc = u * (1 - cand * cand)
         d_u = (cand - h.reshape(*h.shape[:-1], nb, -1)) * u * (1 - u)
@@ -258,7 +249,7 @@ class BlockGRUCell(Cell):
 
     def _norm_factors(self, pre: torch.Tensor, scale: torch.Tensor) -> list[torch.Tensor]:
         """What :func:`_norm_backward` reads for ``out = act(rms(pre) * scale)``, and ``out`` last."""
-        r = torch.rsqrt(pre.pow(2).mean(-1, keepdim=True) + self.norm_eps)  # [..., 1]
+        r = torch.rsqrt(pre.pow(2).mean(-1, keepdim=True) + _floats(self.name)[0])  # [..., 1]
         hat = pre * r
         q = self._act_grad(hat * scale)
         s = q * scale
