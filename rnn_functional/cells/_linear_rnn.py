@@ -57,8 +57,7 @@ class LinearRecurrentCell(Cell):
 
     def coefficients(self, gi: torch.Tensor, w: LayerWeights,
                      *start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(a, b)``, each ``[..., H]``, from ``gi [..., G*H]`` (any leading dims: one step or a whole sequence) and,
-        for a cell that :attr:`~.base.Cell.reads_starts`, ``start [..., 1]``."""
+        """``(a, b)``, each ``[..., H]``, from ``gi [..., G*H]`` (any leading dims; ``start``: see ``reads_starts``)."""
         raise NotImplementedError
 
     def layer_step_saving(self, gi: torch.Tensor, carry: Carry, w: LayerWeights,

@@ -1,8 +1,6 @@
 """What a cell is (:class:`Cell`, the interface every backend talks to), and the cell-independent math they share.
-
 Shapes: ``N`` flattened batch, ``T`` time, ``L`` layers, ``S`` a state width. A carry is a tuple of state tensors,
-``[N, S]`` per layer or ``[N, L, S]`` for the stack; its first entry ``h`` is also the layer's output.
-"""
+``[N, S]`` per layer or ``[N, L, S]`` for the stack; its first entry ``h`` is also the layer's output."""
 
 from __future__ import annotations
 
@@ -145,8 +143,7 @@ class Cell(abc.ABC):
         return tuple([d.sum(0) for d in per_step])
 
     def layer_step(self, gi: torch.Tensor, carry: Carry, w: LayerWeights, *start: torch.Tensor) -> Carry:
-        """One layer, one step: ``gi [N, G]`` (the input projection), carry of ``[N, S]`` -> carry' (``start``: see
-        :attr:`reads_starts`)."""
+        """:meth:`layer_step_saving` without what it saves (``start``: see :attr:`reads_starts`)."""
         return self.layer_step_saving(gi, carry, w, *start)[0]
 
     def carry_rest_given_h(self, gi: torch.Tensor, h_prev: torch.Tensor, rest0: Carry, w: LayerWeights) -> Carry:
@@ -160,8 +157,7 @@ class Cell(abc.ABC):
 
     def step_backward(self, gi: torch.Tensor, carry: Carry, w: LayerWeights, d_new: Carry,
                       *start: torch.Tensor) -> StepGrads:
-        """Backward of :meth:`layer_step`, recomputing its activations; ``d_new`` is the cotangent of the carry after
-        it."""
+        """Backward of :meth:`layer_step`, recomputing its activations (``d_new``: see :meth:`step_backward_saved`)."""
         factors = self.backward_factors(self.layer_step_saving(gi, carry, w, *start)[1], carry, w)
         return self.step_backward_saved(factors, carry, w, d_new)
 
@@ -349,9 +345,8 @@ class TorchRNNCell(Cell):
         if w_hh0.ndim != 2 or w_hh0.shape[0] % self.num_gates:
             raise ValueError(f"params['weight_hh_l0']: expected shape [{self.num_gates} * hidden_size, P] for "
                              f"{self.title}, got {tuple(w_hh0.shape)}. Are these params of another cell kind?")
-        hidden = w_hh0.shape[0] // self.num_gates
+        hidden, input_size = w_hh0.shape[0] // self.num_gates, params["weight_ih_l0"].shape[-1]
         proj_size = params["weight_hr_l0"].shape[0] if proj else 0
-        input_size = params["weight_ih_l0"].shape[-1]
         signature = (self.num_gates, num_layers, bias, proj_size, hidden, input_size)
         # traced, no table read: a guard on a missing key recompiles once an eager call stores it
         compiling = torch.compiler.is_compiling()

@@ -20,7 +20,7 @@ C = 8  # the gate's exponent scale (Griffin's c); an int: under torch.compile(dy
 
 
 def _parts(gi: torch.Tensor, log_lambda: torch.Tensor):
-    """``(u, r, i, log_a, a, m = sqrt(1 - a^2))`` from ``gi [..., 3H]``; ``m = sqrt(-expm1(2 log_a))``, exact near
+    """``(u, r, i, a, m = sqrt(1 - a^2))`` from ``gi [..., 3H]``; ``m = sqrt(-expm1(2 log_a))``, exact near
     ``a = 1``. Where ``a`` rounds to 1, sqrt's derivative is infinite but every true gradient is 0 (autograd's inf * 0
     gave NaN): ``m`` goes through ``where`` on both sides, so its derivatives there are 0, to every order."""
     u, r, i = gi.chunk(3, dim=-1)
@@ -28,7 +28,7 @@ def _parts(gi: torch.Tensor, log_lambda: torch.Tensor):
     log_a = -C * r * F.softplus(-log_lambda)
     v = -torch.expm1(2 * log_a)
     pos = v > 0
-    return u, r, i, log_a, torch.exp(log_a), torch.where(pos, torch.sqrt(torch.where(pos, v, 1.0)), 0.0)
+    return u, r, i, torch.exp(log_a), torch.where(pos, torch.sqrt(torch.where(pos, v, 1.0)), 0.0)
 
 
 class RGLRUCell(LinearRecurrentCell):
@@ -53,7 +53,7 @@ class RGLRUCell(LinearRecurrentCell):
 
     def coefficients(self, gi: torch.Tensor, w: LayerWeights,
                      *start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        u, _, i, _, a, m = _parts(gi, w.extra[0])
+        u, _, i, a, m = _parts(gi, w.extra[0])
         if start:  # recurrentgemma: a segment's first step takes the gated input unscaled
             m = torch.where(start[0], 1.0, m)
         return a, m * i * u
@@ -61,7 +61,7 @@ class RGLRUCell(LinearRecurrentCell):
     def step_backward_saved(self, factors: Saved, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
         (gi, *start), (h,), (g,) = factors, carry, d_new
         log_lambda = w.extra[0]
-        u, r, i, _, a, m = _parts(gi, log_lambda)
+        u, r, i, a, m = _parts(gi, log_lambda)
         d_m = g * i * u
         pos = m > 0  # 1/m where m = 0 enters as 0 (the limit, see _parts)
         inv_m = torch.where(pos, torch.where(pos, m, 1.0).reciprocal(), 0.0)
@@ -116,13 +116,9 @@ def rglru_params_from_recurrentgemma(layer: Mapping[str, torch.Tensor] | torch.n
     ``rglru_step``/``rglru_sequence``/``RGLRUModule``; see docs/linear_recurrences.md."""
     tensors = layer.state_dict() if isinstance(layer, torch.nn.Module) else layer
     a_param = tensors["a_param"].detach()
-
-    def dense(key: str) -> torch.Tensor:  # y = x @ blockdiag(w) + b as F.linear's [out, in] weight
-        return torch.block_diag(*tensors[f"{key}.w"].detach()).T
-
-    weight = torch.cat([torch.eye(a_param.shape[-1], dtype=a_param.dtype, device=a_param.device), dense("a_gate"),
-                        dense("input_gate")])
-    bias = torch.cat([torch.zeros_like(a_param), tensors["a_gate.b"].detach().flatten(),
-                      tensors["input_gate.b"].detach().flatten()])
+    gates = ("a_gate", "input_gate")  # y = x @ blockdiag(w) + b: F.linear's [out, in] weight is blockdiag(w)^T
+    weight = torch.cat([torch.eye(a_param.shape[-1], dtype=a_param.dtype, device=a_param.device),
+                        *(torch.block_diag(*tensors[f"{key}.w"].detach()).T for key in gates)])
+    bias = torch.cat([torch.zeros_like(a_param), *(tensors[f"{key}.b"].detach().flatten() for key in gates)])
     return TensorDict({"weight_l0": weight, "bias_l0": bias, "log_lambda_l0": -a_param.clone()}, batch_size=[],
                       device=a_param.device)
