@@ -152,7 +152,7 @@ class BlockGRUCell(Cell):
         for (w, b, n), width in zip(cls.ordered(cls.hidden_keys, cls.input_keys), cls.ordered(H, widths)):
             shapes.update({w: (P, width), b: (P,), n: (P,)})
         for k in range(num_layers):
-            rows = (H + (1 + len(widths)) * P * nb if k == 0 else H) // nb  # layer 0: [h_j, px, ph] per block
+            rows = (H + (1 + len(widths)) * P * nb if k == 0 else H) // nb  # layer 0: h's block and every projection
             shapes.update(zip(cls.dynamic_keys(k), ((nb, rows, H // nb), (H,), (H,))))
         return {**shapes, "gates.weight": (nb, H // nb, 3 * H // nb), "gates.bias": (3 * H,)}
 
