@@ -4,8 +4,5 @@
 from .base import (CELLS, AtenKernels, Carry, Cell, LayerWeights, Layout, Saved, StepGrads, TritonKernels, apply_reset,
                    between_layers, final_at_last_step, keep_segment_ends, multi_layer_step, register)
 
-__all__ = [
-    "CELLS", "AtenKernels", "Carry", "Cell", "LayerWeights", "Layout", "Saved", "StepGrads", "TritonKernels",
-    "apply_reset", "between_layers", "final_at_last_step", "keep_segment_ends",
-    "multi_layer_step", "register",
-]
+__all__ = ["CELLS", "AtenKernels", "Carry", "Cell", "LayerWeights", "Layout", "Saved", "StepGrads", "TritonKernels",
+           "apply_reset", "between_layers", "final_at_last_step", "keep_segment_ends", "multi_layer_step", "register"]

@@ -1,7 +1,5 @@
-"""What the cells linear in their state share (:mod:`.min_gru`, :mod:`.rglru`): layer ``k`` projects ``gi = x_t @
-weight_l{k}^T + bias_l{k}`` (no recurrent matmul), then ``h_t = a_t * h_{t-1} + b_t``, ``(a_t, b_t)`` from ``gi`` and
-the ``extra_keys`` weights alone (what ``parallel`` solves).
-"""
+"""What the cells linear in their state share (:mod:`.min_gru`, :mod:`.rglru`): no recurrent matmul, ``(a_t, b_t)``
+from ``gi_t = x_t @ weight_l{k}^T + bias_l{k}`` and the ``extra_keys`` weights alone (what ``parallel`` solves)."""
 
 from __future__ import annotations
 
@@ -33,8 +31,6 @@ def init_linear_params(cell: LinearRecurrentCell, input_size: int, hidden_size: 
 class LinearRecurrentCell(Cell):
     """A cell with ``h_t = a_t * h_{t-1} + b_t``, ``(a_t, b_t) = coefficients(gi_t)``; carry ``(h [N, H],)``."""
 
-    state_names = ("h",)
-    state_doc = "``h [*B, L, H]``"
     linear_in_state = True
     gates: int  # G: the projection's blocks
     extra_keys: tuple[str, ...] = ()  # per-layer [H] params beside weight/bias, e.g. "log_lambda_l{k}"
@@ -61,8 +57,7 @@ class LinearRecurrentCell(Cell):
 
     def coefficients(self, gi: torch.Tensor, w: LayerWeights,
                      *start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(a, b)``, each ``[..., H]``, from ``gi [..., G*H]`` (any leading dims: one step or a whole sequence) and,
-        for a cell that :attr:`~.base.Cell.reads_starts`, ``start [..., 1]``."""
+        """``(a, b)``, each ``[..., H]``, from ``gi [..., G*H]`` (any leading dims; ``start``: see ``reads_starts``)."""
         raise NotImplementedError
 
     def layer_step_saving(self, gi: torch.Tensor, carry: Carry, w: LayerWeights,

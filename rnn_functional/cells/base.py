@@ -1,8 +1,6 @@
 """What a cell is (:class:`Cell`, the interface every backend talks to), and the cell-independent math they share.
-
 Shapes: ``N`` flattened batch, ``T`` time, ``L`` layers, ``S`` a state width. A carry is a tuple of state tensors,
-``[N, S]`` per layer or ``[N, L, S]`` for the stack; its first entry ``h`` is also the layer's output.
-"""
+``[N, S]`` per layer or ``[N, L, S]`` for the stack; its first entry ``h`` is also the layer's output."""
 
 from __future__ import annotations
 
@@ -72,13 +70,10 @@ class StepGrads(NamedTuple):
 
 @dataclass(frozen=True)
 class AtenKernels:
-    """ATen's fused kernels for a cell (``pad`` backend).
-
-    ``sequence(layout, params, inputs, hx, dropout, training, batch_sizes) -> (out, hx')`` runs all layers over
-    ``inputs [N, T, F]`` (or packed data with ``batch_sizes``), ``hx`` a carry of ``[L, N, S]``; ``step(w, x [N, F],
-    carry) -> carry`` one layer one step, unprojected. ``fused_on_cpu``: an unpacked ``sequence`` is one fused kernel on
-    CPU (oneDNN's LSTM), not a loop of per-step ops (its GRU); ``auto``'s eager rule reads it.
-    """
+    """ATen's fused kernels for a cell (``pad`` backend): ``sequence(layout, params, inputs, hx, dropout, training,
+    batch_sizes) -> (out, hx')`` runs all layers over ``inputs [N, T, F]`` (or packed data with ``batch_sizes``), ``hx``
+    a carry of ``[L, N, S]``; ``step(w, x [N, F], carry) -> carry`` one layer one step, unprojected. ``fused_on_cpu``:
+    an unpacked ``sequence`` is one fused kernel on CPU (oneDNN's LSTM, not its GRU); ``auto``'s eager rule reads it."""
 
     sequence: Callable
     step: Callable
@@ -97,8 +92,8 @@ class Cell(abc.ABC):
 
     name: str  # identifier, e.g. "lstm"
     title: str  # in messages and docs, e.g. "LSTM"
-    state_names: tuple[str, ...]  # carry entries; the first, h, is also the output
-    state_doc: str  # the public state format, e.g. "``(h [*B, L, P], c [*B, L, H])``"
+    state_names: tuple[str, ...] = ("h",)  # carry entries; the first, h, is also the output
+    state_doc: str = "``h [*B, L, H]``"  # the public state format, e.g. "``(h [*B, L, P], c [*B, L, H])``"
     params_doc: str  # what a params TensorDict holds, for messages and docs
     init_function: str  # the public init function's name, for messages
     out_dim: str = "H"  # the output width's symbol in docs
@@ -148,8 +143,7 @@ class Cell(abc.ABC):
         return tuple([d.sum(0) for d in per_step])
 
     def layer_step(self, gi: torch.Tensor, carry: Carry, w: LayerWeights, *start: torch.Tensor) -> Carry:
-        """One layer, one step: ``gi [N, G]`` (the input projection), carry of ``[N, S]`` -> carry' (``start``: see
-        :attr:`reads_starts`)."""
+        """:meth:`layer_step_saving` without what it saves (``start``: see :attr:`reads_starts`)."""
         return self.layer_step_saving(gi, carry, w, *start)[0]
 
     def carry_rest_given_h(self, gi: torch.Tensor, h_prev: torch.Tensor, rest0: Carry, w: LayerWeights) -> Carry:
@@ -163,8 +157,7 @@ class Cell(abc.ABC):
 
     def step_backward(self, gi: torch.Tensor, carry: Carry, w: LayerWeights, d_new: Carry,
                       *start: torch.Tensor) -> StepGrads:
-        """Backward of :meth:`layer_step`, recomputing its activations; ``d_new`` is the cotangent of the carry after
-        it."""
+        """Backward of :meth:`layer_step`, recomputing its activations (``d_new``: see :meth:`step_backward_saved`)."""
         factors = self.backward_factors(self.layer_step_saving(gi, carry, w, *start)[1], carry, w)
         return self.step_backward_saved(factors, carry, w, d_new)
 
@@ -213,8 +206,7 @@ def keep_segment_ends(states: Carry, is_init: torch.Tensor) -> Carry:
 
 
 def final_at_last_step(final: Carry, t_len: int) -> Carry:
-    """:func:`keep_segment_ends` of a call without interior resets, from its final carry ``[N, L, S]`` alone: one
-    zero-padding pass, no per-step states read or masked in either direction."""
+    """:func:`keep_segment_ends` of a call without interior resets, from its final carry ``[N, L, S]`` alone."""
     before = (0, 0) * (final[0].ndim - 1) + (t_len - 1, 0)  # F.pad lists the last dim first
     return tuple([F.pad(s.unsqueeze(1), before) for s in final])
 
@@ -246,8 +238,7 @@ def multi_layer_step(layout: Layout, params: Mapping[str, torch.Tensor], x: torc
 
 def uniform_(shape: tuple[int, ...], bound: float, dtype, device, generator) -> torch.Tensor:
     """A new tensor uniform in ``[-bound, bound]`` (``torch.nn.LSTM``'s initialisation)."""
-    t = torch.empty(shape, dtype=dtype if dtype is not None else torch.get_default_dtype(), device=device)
-    return t.uniform_(-bound, bound, generator=generator)
+    return torch.empty(shape, dtype=dtype, device=device).uniform_(-bound, bound, generator=generator)
 
 
 def check_sizes(input_size: int, hidden_size: int, num_layers: int) -> None:
@@ -326,8 +317,7 @@ def _expected(signature: tuple) -> tuple[frozenset[str], tuple[tuple[str, tuple[
 
 
 class TorchRNNCell(Cell):
-    """A cell with ``torch.nn.LSTM``'s parameter names and layout (the LSTM and GRU cells; ``num_gates`` blocks of H
-    rows)."""
+    """A cell with ``torch.nn.LSTM``'s parameter names and layout (LSTM, GRU: ``num_gates`` blocks of H rows)."""
 
     projection: bool = False
 
@@ -355,9 +345,8 @@ class TorchRNNCell(Cell):
         if w_hh0.ndim != 2 or w_hh0.shape[0] % self.num_gates:
             raise ValueError(f"params['weight_hh_l0']: expected shape [{self.num_gates} * hidden_size, P] for "
                              f"{self.title}, got {tuple(w_hh0.shape)}. Are these params of another cell kind?")
-        hidden = w_hh0.shape[0] // self.num_gates
+        hidden, input_size = w_hh0.shape[0] // self.num_gates, params["weight_ih_l0"].shape[-1]
         proj_size = params["weight_hr_l0"].shape[0] if proj else 0
-        input_size = params["weight_ih_l0"].shape[-1]
         signature = (self.num_gates, num_layers, bias, proj_size, hidden, input_size)
         # traced, no table read: a guard on a missing key recompiles once an eager call stores it
         compiling = torch.compiler.is_compiling()

@@ -1,14 +1,8 @@
-"""DreamerV3's block-diagonal GRU under TorchRL's ``DreamerV3BlockGRUCell`` state-dict names (math:
-docs/model_based.md; each RMS norm scaled by its ``*_norm.weight``; a block weight is ``[nb, in / nb, out / nb]``).
-
-``px = act(rms(x @ Wi^T + bi) * ni)`` and its share of the first dynamics layer depend on ``x`` alone, so both run
-over the whole sequence at once (:meth:`BlockGRUCell.prepare_input`, then ``gi = px @ Wpx^T + b0``, ``Wpx [H, P]`` the
-``px`` rows of every block of ``dynamic_linears.0.weight``); ``hidden_linear`` is ``weight_hh``, the rest ``extra``.
-"""
+"""DreamerV3's block-diagonal GRU under TorchRL's ``DreamerV3BlockGRUCell`` state-dict names (math and how it runs:
+docs/model_based.md; each RMS norm scaled by its ``*_norm.weight``; a block weight is ``[nb, in / nb, out / nb]``)."""
 
 from __future__ import annotations
 
-import functools
 import math
 import types
 from collections.abc import Callable, Mapping
@@ -43,11 +37,6 @@ ACTIVATIONS: dict[str, tuple[Callable, Callable]] = {
     "tanh": (torch.tanh, _tanh_grad),
     "relu": (F.relu, _relu_grad),
 }
-
-
-def _derivative(activation: Callable) -> Callable:
-    """The derivative of an elementwise ``activation`` without a formula: one forward-mode product with ones."""
-    return lambda v: torch.func.jvp(activation, (v,), (torch.ones_like(v),))[1]
 
 
 def init_weight_(weight: torch.Tensor, fan_in: int, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -119,7 +108,6 @@ class BlockGRUCell(Cell):
 
     title = "block GRU"
     base_name = "block_gru"
-    state_names = ("h",)
     state_doc = "``h [*B, 1, H]``"
     params_doc = "DreamerV3BlockGRUCell state-dict keys (input_linear.weight, ..., gates.bias)"
     init_function = "init_block_gru_params"
@@ -136,7 +124,8 @@ class BlockGRUCell(Cell):
         default = (activation, norm_eps, update_bias) == ("silu", 1e-4, -1.0)
         self.name = self.base_name if default else f"{self.base_name}[{label},{norm_eps!r},{update_bias!r}]"
         _FLOATS[self.name] = (norm_eps, update_bias)
-        self._act, self._act_grad = ACTIVATIONS[activation] if named else (activation, _derivative(activation))
+        self._act, self._act_grad = ACTIVATIONS[activation] if named else (  # no formula: one forward-mode product
+            activation, lambda v: torch.func.jvp(activation, (v,), (torch.ones_like(v),))[1])
 
     @staticmethod
     def dynamic_keys(k: int) -> tuple[str, str, str]:
@@ -157,32 +146,29 @@ class BlockGRUCell(Cell):
         return k
 
     @classmethod
+    def shapes(cls, widths, H: int, P: int, nb: int, num_layers: int) -> dict[str, tuple[int, ...]]:
+        """Every parameter's shape in state-dict order, for inputs of ``widths``."""
+        shapes = {}
+        for (w, b, n), width in zip(cls.ordered(cls.hidden_keys, cls.input_keys), cls.ordered(H, widths)):
+            shapes.update({w: (P, width), b: (P,), n: (P,)})
+        for k in range(num_layers):
+            rows = (H + (1 + len(widths)) * P * nb if k == 0 else H) // nb  # layer 0: h's block and every projection
+            shapes.update(zip(cls.dynamic_keys(k), ((nb, rows, H // nb), (H,), (H,))))
+        return {**shapes, "gates.weight": (nb, H // nb, 3 * H // nb), "gates.bias": (3 * H,)}
+
+    @classmethod
     def init_params(cls, widths: tuple[int, ...], H: int, P: int, nb: int, num_layers: int, dtype, device,
                     generator) -> TensorDict:
-        """Parameters for inputs of ``widths`` in TorchRL's order and draws (weights by :func:`init_weight_`)."""
-
-        def weight(shape, fan_in):
-            return init_weight_(torch.empty(shape, dtype=dtype, device=device), fan_in, generator)
-
-        zeros = functools.partial(torch.zeros, dtype=dtype, device=device)
-        ones = functools.partial(torch.ones, dtype=dtype, device=device)
+        """Parameters for inputs of ``widths`` in TorchRL's order and draws: weights by :func:`init_weight_` (a block
+        weight's fan-in: its whole input width), biases zero, norm scales one."""
         tensors = {}
-        for (w, b, n), width in zip(cls.ordered(cls.hidden_keys, cls.input_keys), cls.ordered(H, widths)):
-            tensors.update({w: weight((P, width), width), b: zeros(P), n: ones(P)})
-        for k in range(num_layers):
-            fan_in = H + (1 + len(widths)) * P * nb if k == 0 else H
-            w, b, n = cls.dynamic_keys(k)
-            tensors.update({w: weight((nb, fan_in // nb, H // nb), fan_in), b: zeros(H), n: ones(H)})
-        tensors.update({"gates.weight": weight((nb, H // nb, 3 * H // nb), H), "gates.bias": zeros(3 * H)})
+        for key, shape in cls.shapes(widths, H, P, nb, num_layers).items():
+            if len(shape) == 1:  # a norm scale (``.weight``): ones; a bias: zeros
+                tensors[key] = torch.full(shape, float(key.endswith(".weight")), dtype=dtype, device=device)
+            else:  # [P, width] or [nb, in / nb, out / nb]
+                fan_in = shape[1] if len(shape) == 2 else shape[0] * shape[1]
+                tensors[key] = init_weight_(torch.empty(shape, dtype=dtype, device=device), fan_in, generator)
         return TensorDict(tensors, batch_size=[], device=device)
-
-    @property
-    def norm_eps(self) -> float:
-        return _floats(self.name)[0]
-
-    @property
-    def update_bias(self) -> float:
-        return _floats(self.name)[1]
 
     def read_layout(self, params: Mapping[str, torch.Tensor]) -> Layout:
         keys = set(params.keys())
@@ -197,13 +183,8 @@ class BlockGRUCell(Cell):
                              f"{list(gates.shape)}. Are these params of another cell kind?")
         (nb, hb), P = gates.shape[:2], weights[0].shape[0]
         H, widths = nb * hb, [params[w].shape[-1] for w, _, _ in self.input_keys]
-        want = {"gates.weight": (nb, hb, 3 * hb), "gates.bias": (3 * H,)}
-        for (w, b, n), width in zip((self.hidden_keys, *self.input_keys), (H, *widths)):
-            want.update({w: (P, width), b: (P,), n: (P,)})
-        for k in range(num_layers):
-            want.update(zip(self.dynamic_keys(k), ((nb, hb + (1 + len(widths)) * P if k == 0 else hb, hb), (H,), (H,))))
-        check_shapes(params, want, f"the {self.title} with {self.sizes.format(*widths, H=H, P=P, nb=nb)}",
-                     projections[0][0])
+        check_shapes(params, self.shapes(widths, H, P, nb, num_layers),
+                     f"the {self.title} with {self.sizes.format(*widths, H=H, P=P, nb=nb)}", projections[0][0])
         return Layout(self, 1, sum(widths), H, (H,), weights[0].dtype, weights[0].device, bias=True)
 
     def prepare_input(self, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -213,7 +194,7 @@ class BlockGRUCell(Cell):
     def project(self, v: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         """``act(rms(v @ weight^T + bias) * scale)``."""
         v = F.linear(v, weight, bias)
-        return self._act(F.rms_norm(v, v.shape[-1:], scale, self.norm_eps))
+        return self._act(F.rms_norm(v, v.shape[-1:], scale, _floats(self.name)[0]))
 
     def layer_weights(self, params: Mapping[str, torch.Tensor], layout: Layout, k: int) -> LayerWeights:
         w0, b0, n0 = (params[key] for key in self.dynamic_keys(0))
@@ -222,18 +203,14 @@ class BlockGRUCell(Cell):
         px_width = w0.shape[-2] - hb - P
         px_at, ph_at = (hb + P, hb) if self.hidden_first else (hb, hb + px_width)
         deeper = [params[key] for j in range(1, self.num_dynamic(params)) for key in self.dynamic_keys(j)]
-        return LayerWeights(
-            weight_ih=_shared_rows(w0, px_at, px_width), bias_ih=b0, weight_hh=wh, bias_hh=bh,
-            extra=(nh, w0[..., :hb, :].contiguous(), _shared_rows(w0, ph_at, P), n0, *deeper,
-                   params["gates.weight"], params["gates.bias"]),
-        )
+        return LayerWeights(_shared_rows(w0, px_at, px_width), b0, wh, bh, (nh, w0[..., :hb, :].contiguous(),
+                            _shared_rows(w0, ph_at, P), n0, *deeper, params["gates.weight"], params["gates.bias"]))
 
     def layer_step_saving(self, gi: torch.Tensor, carry: Carry, w: LayerWeights) -> tuple[Carry, Saved]:
         """``gi = px @ Wpx^T + b0 [N, H]`` -> ``((h',), saved)``; ``saved``: every RMS norm's input (hidden, then
         each dynamic layer) and the gate pre-activations ``[N, 3H]``; :meth:`backward_factors` derives the rest."""
-        (h,), eps, act = carry, self.norm_eps, self._act
-        norm_h, w0h, wph, norm_0, *rest = w.extra
-        *deeper, gates_w, gates_b = rest
+        (h,), (eps, update_bias), act = carry, _floats(self.name), self._act
+        norm_h, w0h, wph, norm_0, *deeper, gates_w, gates_b = w.extra
         a = F.linear(h, w.weight_hh, w.bias_hh)
         ph = act(F.rms_norm(a, a.shape[-1:], norm_h, eps))
         pre = torch.addmm(gi + _blocks(h, w0h), ph, wph.transpose(-1, -2))
@@ -247,7 +224,7 @@ class BlockGRUCell(Cell):
         g = _blocks(z, gates_w) + gates_b
         n, nb = h.shape[0], gates_w.shape[-3]
         r, c, u = g.reshape(n, nb, 3, -1).unbind(-2)  # per-block views (no copies): g is block-major
-        u = torch.sigmoid(u + self.update_bias)
+        u = torch.sigmoid(u + update_bias)
         h_new = u * torch.tanh(torch.sigmoid(r) * c) + (1 - u) * h.reshape(n, nb, -1)
         return (h_new.reshape(n, -1),), (*saved, g)
 
@@ -256,12 +233,11 @@ class BlockGRUCell(Cell):
         the hidden projection and of each dynamic layer; elementwise, so for one step or many at once."""
         (h,) = carry
         a, *pres, g = saved
-        norm_h, w0h, _, norm_0, *rest = w.extra
-        *deeper, _, _ = rest
+        norm_h, w0h, _, norm_0, *deeper, _, _ = w.extra
         lead, nb = g.shape[:-1], w0h.shape[-3]
         # [..., nb, Hb] each (g is block-major), contiguous: strided views take other (last-bit) elementwise kernels
         r_in, c_in, u_in = g.reshape(*lead, nb, 3, -1).movedim(-2, 0).contiguous().unbind(0)
-        r, u = torch.sigmoid(r_in), torch.sigmoid(u_in + self.update_bias)
+        r, u = torch.sigmoid(r_in), torch.sigmoid(u_in + _floats(self.name)[1])
         cand = torch.tanh(r * c_in)
         d_rc = u * (1 - cand * cand)
         d_u = (cand - h.reshape(*h.shape[:-1], nb, -1)) * u * (1 - u)
@@ -273,7 +249,7 @@ class BlockGRUCell(Cell):
 
     def _norm_factors(self, pre: torch.Tensor, scale: torch.Tensor) -> list[torch.Tensor]:
         """What :func:`_norm_backward` reads for ``out = act(rms(pre) * scale)``, and ``out`` last."""
-        r = torch.rsqrt(pre.pow(2).mean(-1, keepdim=True) + self.norm_eps)  # [..., 1]
+        r = torch.rsqrt(pre.pow(2).mean(-1, keepdim=True) + _floats(self.name)[0])  # [..., 1]
         hat = pre * r
         q = self._act_grad(hat * scale)
         s = q * scale
@@ -284,8 +260,7 @@ class BlockGRUCell(Cell):
         holds per-row factors that :meth:`reduce_extra_grads` turns into the extra weights' gradients."""
         (h,), (dh_new,) = carry, d_new
         gate_factor, keep, *norms = factors
-        _, w0h, wph, _, *rest = w.extra
-        *deeper, gates_w, _ = rest
+        _, w0h, wph, _, *deeper, gates_w, _ = w.extra
         n, nb = h.shape[0], w0h.shape[-3]
         hidden, layers = norms[:6], [norms[i : i + 6] for i in range(6, len(norms), 6)]
         d_g = (dh_new.reshape(n, nb, 1, -1) * gate_factor.reshape(n, nb, 3, -1)).reshape(n, -1)
@@ -310,8 +285,7 @@ class BlockGRUCell(Cell):
     def reduce_extra_grads(self, *per_step: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The extra weights' gradients from :meth:`step_backward_saved`'s per-row factors stacked over time
         (``[T, N, ·]`` each): every weight gradient is one GEMM over all ``T * N`` rows, not one per step."""
-        d_norm_h, h, d_pre0, ph, d_norm0, *rest = per_step
-        *deeper, z_last, d_g = rest
+        d_norm_h, h, d_pre0, ph, d_norm0, *deeper, z_last, d_g = per_step
         # reshape, not flatten: torch's legacy vmap (a batched backward) has no batching rule for flatten
         grads = [d_norm_h.sum((0, 1)), _block_outer(h, d_pre0.reshape(h.shape)),
                  d_pre0.reshape(-1, d_pre0.shape[-1]).T @ ph.reshape(-1, ph.shape[-1]), d_norm0.sum((0, 1))]

@@ -30,8 +30,6 @@ class GRUCell(TorchRNNCell):
 
     name = "gru"
     title = "GRU"
-    state_names = ("h",)
-    state_doc = "``h [*B, L, H]``"
     params_doc = "torch.nn.GRU state-dict keys (weight_ih_l0, weight_hh_l0, ...)"
     init_function = "init_gru_params"
     aten = AtenKernels(sequence=torch_aten_sequence, step=_aten_step)

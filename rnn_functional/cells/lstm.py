@@ -17,8 +17,7 @@ def init_lstm_params(input_size: int, hidden_size: int, num_layers: int = 1, *, 
                      generator: torch.Generator | None = None) -> TensorDict:
     """LSTM parameters initialised like ``torch.nn.LSTM`` (uniform in ``[-1/sqrt(H), 1/sqrt(H)]``). Keys for layer
     ``k``: ``weight_ih_l{k} [4H, F_k]``, ``weight_hh_l{k} [4H, P]``, ``bias_ih_l{k}``/``bias_hh_l{k} [4H]`` (with
-    ``bias``), ``weight_hr_l{k} [P, H]`` (``proj_size``); ``P = proj_size or H``, ``F_0 = input_size``, ``F_k = P``.
-    """
+    ``bias``), ``weight_hr_l{k} [P, H]`` (``proj_size``); ``P = proj_size or H``, ``F_0 = input_size``, ``F_k = P``."""
     return LSTM.init_params(input_size, hidden_size, num_layers, bias, proj_size, dtype, device, generator)
 
 

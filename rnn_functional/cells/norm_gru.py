@@ -1,6 +1,5 @@
 """The layer-normalised GRU of DreamerV2/V3 world models (equations: docs/model_based.md). Layer ``k``: ``weight_l{k}
-[3H, F_k + H]`` (input columns first), ``norm_weight_l{k}``/``norm_bias_l{k} [3H]``, layer-norm eps ``1e-3``; no bias.
-"""
+[3H, F_k + H]`` (input first), ``norm_weight_l{k}``/``norm_bias_l{k} [3H]``, layer-norm eps ``1e-3``; no bias."""
 
 from __future__ import annotations
 
@@ -39,8 +38,6 @@ class NormGRUCell(Cell):
 
     name = "norm_gru"
     title = "norm GRU"
-    state_names = ("h",)
-    state_doc = "``h [*B, L, H]``"
     params_doc = "norm GRU keys (weight_l0, norm_weight_l0, norm_bias_l0, ...)"
     init_function = "init_norm_gru_params"
 

@@ -20,7 +20,7 @@ C = 8  # the gate's exponent scale (Griffin's c); an int: under torch.compile(dy
 
 
 def _parts(gi: torch.Tensor, log_lambda: torch.Tensor):
-    """``(u, r, i, log_a, a, m = sqrt(1 - a^2))`` from ``gi [..., 3H]``; ``m = sqrt(-expm1(2 log_a))``, exact near
+    """``(u, r, i, a, m = sqrt(1 - a^2))`` from ``gi [..., 3H]``; ``m = sqrt(-expm1(2 log_a))``, exact near
     ``a = 1``. Where ``a`` rounds to 1, sqrt's derivative is infinite but every true gradient is 0 (autograd's inf * 0
     gave NaN): ``m`` goes through ``where`` on both sides, so its derivatives there are 0, to every order."""
     u, r, i = gi.chunk(3, dim=-1)
@@ -28,7 +28,7 @@ def _parts(gi: torch.Tensor, log_lambda: torch.Tensor):
     log_a = -C * r * F.softplus(-log_lambda)
     v = -torch.expm1(2 * log_a)
     pos = v > 0
-    return u, r, i, log_a, torch.exp(log_a), torch.where(pos, torch.sqrt(torch.where(pos, v, 1.0)), 0.0)
+    return u, r, i, torch.exp(log_a), torch.where(pos, torch.sqrt(torch.where(pos, v, 1.0)), 0.0)
 
 
 class RGLRUCell(LinearRecurrentCell):
@@ -53,7 +53,7 @@ class RGLRUCell(LinearRecurrentCell):
 
     def coefficients(self, gi: torch.Tensor, w: LayerWeights,
                      *start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        u, _, i, _, a, m = _parts(gi, w.extra[0])
+        u, _, i, a, m = _parts(gi, w.extra[0])
         if start:  # recurrentgemma: a segment's first step takes the gated input unscaled
             m = torch.where(start[0], 1.0, m)
         return a, m * i * u
@@ -61,7 +61,7 @@ class RGLRUCell(LinearRecurrentCell):
     def step_backward_saved(self, factors: Saved, carry: Carry, w: LayerWeights, d_new: Carry) -> StepGrads:
         (gi, *start), (h,), (g,) = factors, carry, d_new
         log_lambda = w.extra[0]
-        u, r, i, _, a, m = _parts(gi, log_lambda)
+        u, r, i, a, m = _parts(gi, log_lambda)
         d_m = g * i * u
         pos = m > 0  # 1/m where m = 0 enters as 0 (the limit, see _parts)
         inv_m = torch.where(pos, torch.where(pos, m, 1.0).reciprocal(), 0.0)
@@ -87,20 +87,8 @@ def rglru_cell(segment_start: str) -> RGLRUCell:
     return SEGMENT_STARTS[segment_start]
 
 
-def _griffin_log_lambda(hidden_size: int, dtype, device, generator) -> torch.Tensor:
-    """``Λ`` with ``sigmoid(Λ)^c`` (the decay at ``r = 1``) uniform in ``[0.9, 0.999]``."""
-    decay = torch.empty(hidden_size, dtype=torch.float64, device=device).uniform_(0.9, 0.999, generator=generator)
-    return torch.logit(decay ** (1.0 / C)).to(dtype or torch.get_default_dtype())
-
-
-def _recurrentgemma_log_lambda(hidden_size: int, dtype, device, generator) -> torch.Tensor:
-    """``Λ`` as recurrentgemma's ``rnn_param_init`` draws it: ``sigmoid(Λ)^2`` uniform in ``[0.9^2, 0.999^2] + 1e-8``."""
-    square = torch.empty(hidden_size, dtype=torch.float64, device=device).uniform_(
-        0.9 ** 2 + 1e-8, 0.999 ** 2 + 1e-8, generator=generator)
-    return torch.logit(square.sqrt()).to(dtype or torch.get_default_dtype())
-
-
-_INITS = {"griffin": _griffin_log_lambda, "recurrentgemma": _recurrentgemma_log_lambda}
+# init -> (low, high, p): Λ with sigmoid(Λ)^p uniform in [low, high] (recurrentgemma's rnn_param_init: p = 2)
+_INITS = {"griffin": (0.9, 0.999, C), "recurrentgemma": (0.9 ** 2 + 1e-8, 0.999 ** 2 + 1e-8, 2)}
 
 
 def init_rglru_params(input_size: int, hidden_size: int, num_layers: int = 1, *, init: str = "griffin",
@@ -112,7 +100,13 @@ def init_rglru_params(input_size: int, hidden_size: int, num_layers: int = 1, *,
     as DeepMind's code does (uniform on the ring's area; the decay at ``r = 1`` then lies in ``[0.43, 0.992]``)."""
     if init not in _INITS:
         raise ValueError(f"init: expected one of {sorted(_INITS)}, got {init!r}.")
-    return init_linear_params(RGLRU, input_size, hidden_size, num_layers, dtype, device, generator, _INITS[init])
+    low, high, p = _INITS[init]
+
+    def log_lambda(hidden_size: int, dtype, device, generator) -> torch.Tensor:  # drawn in fp64
+        power = torch.empty(hidden_size, dtype=torch.float64, device=device).uniform_(low, high, generator=generator)
+        return torch.logit(power ** (1.0 / p)).to(dtype or torch.get_default_dtype())
+
+    return init_linear_params(RGLRU, input_size, hidden_size, num_layers, dtype, device, generator, log_lambda)
 
 
 def rglru_params_from_recurrentgemma(layer: Mapping[str, torch.Tensor] | torch.nn.Module) -> TensorDict:
@@ -122,14 +116,9 @@ def rglru_params_from_recurrentgemma(layer: Mapping[str, torch.Tensor] | torch.n
     ``rglru_step``/``rglru_sequence``/``RGLRUModule``; see docs/linear_recurrences.md."""
     tensors = layer.state_dict() if isinstance(layer, torch.nn.Module) else layer
     a_param = tensors["a_param"].detach()
-    width = a_param.shape[-1]
-
-    def dense(key: str) -> torch.Tensor:  # y = x @ blockdiag(w) + b as F.linear's [out, in] weight
-        return torch.block_diag(*tensors[f"{key}.w"].detach()).T
-
-    weight = torch.cat([torch.eye(width, dtype=a_param.dtype, device=a_param.device), dense("a_gate"),
-                        dense("input_gate")])
-    bias = torch.cat([torch.zeros_like(a_param), tensors["a_gate.b"].detach().flatten(),
-                      tensors["input_gate.b"].detach().flatten()])
+    gates = ("a_gate", "input_gate")  # y = x @ blockdiag(w) + b: F.linear's [out, in] weight is blockdiag(w)^T
+    weight = torch.cat([torch.eye(a_param.shape[-1], dtype=a_param.dtype, device=a_param.device),
+                        *(torch.block_diag(*tensors[f"{key}.w"].detach()).T for key in gates)])
+    bias = torch.cat([torch.zeros_like(a_param), *(tensors[f"{key}.b"].detach().flatten() for key in gates)])
     return TensorDict({"weight_l0": weight, "bias_l0": bias, "log_lambda_l0": -a_param.clone()}, batch_size=[],
                       device=a_param.device)

@@ -52,7 +52,5 @@ def init_rssm_core_params(*, state_dim: int, action_dim: int, hidden_dim: int, b
                                     device, generator)
 
 
-for _kind in (BlockGRUCell, RSSMCoreCell):  # every activation's default cells, made and registered before any compile
-    for _name in ACTIVATIONS:
-        block_gru_cell(_name, kind=_kind)
-del _kind, _name
+# every activation's default cells, made and registered before any compile
+_DEFAULTS = [block_gru_cell(name, kind=kind) for kind in (BlockGRUCell, RSSMCoreCell) for name in ACTIVATIONS]
