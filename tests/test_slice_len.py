@@ -187,3 +187,27 @@ def test_module_recurrent_slice_len_matches_module_without_it(cell):
         grads = torch.autograd.grad(loss, [td["x"], *(td[k] for k in keys), *module.parameters()])
         results.append(([o.detach() for o in outs], grads))
     torch.testing.assert_close(results[0], results[1])
+
+
+@pytest.mark.parametrize("hint", [{"slice_len": 4}, {"slice_len": 4, "num_slices": 6}])
+def test_vmapped_is_init_with_a_hint_follows_is_init(hint):
+    """Under ``torch.vmap`` a batched ``is_init`` cannot be read to check the hint: the call follows ``is_init`` (the
+    per-member loop's result where the hint is right, the hint-free result where it is not) instead of failing."""
+    torch.manual_seed(0)
+    p = rf.init_lstm_params(4, 8, dtype=torch.float64)
+    x = torch.randn(3, 2, 8, 4, dtype=torch.float64)
+    right = torch.zeros(3, 2, 8, dtype=torch.bool)
+    right[:, :, 0] = right[:, :, 4] = True
+    right[1, 1, 6] = True  # an extra reset inside a slice (5 segments: within num_slices=6)
+    wrong = right.clone()
+    wrong[2, 0, 4] = False  # not whole slices: the eager call refuses the hint
+
+    def seq(x, is_init, **kw):
+        return rf.lstm_sequence(x, None, p, is_init=is_init, **kw)[0]
+
+    vmapped = torch.vmap(lambda x, i: seq(x, i, **hint))
+    hinted = torch.stack([seq(x[m], right[m], **hint) for m in range(3)])
+    torch.testing.assert_close(vmapped(x, right), hinted)
+    with pytest.raises(ValueError, match="slice_len"):
+        seq(x[2], wrong[2], slice_len=4)
+    torch.testing.assert_close(vmapped(x, wrong), torch.stack([seq(x[m], wrong[m]) for m in range(3)]))

@@ -524,7 +524,8 @@ _SEQUENCE_DOC = """A multi-layer {title} over a sequence, with resets.
             (static shapes under ``torch.compile``, ``docs/compile.md``).
         num_slices: with ``slice_len``: at most ``num_slices`` segments of at most ``slice_len`` steps
             (``strict_length=False``), run in a ``[num_slices, slice_len]`` block under ``torch.compile``. A hint
-            that does not match the batch raises (``ValueError`` eagerly, ``RuntimeError`` compiled).
+            that does not match the batch raises (``ValueError`` eagerly, ``RuntimeError`` compiled); under
+            ``torch.vmap`` both are unchecked and unused, the call following ``is_init``.
         segment_layout: how an eager call with interior resets lays out its segments: ``"auto"`` or one of the
             backend's layouts: ``"rows"``/``"aligned"`` (``reference``, ``scan``), ``"packed"``/``"buckets"``/
             ``"slices"`` (``pad``); see ``docs/backends.md``.
@@ -595,7 +596,7 @@ def entries(cell: Cell) -> tuple[Callable, Callable]:
         if slice_len is not None or num_slices is not None:
             if c.is_init is not None and c.is_init.numel() and not ctx.traced:
                 host = c.is_init.numpy(force=True)
-            slices.check_hint(slice_len, num_slices, t_len, c.is_init, ctx.compiling, host)
+            slices.check_hint(slice_len, num_slices, t_len, c.is_init, ctx.compiling, host, ctx.vmapped)
         empty = n == 0 or t_len == 0
         records_grad = False
         if torch.is_grad_enabled():
@@ -604,7 +605,8 @@ def entries(cell: Cell) -> tuple[Callable, Callable]:
                     records_grad = True
                     break
         call = (c.x if cell.prepare_input is None else cell.prepare_input(c.params, c.x), c.carry, c.is_init, c.reset)
-        reshaped = slice_len is not None and num_slices is None and not empty
+        # under torch.vmap the hint is not checked (nor used): is_init's resets alone give the same result
+        reshaped = slice_len is not None and num_slices is None and not empty and not ctx.vmapped
         if reshaped:  # whole slices side by side: [N * T / slice_len, slice_len]
             call = slices.split(slice_len, *call)
             host = None if host is None else host.reshape(call[2].shape)

@@ -43,9 +43,10 @@ def _check(ok: torch.Tensor, compiling: bool, message: Callable[[], str]) -> Non
 
 
 def check_hint(slice_len, num_slices, t_len: int, is_init: torch.Tensor | None, compiling: bool,
-               host: np.ndarray | None = None) -> None:
+               host: np.ndarray | None = None, vmapped: bool = False) -> None:
     """Raise when the hint does not describe a call of ``T = t_len`` steps with resets ``is_init [N, T]``; ``host``:
-    ``is_init`` already read on the host, else the check runs on the device (in-graph when ``compiling``)."""
+    ``is_init`` already read on the host, else the check runs on the device (in-graph when ``compiling``).
+    ``vmapped``: ``is_init``'s values are not checked (a batched tensor cannot be read): the caller ignores the hint."""
     check_value(slice_len)
     check_value(num_slices, "num_slices")
     check_pair(slice_len, num_slices)
@@ -68,6 +69,8 @@ def check_hint(slice_len, num_slices, t_len: int, is_init: torch.Tensor | None, 
             first, lengths = segments.segment_starts(host)
             if len(first) > num_slices or lengths.max() > slice_len:
                 raise ValueError(too_many(len(first), int(lengths.max())))
+            return
+        if vmapped:
             return
         seg_of = segments.segment_index(is_init)
         count, lengths = seg_of[-1] + 1, segments.segment_lengths(seg_of, num_slices)
@@ -94,6 +97,8 @@ def check_hint(slice_len, num_slices, t_len: int, is_init: torch.Tensor | None, 
         if not starts.all():
             row, k = np.argwhere(~starts)[0]
             raise ValueError(not_whole(int(row), int(k), int((~starts).sum()), starts.size))
+        return
+    if vmapped:
         return
     starts = is_init[:, slice_len::slice_len]
 
