@@ -6,7 +6,6 @@ under eager ``torch.vmap``."""
 from __future__ import annotations
 
 from functools import partial
-from operator import itemgetter
 
 import torch
 
@@ -52,7 +51,7 @@ def step(layout: Layout, params, x: torch.Tensor, carry: Carry) -> tuple[torch.T
         return new[0], tuple(map(partial(torch.unsqueeze, dim=1), new))
     new_layers, inp = [], x
     for k in range(layout.num_layers):
-        layer = run(layout.cell.layer_weights(params, layout, k), inp, tuple(map(itemgetter((slice(None), k)), carry)))
+        layer = run(layout.cell.layer_weights(params, layout, k), inp, tuple([s[:, k] for s in carry]))
         new_layers.append(layer)
         inp = layer[0]
     return inp, tuple(map(partial(torch.stack, dim=1), zip(*new_layers)))
